@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Creates .venv (if missing) and installs gazette with the named extras.
+# Idempotent and quick when everything is already installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-dev}"
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+fi
+stamp=".venv/.installed-$extras"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q -e ".[$extras]"
+  touch "$stamp"
+fi
