@@ -1,0 +1,1 @@
+"""In-process fakes of gazette services for unit tests."""
