@@ -219,19 +219,55 @@ def test_union_prefers_left_values() -> None:
     lhs = LabelSet.of("bbb", "val-1", "bbb", "val-2", "ccc", "val-3")
     rhs = LabelSet.of("aaa", "val-4", "aaa", "val-5", "bbb", "val-6", "ddd", "val-7")
     assert lhs.union(rhs) == LabelSet.of(
-        "aaa", "val-4", "aaa", "val-5", "bbb", "val-1", "bbb", "val-2", "ccc", "val-3",
-        "ddd", "val-7",
-    )  # fmt: skip
+        "aaa",
+        "val-4",
+        "aaa",
+        "val-5",
+        "bbb",
+        "val-1",
+        "bbb",
+        "val-2",
+        "ccc",
+        "val-3",
+        "ddd",
+        "val-7",
+    )
 
 
 _JOIN_LHS = LabelSet.of(
-    "aaa", "val", "bbb", "val-1", "ccc", "val-1", "ccc", "val-2", "ddd", "val-1",
-    "ddd", "val-2", "eee", "val", "ggg", "val",
-)  # fmt: skip
+    "aaa",
+    "val",
+    "bbb",
+    "val-1",
+    "ccc",
+    "val-1",
+    "ccc",
+    "val-2",
+    "ddd",
+    "val-1",
+    "ddd",
+    "val-2",
+    "eee",
+    "val",
+    "ggg",
+    "val",
+)
 _JOIN_RHS = LabelSet.of(
-    "aaa", "val", "bbb", "val-2", "ccc", "val-1", "ddd", "val-1", "ddd", "val-2",
-    "fff", "val", "ggg", "val",
-)  # fmt: skip
+    "aaa",
+    "val",
+    "bbb",
+    "val-2",
+    "ccc",
+    "val-1",
+    "ddd",
+    "val-1",
+    "ddd",
+    "val-2",
+    "fff",
+    "val",
+    "ggg",
+    "val",
+)
 
 
 def test_intersect_and_subtract() -> None:
@@ -265,9 +301,7 @@ def test_selector_validation_names_include_or_exclude() -> None:
 
 
 _MATCH_SEL = LabelSelector(
-    include=LabelSet.of(
-        "inc-1:prefix", "a-val/", "inc-2", "", "inc-3", "val-1", "inc-3", "val-2"
-    ),
+    include=LabelSet.of("inc-1:prefix", "a-val/", "inc-2", "", "inc-3", "val-1", "inc-3", "val-2"),
     exclude=LabelSet.of("exc-1", "", "exc-2", "val-3", "exc-2", "val-4"),
 )
 
@@ -304,9 +338,17 @@ def test_exclude_only_selector() -> None:
 def test_meta_labels() -> None:
     labels = with_meta_labels(LabelSet.of("hello", "world"), "path/to/my/journal")
     assert labels == LabelSet.of(
-        "hello", "world", "name", "path/to/my/journal",
-        "prefix", "path/", "prefix", "path/to/", "prefix", "path/to/my/",
-    )  # fmt: skip
+        "hello",
+        "world",
+        "name",
+        "path/to/my/journal",
+        "prefix",
+        "path/",
+        "prefix",
+        "path/to/",
+        "prefix",
+        "path/to/my/",
+    )
     assert with_meta_labels(LabelSet(), "flat") == LabelSet.of("name", "flat")
     assert with_shard_meta_labels(LabelSet.of("a", "b"), "shard-1") == LabelSet.of(
         "a", "b", "id", "shard-1"
@@ -323,13 +365,17 @@ def test_meta_labels() -> None:
 # inherit their parent foobar/'s labels.
 _TUTORIAL = {
     "example/journal": LabelSet.of(
-        L.MESSAGE_TYPE, "TestMessage", L.REGION, "local", L.TAG, "demo",
-        L.CONTENT_TYPE, L.CONTENT_TYPE_JSON_LINES,
-    ),  # fmt: skip
+        L.MESSAGE_TYPE,
+        "TestMessage",
+        L.REGION,
+        "local",
+        L.TAG,
+        "demo",
+        L.CONTENT_TYPE,
+        L.CONTENT_TYPE_JSON_LINES,
+    ),
     **{
-        f"foobar/part-00{i}": LabelSet.of(
-            L.CONTENT_TYPE, L.CONTENT_TYPE_JSON_LINES, "my-label", ""
-        )
+        f"foobar/part-00{i}": LabelSet.of(L.CONTENT_TYPE, L.CONTENT_TYPE_JSON_LINES, "my-label", "")
         for i in range(3)
     },
 }
