@@ -9,8 +9,7 @@ import pytest
 from google.protobuf import descriptor_pb2, text_format
 from google.protobuf.message import Message
 
-from gazette.protocol import consumer_pb2, protocol_pb2, recoverylog_pb2
-from gazette.protocol import generate
+from gazette.protocol import consumer_pb2, generate, protocol_pb2, recoverylog_pb2
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 MODULES = {"protocol": protocol_pb2, "consumer": consumer_pb2, "recoverylog": recoverylog_pb2}
