@@ -1,0 +1,64 @@
+"""Zone-aware assignment of items (journals, shards) to members (brokers, consumers) over etcd.
+
+Every member announces itself (`announce`) and runs `allocate` over a watched KeySpace; the
+leader among them solves for the desired assignments (`solve`) and converges etcd towards
+them in revision-checked transactions, never dropping an item below its desired number of
+consistent replicas. See the modules' docstrings for the invariants of each part.
+"""
+
+from .allocator import Round, RoundHook, allocate
+from .announce import Announcement, announce
+from .converge import Counters, converge
+from .errors import (
+    AllocatorError,
+    AnnounceConflictError,
+    AnnouncementLostError,
+    MemberNotFoundError,
+    TxnFailedError,
+)
+from .model import Assignment, Entry, Item, Member
+from .solver import Desired, solve
+from .specs import (
+    desired_replication,
+    journal_is_consistent,
+    member_capacity,
+    route_of,
+    routes_equivalent,
+    shard_is_consistent,
+)
+from .state import IsConsistentFn, LocalItem, State
+from .txn import BatchedTxn, Cmp, Delete, Put
+
+__all__ = [
+    "AllocatorError",
+    "AnnounceConflictError",
+    "Announcement",
+    "AnnouncementLostError",
+    "Assignment",
+    "BatchedTxn",
+    "Cmp",
+    "Counters",
+    "Delete",
+    "Desired",
+    "Entry",
+    "IsConsistentFn",
+    "Item",
+    "LocalItem",
+    "Member",
+    "MemberNotFoundError",
+    "Put",
+    "Round",
+    "RoundHook",
+    "State",
+    "TxnFailedError",
+    "allocate",
+    "announce",
+    "converge",
+    "desired_replication",
+    "journal_is_consistent",
+    "member_capacity",
+    "route_of",
+    "routes_equivalent",
+    "shard_is_consistent",
+    "solve",
+]

@@ -1,0 +1,209 @@
+"""One convergence round: the allowed steps from the current assignments towards the desired.
+
+For every item the round computes assignments to add, remove and keep, then constrains them:
+
+* Removals: an item keeps at least `replication` consistent replicas. Candidates are taken
+  in decreasing member load ratio; a consistent one is removed only while more than
+  `replication` consistent replicas remain, an inconsistent one only while at least that
+  many do. So an inconsistent item (fewer consistent replicas than desired) loses nothing:
+  replacements are added first, and the old replica goes once the new one reports itself
+  consistent.
+* Primary: if no kept assignment holds slot 0, one is promoted, preferring a consistent
+  replica, then the member with the lowest primary load ratio.
+* Additions: never beyond a member's effective limit, counting the assignments it still
+  holds (so a full member first sheds, then takes).
+* Packing: when nothing is added or removed, one replica per round moves to the lowest free
+  slot, keeping slots contiguous.
+
+Every write is revision-checked: removals compare the item's and the assignment's mod
+revisions (the item's replication may have grown); additions compare the member's (its limit
+may have shrunk) and are written under the member's lease; moves compare the moved key.
+Assignments of items which no longer exist are removed after checking the item is absent.
+The ops of one item form one checkpoint: they are applied in a single etcd transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gazette.keyspace import assignment_key, items_key
+
+from .model import Assignment, Entry, Item
+from .solver import Desired
+from .state import State
+from .txn import Cmp, Delete, Op, Put
+
+
+class CheckpointTxn(Protocol):
+    """Collects comparisons and ops; a checkpoint's ops are applied together or not at all."""
+
+    def when(self, *cmps: Cmp) -> None: ...
+    def then(self, *ops: Op) -> None: ...
+    async def checkpoint(self) -> None: ...
+
+
+def mod_unchanged(e: Entry[Any]) -> Cmp:
+    return Cmp(e.key, "mod", e.mod_revision)
+
+
+@dataclass(slots=True)
+class Counters:
+    """Ops queued by a round, by kind."""
+
+    added: int = 0
+    removed: int = 0
+    promoted: int = 0
+    packed: int = 0
+
+
+async def converge(txn: CheckpointTxn, state: State, desired: Sequence[Desired]) -> Counters:
+    """Queues one round of allowed changes into `txn`. Mutates `state`'s member counts."""
+    counters = Counters()
+    by_item: dict[str, list[Desired]] = {}
+    for d in desired:
+        by_item.setdefault(d.item, []).append(d)
+
+    for it in state.items:
+        name = it.decoded.name
+        plan = _ItemPlan(state, it, state.assignments_of.get(name, []), by_item.get(name, []))
+        plan.constrain()
+        plan.build(txn, counters)
+        await txn.checkpoint()
+
+    # Assignments of vanished items: remove, after checking the item is still absent.
+    for name, asn in state.assignments_of.items():
+        if state.find_item(name) >= 0:
+            continue
+        txn.when(Cmp(items_key(state.root, name), "create", 0))
+        for a in asn:
+            txn.when(mod_unchanged(a))
+            txn.then(Delete(a.key))
+            counters.removed += 1
+        await txn.checkpoint()
+    return counters
+
+
+class _ItemPlan:
+    """Add / remove / keep decisions for one item (see the module docstring)."""
+
+    def __init__(
+        self,
+        state: State,
+        item: Entry[Item],
+        current: list[Entry[Assignment]],
+        desired: list[Desired],
+    ) -> None:
+        self.state = state
+        self.item = item
+        self.current = current
+        want = {(d.zone, d.suffix) for d in desired}
+        have = {a.decoded.member for a in current}
+        self.remove = [a for a in current if a.decoded.member not in want]
+        self.keep = [a for a in current if a.decoded.member in want]
+        next_slot = max((a.decoded.slot + 1 for a in current), default=0)
+        self.add: list[Assignment] = []
+        for d in desired:
+            if (d.zone, d.suffix) not in have:
+                self.add.append(Assignment(d.item, d.zone, d.suffix, next_slot))
+                next_slot += 1
+
+    def constrain(self) -> None:
+        self._constrain_removals()
+        self._constrain_primary()
+        self._constrain_adds()
+
+    def _consistent(self, a: Entry[Assignment]) -> bool:
+        return self.state.is_consistent(self.item, a, self.current)
+
+    def _constrain_removals(self) -> None:
+        s = self.state
+        self.remove.sort(key=lambda a: s.load_ratio(a.decoded, s.member_total), reverse=True)
+        replication = self.item.decoded.replication
+        n = sum(1 for a in self.current if self._consistent(a))
+        limit = 0
+        while n >= replication and limit < len(self.remove):
+            c = self._consistent(self.remove[limit])
+            if c and n == replication:
+                break  # Removing it would leave too few consistent replicas.
+            if c:
+                n -= 1
+            limit += 1
+        self.keep.extend(self.remove[limit:])
+        del self.remove[limit:]
+
+    def _constrain_primary(self) -> None:
+        s = self.state
+        self.keep.sort(key=lambda a: a.decoded.slot)
+        if not self.keep or self.keep[0].decoded.slot == 0:
+            return
+        # No current primary: prefer a consistent replica, then the lowest primary load ratio.
+        best = min(
+            range(len(self.keep)),
+            key=lambda i: (
+                not self._consistent(self.keep[i]),
+                s.load_ratio(self.keep[i].decoded, s.member_primary),
+                i,
+            ),
+        )
+        self.keep.insert(0, self.keep.pop(best))
+
+    def _constrain_adds(self) -> None:
+        s = self.state
+        kept = []
+        for a in self.add:
+            i = s.member_of(a)
+            assert i >= 0, f"desired assignment names an unknown member {a.zone}#{a.suffix}"
+            if s.member_total[i] < s.effective_limit(i):
+                kept.append(a)
+        self.add = kept
+
+    def build(self, txn: CheckpointTxn, counters: Counters) -> None:
+        s = self.state
+        for a in self.add:
+            i = s.member_of(a)
+            member = s.members[i]
+            txn.when(mod_unchanged(member))
+            txn.then(Put(assignment_key(s.root, a.item, a.zone, a.suffix, a.slot), b"",
+                         member.lease))
+            s.member_total[i] += 1
+            if a.slot == 0:
+                s.member_primary[i] += 1
+            counters.added += 1
+
+        for n, r in enumerate(self.remove):
+            if n == 0:
+                txn.when(mod_unchanged(self.item))
+            txn.when(mod_unchanged(r))
+            txn.then(Delete(r.key))
+            i = s.member_of(r.decoded)
+            if i >= 0:  # A member may be gone while its assignments linger.
+                s.member_total[i] -= 1
+                if r.decoded.slot == 0:
+                    s.member_primary[i] -= 1
+            counters.removed += 1
+
+        if self.keep and self.keep[0].decoded.slot != 0:
+            self._move(txn, self.keep[0], 0)
+            i = s.member_of(self.keep[0].decoded)
+            if i >= 0:
+                s.member_primary[i] += 1
+            counters.promoted += 1
+
+        if not self.add and not self.remove:
+            for slot, kept in enumerate(self.keep):
+                if slot > 0 and kept.decoded.slot != slot:
+                    self._move(txn, kept, slot)
+                    counters.packed += 1
+                    break
+
+    def _move(self, txn: CheckpointTxn, cur: Entry[Assignment], slot: int) -> None:
+        """Atomically re-keys `cur` to `slot`, keeping its value and lease."""
+        a = cur.decoded
+        txn.when(mod_unchanged(cur))
+        txn.then(
+            Delete(cur.key),
+            Put(assignment_key(self.state.root, a.item, a.zone, a.suffix, slot), cur.raw,
+                cur.lease),
+        )

@@ -1,0 +1,30 @@
+"""Errors raised by the allocator.
+
+    AllocatorError                 base of everything below
+    ├── MemberNotFoundError        the local member key is absent from the keyspace
+    ├── AnnounceConflictError      a live member already holds the key we want to announce
+    ├── AnnouncementLostError      our member key was changed or deleted by someone else
+    └── TxnFailedError             a revision-checked etcd transaction did not apply
+"""
+
+from __future__ import annotations
+
+
+class AllocatorError(Exception):
+    """Base of all allocator errors."""
+
+
+class MemberNotFoundError(AllocatorError):
+    """The local member key is not (or is no longer) present in etcd."""
+
+
+class AnnounceConflictError(AllocatorError):
+    """Another live process holds the member key this process wants to announce."""
+
+
+class AnnouncementLostError(AllocatorError):
+    """The announced member key was modified or deleted by another party."""
+
+
+class TxnFailedError(AllocatorError):
+    """An etcd transaction's comparisons did not hold, so none of its operations applied."""

@@ -1,0 +1,117 @@
+"""How Gazette's specs map onto allocator items and members, and when an item is consistent.
+
+* A JournalSpec is an item of desired replication `replication`, reduced to 1 when the
+  journal is partially suspended and to 0 when fully suspended. A ShardSpec wants
+  1 + hot_standbys replicas, or 0 when disabled.
+* A BrokerSpec is a member of limit `journal_limit`, a ConsumerSpec of limit `shard_limit`;
+  both carry `exiting`.
+* Brokers: an assignment's value is the Route its broker last synchronised (an empty value
+  is no route at all). A journal is consistent when every assignment advertises the Route
+  implied by the assignments themselves (same members, same primary), i.e. all replicas
+  have synchronised with the current topology.
+* Consumers: an assignment's value is a ReplicaStatus. A replica is consistent when STANDBY
+  or PRIMARY; a FAILED replica is consistent only if the primary has failed too (swapping
+  one failed replica for another is harmless, and it frees the primary to move).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gazette.keyspace import KeyValue, parse_assignment_key, parse_item_key, parse_member_key
+from gazette.protocol import consumer_pb2
+from gazette.protocol import protocol_pb2 as pb
+
+from .model import Assignment, Entry, Item, Member
+
+
+def desired_replication(spec: object) -> int:
+    """The number of replicas an item spec asks for."""
+    if isinstance(spec, pb.JournalSpec):
+        level = spec.suspend.level
+        if level == pb.JournalSpec.Suspend.FULL:
+            return 0
+        if level == pb.JournalSpec.Suspend.PARTIAL:
+            return 1
+        return int(spec.replication)
+    if isinstance(spec, consumer_pb2.ShardSpec):
+        return 0 if spec.disable else 1 + int(spec.hot_standbys)
+    raise TypeError(f"not an item spec: {type(spec).__name__}")
+
+
+def member_capacity(spec: object) -> tuple[int, bool]:
+    """(item limit, exiting) of a member spec."""
+    if isinstance(spec, pb.BrokerSpec):
+        return int(spec.journal_limit), bool(spec.exiting)
+    if isinstance(spec, consumer_pb2.ConsumerSpec):
+        return int(spec.shard_limit), bool(spec.exiting)
+    raise TypeError(f"not a member spec: {type(spec).__name__}")
+
+
+def item_entry(root: str, kv: KeyValue) -> Entry[Item]:
+    item = Item(parse_item_key(root, kv.key), desired_replication(kv.value), kv.value)
+    return Entry(kv.key, item, kv.raw, kv.create_revision, kv.mod_revision, kv.lease)
+
+
+def member_entry(root: str, kv: KeyValue) -> Entry[Member]:
+    zone, suffix = parse_member_key(root, kv.key)
+    limit, exiting = member_capacity(kv.value)
+    member = Member(zone, suffix, limit, exiting, kv.value)
+    return Entry(kv.key, member, kv.raw, kv.create_revision, kv.mod_revision, kv.lease)
+
+
+def assignment_entry(root: str, kv: KeyValue) -> Entry[Assignment]:
+    k = parse_assignment_key(root, kv.key)
+    a = Assignment(k.item, k.zone, k.suffix, k.slot, kv.value)
+    return Entry(kv.key, a, kv.raw, kv.create_revision, kv.mod_revision, kv.lease)
+
+
+def route_of(assignments: Sequence[Entry[Assignment]]) -> pb.Route:
+    """The Route implied by an item's assignments (in key order); primary -1 if none."""
+    route = pb.Route(primary=-1)
+    for i, a in enumerate(assignments):
+        if a.decoded.slot == 0:
+            route.primary = i
+        route.members.add(zone=a.decoded.zone, suffix=a.decoded.suffix)
+    return route
+
+
+def routes_equivalent(a: pb.Route, b: pb.Route | None) -> bool:
+    """Same primary and members; endpoints are not compared."""
+    if b is None:
+        b = pb.Route(primary=-1)
+    return a.primary == b.primary and list(a.members) == list(b.members)
+
+
+def journal_is_consistent(
+    item: Entry[Item], assignment: Entry[Assignment], all_of_item: Sequence[Entry[Assignment]]
+) -> bool:
+    """Every assignment of the journal advertises the Route its assignments imply."""
+    route = route_of(all_of_item)
+    return all(routes_equivalent(route, _route_value(a)) for a in all_of_item)
+
+
+def _route_value(a: Entry[Assignment]) -> pb.Route | None:
+    value: Any = a.decoded.value
+    return value if isinstance(value, pb.Route) else None
+
+
+def shard_is_consistent(
+    item: Entry[Item], assignment: Entry[Assignment], all_of_item: Sequence[Entry[Assignment]]
+) -> bool:
+    """The replica is ready to take over (see the module docstring)."""
+    code = _status_code(assignment)
+    status = consumer_pb2.ReplicaStatus
+    if code in (status.STANDBY, status.PRIMARY):
+        return True
+    if code == status.FAILED:
+        return any(a.decoded.slot == 0 and _status_code(a) == status.FAILED for a in all_of_item)
+    return False  # IDLE or BACKFILL: still starting, or reading its recovery log.
+
+
+def _status_code(a: Entry[Assignment]) -> int:
+    value: Any = a.decoded.value
+    if value is None:
+        return int(consumer_pb2.ReplicaStatus.IDLE)
+    return int(value.code)

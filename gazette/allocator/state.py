@@ -1,0 +1,234 @@
+"""`State`: the allocator's view of one keyspace snapshot, pivoted on the local member.
+
+Invariants:
+
+* `items`, `members` and `assignments` are sorted by key, which (see `model`) is the order
+  of item name, of (zone, suffix), and of (item, zone, suffix) respectively.
+* `member_total[i]` / `member_primary[i]` count the assignments (resp. slot-0 assignments)
+  held by `members[i]`; assignments naming an absent member count nowhere.
+* Exiting members are granted `shed[i]` slots of their limit, oldest (lowest create
+  revision) first, out of the cluster's excess capacity (member slots beyond item slots),
+  and never so many members that fewer remain at full capacity than the largest desired
+  replication. `effective_limit(i) = limit - shed[i]`; in the usual case of spare capacity
+  an exiting member's effective limit is 0 and its items drain away.
+* `zones` are the sorted zones having at least one member of positive effective limit.
+* The leader is the member with the lowest (create revision, key).
+* `network_key` changes exactly when items, members or their limits change, so a leader can
+  keep a solved assignment while only assignments change.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gazette.keyspace import (
+    KeySpace,
+    assignments_prefix,
+    items_prefix,
+    members_key,
+    members_prefix,
+)
+
+from .model import Assignment, Entry, Item, Member
+from .specs import assignment_entry, item_entry, member_entry
+
+IsConsistentFn = Callable[[Entry[Item], Entry[Assignment], Sequence[Entry[Assignment]]], bool]
+"""Whether an item's assignment is consistent, given all assignments of the item.
+
+Consistent generally means the replica has synchronised with its peers and the item can
+tolerate losing one of its cohort. The allocator never removes a consistent replica if that
+would leave fewer consistent replicas than the item's desired replication.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class LocalItem:
+    """An item assigned to the local member."""
+
+    item: Entry[Item]
+    assignments: Sequence[Entry[Assignment]]  # All assignments of the item.
+    index: int  # Index of the local assignment within `assignments`.
+
+    @property
+    def assignment(self) -> Entry[Assignment]:
+        return self.assignments[self.index]
+
+
+@dataclass(slots=True)
+class State:
+    """See the module docstring."""
+
+    root: str
+    local_key: str
+    is_consistent: IsConsistentFn
+    revision: int
+    items: list[Entry[Item]]
+    members: list[Entry[Member]]
+    assignments: list[Entry[Assignment]]
+
+    member_keys: list[str] = field(default_factory=list)
+    item_names: list[str] = field(default_factory=list)
+    assignments_of: dict[str, list[Entry[Assignment]]] = field(default_factory=dict)
+    local_index: int = -1
+    local_items: list[LocalItem] = field(default_factory=list)
+    zones: list[str] = field(default_factory=list)
+    zone_slots: list[int] = field(default_factory=list)
+    item_slots: int = 0
+    member_slots: int = 0
+    member_total: list[int] = field(default_factory=list)
+    member_primary: list[int] = field(default_factory=list)
+    shed: list[int] = field(default_factory=list)
+    network_key: tuple[object, ...] = ()
+
+    @classmethod
+    def build(
+        cls,
+        root: str,
+        local_key: str,
+        is_consistent: IsConsistentFn,
+        items: Sequence[Entry[Item]],
+        members: Sequence[Entry[Member]],
+        assignments: Sequence[Entry[Assignment]],
+        revision: int = 0,
+    ) -> State:
+        s = cls(
+            root=root,
+            local_key=local_key,
+            is_consistent=is_consistent,
+            revision=revision,
+            items=sorted(items, key=lambda e: e.key),
+            members=sorted(members, key=lambda e: e.key),
+            assignments=sorted(assignments, key=lambda e: e.key),
+        )
+        s._extract()
+        return s
+
+    @classmethod
+    def from_keyspace(
+        cls, ks: KeySpace, local_key: str, is_consistent: IsConsistentFn
+    ) -> State:
+        """Extracts a State from the keyspace's current snapshot (specs per `specs`)."""
+        root = ks.root
+        return cls.build(
+            root,
+            local_key,
+            is_consistent,
+            [item_entry(root, kv) for kv in ks.prefixed(items_prefix(root))],
+            [member_entry(root, kv) for kv in ks.prefixed(members_prefix(root))],
+            [assignment_entry(root, kv) for kv in ks.prefixed(assignments_prefix(root))],
+            ks.revision,
+        )
+
+    def _extract(self) -> None:
+        self.member_keys = [m.key for m in self.members]
+        self.item_names = [i.decoded.name for i in self.items]
+        n = len(self.members)
+        self.member_total = [0] * n
+        self.member_primary = [0] * n
+        self.shed = [0] * n
+        self.local_index = self.find_member(self.local_key)
+
+        by_item: dict[str, list[Entry[Assignment]]] = {}
+        for a in self.assignments:
+            by_item.setdefault(a.decoded.item, []).append(a)
+        self.assignments_of = by_item
+
+        max_replication = 0
+        for it in self.items:
+            r = it.decoded.replication
+            self.item_slots += r
+            max_replication = max(max_replication, r)
+            asn = by_item.get(it.decoded.name, [])
+            for index, a in enumerate(asn):
+                key = members_key(self.root, a.decoded.zone, a.decoded.suffix)
+                if key == self.local_key:
+                    self.local_items.append(LocalItem(it, asn, index))
+                ind = self.find_member(key)
+                if ind >= 0:
+                    self.member_total[ind] += 1
+                    if a.decoded.slot == 0:
+                        self.member_primary[ind] += 1
+
+        self.member_slots = sum(max(0, m.decoded.limit) for m in self.members)
+
+        # Grant shed capacity to exiting members, oldest first, from the cluster's excess.
+        excess = max(0, self.member_slots - self.item_slots)
+        exiting = sorted(
+            (i for i, m in enumerate(self.members) if m.decoded.exiting),
+            key=lambda i: (self.members[i].create_revision, self.members[i].key),
+        )
+        max_shedding = max(0, n - max_replication)
+        for count, i in enumerate(exiting):
+            if count == max_shedding or excess == 0:
+                break
+            shed = min(max(0, self.members[i].decoded.limit), excess)
+            self.shed[i] = shed
+            self.member_slots -= shed
+            excess -= shed
+
+        zone_slots: dict[str, int] = {}
+        for i, m in enumerate(self.members):
+            if (limit := self.effective_limit(i)) > 0:
+                zone_slots[m.decoded.zone] = zone_slots.get(m.decoded.zone, 0) + limit
+        self.zones = sorted(zone_slots)
+        self.zone_slots = [zone_slots[z] for z in self.zones]
+
+        self.network_key = (
+            tuple((m.key, self.effective_limit(i)) for i, m in enumerate(self.members)),
+            tuple((it.key, it.decoded.replication) for it in self.items),
+        )
+
+    def find_member(self, key: str) -> int:
+        """Index of the member with `key` in `members`, or -1."""
+        i = bisect.bisect_left(self.member_keys, key)
+        return i if i < len(self.member_keys) and self.member_keys[i] == key else -1
+
+    def find_item(self, name: str) -> int:
+        """Index of the item named `name` in `items`, or -1."""
+        i = bisect.bisect_left(self.item_names, name)
+        return i if i < len(self.item_names) and self.item_names[i] == name else -1
+
+    def member_of(self, a: Assignment) -> int:
+        """Index of the member holding assignment `a`, or -1 if that member is gone."""
+        return self.find_member(members_key(self.root, a.zone, a.suffix))
+
+    def effective_limit(self, i: int) -> int:
+        return max(0, self.members[i].decoded.limit - self.shed[i])
+
+    @property
+    def local_member(self) -> Entry[Member] | None:
+        return self.members[self.local_index] if self.local_index >= 0 else None
+
+    @property
+    def leader_key(self) -> str | None:
+        """Key of the member with the lowest (create revision, key), or None if none."""
+        if not self.members:
+            return None
+        return min(self.members, key=lambda m: (m.create_revision, m.key)).key
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader_key == self.local_key
+
+    @property
+    def should_exit(self) -> bool:
+        """True once the local member is exiting and holds no assignments."""
+        m = self.local_member
+        return m is not None and m.decoded.exiting and not self.local_items
+
+    def load_ratio(self, a: Assignment, counts: Sequence[int]) -> float:
+        """counts[member] / effective limit of the member holding `a` (inf if none)."""
+        i = self.member_of(a)
+        if i < 0:
+            return float("inf")
+        limit = self.effective_limit(i)
+        return counts[i] / limit if limit > 0 else float("inf")
+
+    def zone_counts(self) -> dict[str, int]:
+        """Number of assignments per member zone."""
+        out: dict[str, int] = {}
+        for a in self.assignments:
+            out[a.decoded.zone] = out.get(a.decoded.zone, 0) + 1
+        return out
