@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -33,7 +32,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
@@ -132,9 +130,9 @@ class EtcdProcess:
         self._start_timeout = start_timeout
         self._unsafe_no_fsync = unsafe_no_fsync
         self._owns_data_dir = data_dir is None
-        self._base_dir = Path(tempfile.mkdtemp(prefix="gazette-etcd-")) if data_dir is None else None
+        self._base_dir: Path | None = None
         if data_dir is None:
-            assert self._base_dir is not None
+            self._base_dir = Path(tempfile.mkdtemp(prefix="gazette-etcd-"))
             self.data_dir = self._base_dir / "data"
         else:
             self.data_dir = Path(data_dir)
@@ -451,8 +449,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"etcd exited unexpectedly; log at {server.log_path}", file=sys.stderr)
                 return 1
     finally:
-        with contextlib.suppress(Exception):
-            server.close()
+        server.close()
     return 0
 
 

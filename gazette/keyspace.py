@@ -179,7 +179,9 @@ _REQUIRE_LEADER = ("hasleader", "true")
 
 class _WatchCompacted(Exception):
     def __init__(self, compact_revision: int) -> None:
-        super().__init__(f"watched revision was compacted (etcd compact revision {compact_revision})")
+        super().__init__(
+            f"watched revision was compacted (etcd compact revision {compact_revision})"
+        )
         self.compact_revision = compact_revision
 
 
@@ -602,9 +604,13 @@ class AssignmentKey:
     slot: int
 
 
-def check_component(what: str, value: str) -> str:
-    """Returns `value` if it is a valid key component: non-empty, all characters above '#'."""
+def check_component(what: str, value: str, *, allow_empty: bool = False) -> str:
+    """Returns `value` if it is a valid key component: all characters above '#', and non-empty
+    unless `allow_empty` (builders allow it, as Gazette's do: `items_key(root, "")` is the
+    items prefix; parsers never do)."""
     if not value:
+        if allow_empty:
+            return value
         raise KeyLayoutError(f"{what} must not be empty")
     if min(value) <= SEP:
         bad = next(c for c in value if c <= SEP)
@@ -628,22 +634,22 @@ def assignments_prefix(root: str) -> str:
 
 def items_key(root: str, name: str) -> str:
     """`{root}/items/{name}`: where a journal's or shard's spec lives."""
-    return items_prefix(root) + check_component("item name", name)
+    return items_prefix(root) + check_component("item name", name, allow_empty=True)
 
 
 def members_key(root: str, zone: str, suffix: str) -> str:
     """`{root}/members/{zone}#{suffix}`: where a broker's or consumer's spec lives."""
     return (
         members_prefix(root)
-        + check_component("member zone", zone)
+        + check_component("member zone", zone, allow_empty=True)
         + SEP
-        + check_component("member suffix", suffix)
+        + check_component("member suffix", suffix, allow_empty=True)
     )
 
 
 def item_assignments_prefix(root: str, item: str) -> str:
     """`{root}/assign/{item}#`: the prefix of all assignments of one item."""
-    return assignments_prefix(root) + check_component("item name", item) + SEP
+    return assignments_prefix(root) + check_component("item name", item, allow_empty=True) + SEP
 
 
 def assignment_key(root: str, item: str, zone: str, suffix: str, slot: int) -> str:
@@ -652,9 +658,9 @@ def assignment_key(root: str, item: str, zone: str, suffix: str, slot: int) -> s
         raise KeyLayoutError(f"assignment slot {slot} must not be negative")
     return (
         item_assignments_prefix(root, item)
-        + check_component("member zone", zone)
+        + check_component("member zone", zone, allow_empty=True)
         + SEP
-        + check_component("member suffix", suffix)
+        + check_component("member suffix", suffix, allow_empty=True)
         + SEP
         + str(slot)
     )

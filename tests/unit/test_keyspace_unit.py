@@ -88,7 +88,7 @@ def test_assignment_key_order_is_entity_order(
     assert (ka < kb) == (a < b)
 
 
-@pytest.mark.parametrize("bad", ["", "has space", "has#hash", "tab\there", 'quote"', "bang!"])
+@pytest.mark.parametrize("bad", ["has space", "has#hash", "tab\there", 'quote"', "bang!"])
 def test_invalid_components_are_refused(bad: str) -> None:
     with pytest.raises(KeyLayoutError):
         check_component("thing", bad)
@@ -124,6 +124,18 @@ def test_bad_member_keys(key: str) -> None:
 def test_bad_assignment_keys(key: str) -> None:
     with pytest.raises(KeyLayoutError):
         parse_assignment_key(ROOT, key)
+
+
+def test_empty_components() -> None:
+    # Builders allow empty components (an empty item name yields the items prefix, as in
+    # Gazette); parsers refuse them.
+    assert items_key(ROOT, "") == ROOT + "/items/"
+    with pytest.raises(KeyLayoutError):
+        check_component("thing", "")
+    with pytest.raises(KeyLayoutError):
+        parse_item_key(ROOT, ROOT + "/items/")
+    with pytest.raises(KeyLayoutError):
+        parse_assignment_key(ROOT, assignment_key(ROOT, "", "z", "s", 0))
 
 
 def test_key_kind_rejects_other_keys() -> None:
