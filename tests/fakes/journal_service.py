@@ -140,6 +140,7 @@ class FakeBroker(pb_grpc.JournalServicer):  # type: ignore[misc]
         self.read_failures: list[Failure] = []
         self.append_failures: list[Failure] = []
         self.calls: list[tuple[str, str]] = []
+        self.before_apply: Any = None  # Called before each Apply (e.g. to race an edit).
         self.server: Any = None
 
     async def start(self) -> FakeBroker:
@@ -183,6 +184,8 @@ class FakeBroker(pb_grpc.JournalServicer):  # type: ignore[misc]
 
     async def Apply(self, req: pb.ApplyRequest, ctx: Any) -> pb.ApplyResponse:
         self.calls.append(("Apply", ""))
+        if self.before_apply is not None:
+            self.before_apply()
         js = self.cluster.journals
         for ch in req.changes:
             name = ch.upsert.name if ch.HasField("upsert") else ch.delete

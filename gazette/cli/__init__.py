@@ -1,0 +1,1 @@
+"""Command-line programs: ``gazette serve`` and ``gazctl``. Thin: parse, call, print."""

@@ -1,0 +1,74 @@
+"""Listing helpers, PolledList and the synchronous facade against the fake service."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from fakes.journal_service import FakeBroker, FakeCluster, start_broker
+
+from gazette.client import (
+    ApplyError,
+    JournalClient,
+    PolledList,
+    SyncJournalClient,
+    apply_journals,
+    get_journal,
+    list_journals,
+)
+from gazette.labels import SelectorError
+from gazette.protocol import protocol_pb2 as pb
+
+
+@pytest.fixture
+async def broker() -> AsyncIterator[FakeBroker]:
+    cluster = FakeCluster()
+    for i in range(5):
+        cluster.create(f"topic/part-{i}", {"topic": "t"})
+    b = await start_broker(cluster)
+    yield b
+    await b.stop()
+
+
+async def test_list_joins_streamed_pages(broker: FakeBroker) -> None:
+    async with JournalClient(broker.endpoint) as client:
+        resp = await list_journals(client, "topic=t")
+        assert [j.spec.name for j in resp.journals] == [f"topic/part-{i}" for i in range(5)]
+        assert client.routes.route("topic/part-3") is not None  # Listing primes the cache.
+        with pytest.raises(SelectorError, match="position"):
+            await list_journals(client, "topic in (t")
+        j = await get_journal(client, "topic/part-1")
+        assert j.mod_revision == broker.cluster.journals["topic/part-1"].mod_revision
+
+
+async def test_apply_checks_revisions(broker: FakeBroker) -> None:
+    async with JournalClient(broker.endpoint) as client:
+        spec = pb.JournalSpec(name="topic/part-9", replication=1)
+        await apply_journals(client, [pb.ApplyRequest.Change(upsert=spec)])
+        with pytest.raises(ApplyError, match="ETCD_TRANSACTION_FAILED"):
+            await apply_journals(client, [pb.ApplyRequest.Change(upsert=spec, expect_mod_revision=1)])
+
+
+async def test_polled_list_reports_changes(broker: FakeBroker) -> None:
+    seen: list[int] = []
+    async with JournalClient(broker.endpoint) as client:
+        polled = PolledList(client, "topic=t", interval=0.01,
+                            on_change=lambda resp: seen.append(len(resp.journals)))
+        async with polled:
+            assert seen == [5]
+            broker.cluster.create("topic/part-7", {"topic": "t"})
+            await asyncio.wait_for(polled.wait_changed(1), 10)
+        assert seen == [5, 6]
+
+
+async def test_sync_facade(broker: FakeBroker) -> None:
+    def script() -> tuple[int, bytes, bytes]:
+        with SyncJournalClient(broker.endpoint) as c:
+            resp = c.append("topic/part-0", b"hello ")
+            c.append("topic/part-0", [b"sync ", b"world"])
+            return len(c.list("topic=t").journals), c.read_all("topic/part-0"), \
+                c.read_all("topic/part-0", resp.commit.end)
+
+    n, everything, tail = await asyncio.to_thread(script)
+    assert n == 5 and everything == b"hello sync world" and tail == b"sync world"
