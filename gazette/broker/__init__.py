@@ -1,0 +1,1 @@
+"""The journal broker: replicas, append and read paths, fragments and their stores."""

@@ -1,0 +1,304 @@
+"""The spool: the fragment a journal replica is currently building, as a state machine.
+
+A spool is a committed :class:`Fragment` backed by a local temporary file, plus *pending*
+content written after the fragment's end, plus the journal's registers. It changes only through
+:meth:`Spool.apply` of a ``ReplicateRequest``, with Gazette's transitions:
+
+* **content** (``content`` at ``content_delta``): ``content_delta`` must equal the pending length;
+  the bytes are written at ``end + delta`` and added to the running SHA1. Nothing is visible to
+  readers yet.
+* **roll**: a proposal whose end lies beyond ``end + delta``, or an empty proposal at exactly
+  ``end``, completes the current fragment (reported via ``on_complete`` if non-empty) and starts
+  an empty one at ``proposal.end`` with the proposal's codec. A proposal strictly beyond ``end``
+  also brings its registers. Evaluation continues with the two cases below, so an empty
+  proposal of the new fragment is acknowledged in the same step.
+* **rollback**: a proposal equal to the committed fragment, with equal registers, discards
+  pending content (the SHA1 is restored to its committed state).
+* **commit**: a proposal equal to :meth:`Spool.next` (the fragment extended by all pending bytes,
+  with their SHA1) while content is pending adopts it and its registers, and reports the
+  committed fragment via ``on_commit``.
+* anything else leaves the spool as it is and answers ``PROPOSAL_MISMATCH`` with the spool's
+  fragment and registers.
+
+Invariants: the spool fragment is always a valid fragment whose sum is the SHA1 of file bytes
+``[0, end - begin)``; bytes of the file below that are never rewritten, so readers may ``pread``
+committed content while appends continue; ``apply`` costs one ``pwrite`` and one
+``sha1.update`` per content chunk and never compresses (completed spools are compressed when
+persisted, off the append path, see :class:`SpoolSnapshot`). A proposal's missing registers are
+taken as the empty label set. Backing store and path postfix are never part of a spool's
+fragment: they are attached when it is persisted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+from gazette.broker.fragment.codecs import Codec, new_compressor
+from gazette.broker.fragment.errors import SpoolError
+from gazette.broker.fragment.fragment import ZERO_SUM, Fragment
+from gazette.protocol import protocol_pb2 as pb
+
+__all__ = ["Spool", "SpoolFile", "SpoolSnapshot"]
+
+READ_CHUNK = 1 << 20
+"""Chunk size of reads of a completed spool, when persisting it."""
+
+
+class SpoolFile:
+    """An anonymous temporary file: unlinked as soon as it is created.
+
+    Its descriptor is closed when the last reference to the object goes away (spool, index
+    entries, a reader in flight, the persister's queue), which frees the disk space; ``close``
+    does so early. ``pwrite`` and ``pread`` are positionless, so readers never disturb the writer.
+    """
+
+    __slots__ = ("__weakref__", "_close", "_fd")
+
+    def __init__(self, directory: str | None = None) -> None:
+        fd, path = tempfile.mkstemp(prefix=".spool-", dir=directory)
+        try:
+            os.unlink(path)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self._close = weakref.finalize(self, os.close, fd)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def pwrite(self, data: bytes | memoryview, offset: int) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self._fd, view, offset)
+            view, offset = view[n:], offset + n
+
+    def pread(self, offset: int, n: int) -> bytes:
+        data = os.pread(self._fd, n, offset)
+        if len(data) == n or not data:
+            return data
+        parts = [data]  # A short read of a regular file means EOF, or a signal: keep going.
+        got = len(data)
+        while got < n:
+            more = os.pread(self._fd, n - got, offset + got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self._close()
+
+    @property
+    def closed(self) -> bool:
+        return not self._close.alive
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolSnapshot:
+    """A completed spool, handed to ``on_complete`` (and so to the persister).
+
+    Its file is no longer written, so every method here may run in a worker thread.
+    """
+
+    fragment: Fragment
+    registers: pb.LabelSet
+    first_append_time: float | None
+    primary: bool
+
+    @property
+    def file(self) -> SpoolFile:
+        assert isinstance(self.fragment.file, SpoolFile), "a completed spool has a file"
+        return self.fragment.file
+
+    def iter_content(self, offset: int = 0, chunk_size: int = READ_CHUNK) -> Iterator[bytes]:
+        """Uncompressed content from ``offset`` (relative to the fragment's begin)."""
+        length = self.fragment.content_length
+        f = self.file
+        while offset < length:
+            data = f.pread(offset, min(chunk_size, length - offset))
+            if not data:
+                raise SpoolError(f"spool file of {self.fragment} is short at {offset}")
+            yield data
+            offset += len(data)
+
+    def iter_compressed(self, chunk_size: int = READ_CHUNK) -> Iterator[bytes]:
+        """Content compressed under the fragment's codec, as it is to be stored."""
+        c = new_compressor(self.fragment.codec)
+        for data in self.iter_content(0, chunk_size):
+            out = c.compress(data)
+            if out:
+                yield out
+        tail = c.finish()
+        if tail:
+            yield tail
+
+    def write_compressed(self, out: IO[bytes]) -> int:
+        """Write the stored form of the fragment to ``out``; returns its length."""
+        n = 0
+        for chunk in self.iter_compressed():
+            out.write(chunk)
+            n += len(chunk)
+        return n
+
+
+CommitCallback = Callable[[Fragment], None]
+CompleteCallback = Callable[[SpoolSnapshot], None]
+
+
+class Spool:
+    """The spool state machine of one journal replica (see the module docstring)."""
+
+    def __init__(
+        self,
+        journal: str,
+        *,
+        directory: str | None = None,
+        on_commit: CommitCallback | None = None,
+        on_complete: CompleteCallback | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._directory = directory
+        self._on_commit = on_commit
+        self._on_complete = on_complete
+        self._clock = clock
+        self._fragment = Fragment(journal, 0, 0)
+        self._registers = pb.LabelSet()
+        self._reset(self._fragment)
+
+    def _reset(self, fragment: Fragment) -> None:
+        self._fragment = fragment
+        self._file: SpoolFile | None = None
+        self._first_append_time: float | None = None
+        self._delta = 0
+        self._summer: Any = hashlib.sha1()  # hashlib's hash type is private.
+        self._committed_summer: Any = self._summer.copy()
+
+    # -- Observation.
+
+    @property
+    def journal(self) -> str:
+        return self._fragment.journal
+
+    @property
+    def fragment(self) -> Fragment:
+        """The committed fragment (carrying the spool file once content was written)."""
+        return self._fragment.with_file(self._file) if self._file else self._fragment
+
+    @property
+    def registers(self) -> pb.LabelSet:
+        """Registers as of the last commit or roll (a copy)."""
+        out = pb.LabelSet()
+        out.CopyFrom(self._registers)
+        return out
+
+    @property
+    def delta(self) -> int:
+        """Length of pending (uncommitted) content."""
+        return self._delta
+
+    @property
+    def first_append_time(self) -> float | None:
+        return self._first_append_time
+
+    @property
+    def file(self) -> SpoolFile | None:
+        return self._file
+
+    def next_fragment(self) -> Fragment:
+        """The fragment which would commit all pending content."""
+        f = self._fragment
+        end = f.end + self._delta
+        digest = ZERO_SUM if end == f.begin else self._summer.digest()
+        return Fragment(f.journal, f.begin, end, digest, f.codec)
+
+    def next(self) -> pb.Fragment:
+        """The proposal which commits all pending content, in wire form."""
+        return self.next_fragment().to_proto()
+
+    def __repr__(self) -> str:
+        return f"Spool({self._fragment!r}, delta={self._delta})"
+
+    # -- Transitions.
+
+    def apply(self, req: pb.ReplicateRequest, primary: bool = False) -> pb.ReplicateResponse:
+        """Apply a content chunk or a proposal.
+
+        Content answers an empty response (or raises :class:`SpoolError` for a wrong
+        ``content_delta``); a proposal answers OK or PROPOSAL_MISMATCH. ``primary`` marks the
+        completed spools this call may produce as the primary's (persisted right away).
+        """
+        if req.HasField("proposal"):
+            return self._apply_proposal(req, primary)
+        self._apply_content(req.content, req.content_delta)
+        return pb.ReplicateResponse()
+
+    def must_apply(self, req: pb.ReplicateRequest, primary: bool = False) -> None:
+        """Apply a request that cannot fail (e.g. a rollback derived from this spool)."""
+        resp = self.apply(req, primary)
+        assert resp.status == pb.Status.OK, f"{self!r} refused {req}: {resp}"
+
+    def _apply_content(self, content: bytes, content_delta: int) -> None:
+        if content_delta != self._delta:
+            raise SpoolError(
+                f"invalid content_delta ({content_delta}; expected {self._delta}) "
+                f"for spool of {self.journal}"
+            )
+        if self._file is None:
+            assert self._fragment.content_length == 0, "a non-empty spool has a file"
+            self._file = SpoolFile(self._directory)
+        # Write before hashing: if the write fails the spool is unchanged and may be retried.
+        self._file.pwrite(content, self._fragment.content_length + self._delta)
+        self._summer.update(content)
+        self._delta += len(content)
+
+    def _apply_proposal(self, req: pb.ReplicateRequest, primary: bool) -> pb.ReplicateResponse:
+        proposal = Fragment.from_proto(req.proposal)
+        registers = req.registers if req.HasField("registers") else pb.LabelSet()
+        f = self._fragment
+
+        if proposal.end > f.end + self._delta or (
+            proposal.end == f.end and proposal.content_length == 0
+        ):
+            self._roll(proposal, registers, primary)
+            f = self._fragment
+
+        if proposal == f and registers == self._registers:
+            # Rollback of any pending content.
+            self._delta = 0
+            self._summer = self._committed_summer.copy()
+            return pb.ReplicateResponse(status=pb.Status.OK)
+
+        if self._delta != 0 and proposal == self.next_fragment():
+            self._fragment = proposal
+            if self._first_append_time is None:
+                self._first_append_time = self._clock()
+            self._registers.CopyFrom(registers)
+            self._delta = 0
+            self._committed_summer = self._summer.copy()
+            if self._on_commit is not None:
+                self._on_commit(self.fragment)
+            return pb.ReplicateResponse(status=pb.Status.OK)
+
+        return pb.ReplicateResponse(
+            status=pb.Status.PROPOSAL_MISMATCH,
+            fragment=f.to_proto(),
+            registers=self._registers,
+        )
+
+    def _roll(self, proposal: Fragment, registers: pb.LabelSet, primary: bool) -> None:
+        old = self.fragment
+        if old.content_length != 0 and self._on_complete is not None:
+            self._on_complete(SpoolSnapshot(old, self.registers, self._first_append_time, primary))
+        if proposal.end > old.end:
+            self._registers.CopyFrom(registers)
+        codec: Codec = proposal.codec
+        self._reset(Fragment(old.journal, proposal.end, proposal.end, ZERO_SUM, codec))

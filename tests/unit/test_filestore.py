@@ -1,0 +1,182 @@
+"""FileStore: persist / list / open round trips per codec, atomicity, listing, path safety."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from gazette.broker.fragment import (
+    CoverSet,
+    FileStore,
+    Fragment,
+    Spool,
+    SpoolFile,
+    SpoolSnapshot,
+    StoreAuthError,
+    StoreError,
+    StorePathError,
+    Stores,
+    UnsupportedStoreError,
+    codecs,
+    parse_content_name,
+    store_for_url,
+    walk_all_stores,
+)
+from gazette.broker.fragment.codecs import Codec
+from gazette.protocol import protocol_pb2 as pb
+
+CC = pb.CompressionCodec
+ALL = [CC.NONE, CC.GZIP, CC.ZSTANDARD, CC.SNAPPY, CC.GZIP_OFFLOAD_DECOMPRESSION]
+
+
+def make_snapshot(journal: str, begin: int, data: bytes, codec: Codec = CC.NONE) -> SpoolSnapshot:
+    done: list[SpoolSnapshot] = []
+    spool = Spool(journal, on_complete=done.append)
+    spool.must_apply(
+        pb.ReplicateRequest(proposal=Fragment(journal, begin, begin, codec=codec).to_proto())
+    )
+    for i in range(0, len(data), 1 << 16):
+        spool.apply(pb.ReplicateRequest(content=data[i : i + (1 << 16)], content_delta=i))
+    spool.must_apply(pb.ReplicateRequest(proposal=spool.next()))
+    end = begin + len(data)
+    spool.must_apply(
+        pb.ReplicateRequest(proposal=Fragment(journal, end, end, codec=codec).to_proto())
+    )
+    return done[0]
+
+
+async def read(store: FileStore, f: Fragment, offset: int | None = None) -> bytes:
+    gen = store.open(f, offset)
+    async with contextlib.aclosing(gen):
+        return b"".join([chunk async for chunk in gen])
+
+
+@pytest.mark.parametrize("codec", ALL)
+async def test_persist_list_open_round_trip(tmp_path: Path, codec: Codec) -> None:
+    store = FileStore("file:///", str(tmp_path))
+    data = os.urandom(1000) * 2500  # 2.5 MB, several read chunks.
+    snap = make_snapshot("a/journal", 1000, data, codec)
+
+    stored = await store.persist(snap)
+    assert stored == Fragment(
+        "a/journal", 1000, 1000 + len(data), hashlib.sha1(data).digest(), codec,
+        "file:///", stored.mod_time,
+    )  # fmt: skip
+    assert stored.mod_time > 0 and stored.file is None
+
+    # The file is named by the SHA1 of its decompressed content.
+    path = tmp_path / "a/journal" / stored.content_name()
+    raw = path.read_bytes()
+    content = codecs.decompress(codec, raw)
+    assert content == data
+    name = parse_content_name("a/journal", path.name)
+    assert name.sum == hashlib.sha1(content).digest()
+    assert (
+        path.name.split("-")[2].removesuffix(codecs.extension(codec))
+        == hashlib.sha1(content).hexdigest()
+    )
+
+    assert await store.list("a/journal") == [stored]
+    assert await store.exists(stored)
+    assert await read(store, stored) == data
+    assert await read(store, stored, 1000 + 1_234_567) == data[1_234_567:]
+    assert await read(store, stored, 1000 + len(data)) == b""
+    with pytest.raises(StoreError, match="outside"):
+        await read(store, stored, 999)
+
+    # Persisting again is a no-op.
+    assert await store.persist(snap) == stored
+    assert store.sign_url(stored, 60) == "file:///a/journal/" + stored.content_name()
+
+    await store.remove(stored)
+    assert await store.list("a/journal") == []
+    with pytest.raises(StoreError):
+        await store.remove(stored)
+    with pytest.raises(StoreError, match="not in"):
+        await read(store, stored)
+
+
+async def test_listing_order_postfix_and_strays(tmp_path: Path) -> None:
+    store = FileStore("file:///base/", str(tmp_path))
+    (tmp_path / "base").mkdir()
+    stored = []
+    for begin, data in [(300, b"ccc"), (0, b"a" * 100), (100, b"b" * 200)]:
+        stored.append(await store.persist(make_snapshot("j/one", begin, data), "date=2024-01-01"))
+    assert (tmp_path / "base/j/one/date=2024-01-01").is_dir()
+
+    # Strays: an in-flight upload, an unparseable file, another journal's fragment.
+    jdir = tmp_path / "base/j/one"
+    (jdir / (".partial-" + stored[0].content_name() + "123")).write_bytes(b"junk")
+    (jdir / "README").write_text("not a fragment")
+    await store.persist(make_snapshot("j/other", 0, b"zz"))
+
+    listed = await store.list("j/one")
+    assert [(f.begin, f.end) for f in listed] == [(0, 100), (100, 300), (300, 303)]
+    assert all(f.path_postfix == "date=2024-01-01" for f in listed)
+    assert await read(store, listed[1]) == b"b" * 200
+
+    stores = Stores(str(tmp_path))
+    assert stores.get("file:///base/") is stores.get("file:///base/")
+    cover = await walk_all_stores("j/one", ["file:///base/"], stores)
+    assert isinstance(cover, CoverSet) and [(f.begin, f.end) for f in cover] == [
+        (0, 100), (100, 300), (300, 303),
+    ]  # fmt: skip
+    assert await store.list("j/missing") == []
+
+
+async def test_put_refuses_missing_base_directory(tmp_path: Path) -> None:
+    store = FileStore("file:///nonexistent/", str(tmp_path))
+    with pytest.raises(StoreAuthError, match="invalid file store directory"):
+        await store.persist(make_snapshot("a/journal", 0, b"data"))
+
+
+async def test_failed_write_leaves_no_partial_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore("file:///", str(tmp_path))
+    snap = make_snapshot("a/journal", 0, b"data" * 1000)
+
+    def failing_pread(self: SpoolFile, offset: int, n: int) -> bytes:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(SpoolFile, "pread", failing_pread)
+    with pytest.raises(OSError, match="Input/output"):
+        await store.persist(snap)
+    assert list((tmp_path / "a/journal").iterdir()) == []
+    assert await store.list("a/journal") == []
+
+
+def test_path_traversal_is_refused(tmp_path: Path) -> None:
+    store = FileStore("file:///", str(tmp_path / "root"))
+    for bad in ["../etc/passwd", "a/../../x", "a/\x00"]:
+        with pytest.raises(StorePathError):
+            store._fs_path(bad)
+    assert store._fs_path("/a/b") == str(tmp_path / "root/a/b")
+    with pytest.raises(StoreError, match="escapes"):
+        FileStore("file:///../", str(tmp_path / "root"))._fragment_path(Fragment("j", 0, 1))
+
+
+def test_url_handling(tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedStoreError, match="s3"):
+        store_for_url("s3://bucket/prefix/", str(tmp_path))
+    with pytest.raises(UnsupportedStoreError, match="gopher"):
+        store_for_url("gopher://x/", str(tmp_path))
+    with pytest.raises(StoreError, match="unknown argument"):
+        FileStore("file:///?invalid=param", str(tmp_path))
+    with pytest.raises(StoreError, match="file root"):
+        store_for_url("file:///", None)
+    # Gazette's rewriter: the first occurrence of |find| in the content path is replaced.
+    store = FileStore("file:///?find=bar/v1/&replace=old/", str(tmp_path))
+    f = Fragment("foo/bar/v1/part-000", 0, 1)
+    assert store.sign_url(f, 60) == "file:///foo/old/part-000/" + f.content_name()
+
+
+async def test_health_check(tmp_path: Path) -> None:
+    await FileStore("file:///", str(tmp_path)).health_check()
+    assert (tmp_path / ".test/health-check").read_bytes() == b"health-check\n"
+    with pytest.raises(StoreAuthError):
+        await FileStore("file:///missing/", str(tmp_path)).health_check()
