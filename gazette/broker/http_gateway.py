@@ -1,0 +1,206 @@
+"""HTTP/1.1 gateway to journals, on the broker's public port (see ``mux``).
+
+``GET /{journal}?offset=N&block=B`` reads (``HEAD`` reads metadata only) and
+``PUT /{journal}`` appends the request body atomically, with Gazette's headers
+and status codes:
+
+* reads: 206 with ``X-Write-Head``, ``Content-Range: bytes {offset}-{max}/{max}``,
+  ``X-Fragment-Name``, ``X-Fragment-Last-Modified``, ``X-Fragment-Location``
+  (a signed URL, when the store gives one), ``X-Route-Token``; 404 unknown
+  journal; 416 offset not yet available; 503 insufficient brokers; 500 other.
+* appends: 204 with ``X-Commit-Begin``, ``X-Commit-End``, ``X-Commit-SHA1-Sum``,
+  ``X-Write-Head``; 404 unknown journal; 500 other statuses.
+* 400 for an unknown query key or a malformed value, naming it.
+
+A blocking read is one long-lived chunked response that streams content as it
+commits, until the client goes away. A client that disconnects mid-PUT has its
+append rolled back, like any broken Append stream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from email.utils import formatdate
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from gazette.broker import append as append_mod
+from gazette.broker import read as read_mod
+from gazette.broker.fragment import Fragment, sum_from_proto
+from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol import validate
+from gazette.protocol.errors import ValidationError
+
+if TYPE_CHECKING:
+    from gazette.broker.server import Broker
+
+MAX_INT64 = (1 << 63) - 1
+_TRUE = {"1", "t", "true"}
+_FALSE = {"0", "f", "false"}
+APPEND_CHUNK = 1 << 20
+
+
+class BadRequest(ValueError):
+    """The HTTP request's path or query is malformed."""
+
+
+def _parse_bool(key: str, value: str) -> bool:
+    v = value.lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise BadRequest(f"invalid value for query key {key!r}: {value!r} (expected true or false)")
+
+
+def parse_read_request(request: web.Request) -> pb.ReadRequest:
+    req = pb.ReadRequest(journal=request.match_info["journal"], metadata_only=request.method == "HEAD")
+    for key, value in request.query.items():
+        k = key.lower()
+        if k == "offset":
+            try:
+                req.offset = int(value)
+            except ValueError:
+                raise BadRequest(f"invalid value for query key 'offset': {value!r} (expected an integer)") from None
+        elif k == "block":
+            req.block = _parse_bool(key, value)
+        else:
+            raise BadRequest(f"unknown query key {key!r} (expected offset or block)")
+    try:
+        validate.validate_read_request(req)
+    except ValidationError as err:
+        raise BadRequest(str(err)) from None
+    return req
+
+
+def parse_append_request(request: web.Request) -> pb.AppendRequest:
+    for key in request.query:
+        raise BadRequest(f"unknown query key {key!r} (appends take no query)")
+    req = pb.AppendRequest(journal=request.match_info["journal"])
+    try:
+        validate.validate_append_request(req)
+    except ValidationError as err:
+        raise BadRequest(str(err)) from None
+    return req
+
+
+def _route_headers(headers: dict[str, str], hdr: pb.Header, path: str) -> None:
+    route = hdr.route
+    if len(route.members) != 0:
+        headers["X-Route-Token"] = " ".join(str(route).split())
+        if route.primary != -1 and len(route.endpoints) > route.primary and route.endpoints[route.primary]:
+            headers["Location"] = route.endpoints[route.primary].rstrip("/") + path
+
+
+_READ_STATUS = {
+    pb.JOURNAL_NOT_FOUND: 404,
+    pb.INSUFFICIENT_JOURNAL_BROKERS: 503,
+    pb.OFFSET_NOT_YET_AVAILABLE: 416,
+}
+
+
+def _read_headers(resp: pb.ReadResponse, path: str) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    if resp.HasField("header"):
+        _route_headers(headers, resp.header, path)
+    if resp.HasField("fragment"):
+        frag = resp.fragment
+        headers["X-Fragment-Name"] = Fragment.from_proto(frag).content_name()
+        if frag.mod_time:
+            headers["X-Fragment-Last-Modified"] = formatdate(frag.mod_time, usegmt=True)
+        if resp.fragment_url:
+            headers["X-Fragment-Location"] = resp.fragment_url
+        headers["Content-Range"] = f"bytes {resp.offset}-{MAX_INT64}/{MAX_INT64}"
+    if resp.write_head:
+        headers["X-Write-Head"] = str(resp.write_head)
+    return headers
+
+
+class Gateway:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/{journal:.+}", self.serve_read, allow_head=False),
+            web.head("/{journal:.+}", self.serve_read),
+            web.put("/{journal:.+}", self.serve_append),
+        ]
+
+    async def serve_read(self, request: web.Request) -> web.StreamResponse:
+        try:
+            req = parse_read_request(request)
+        except BadRequest as err:
+            return web.Response(status=400, text=f"{err}\n")
+        stream = read_mod.read(self.broker, req).__aiter__()
+        try:
+            first = await stream.__anext__()
+        except StopAsyncIteration:
+            return web.Response(status=500, text="broker ended the read without a response\n")
+        headers = _read_headers(first, request.path)
+        if first.status != pb.OK:
+            await _aclose(stream)
+            name = pb.Status.Name(first.status)
+            return web.Response(status=_READ_STATUS.get(first.status, 500), text=f"{name}\n", headers=headers)
+        resp = web.StreamResponse(status=206, headers=headers)
+        resp.content_type = "application/octet-stream"
+        if request.method == "HEAD":
+            await _aclose(stream)
+            return resp
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        offset = first.offset
+        try:
+            async for msg in stream:
+                if msg.status != pb.OK:
+                    break  # e.g. OFFSET_NOT_YET_AVAILABLE once caught up, non-blocking
+                if msg.content:
+                    await resp.write(msg.content)
+                    offset += len(msg.content)
+                elif msg.offset != offset:
+                    break  # an offset jump ends the response, as Gazette's gateway does
+        except (ConnectionResetError, ConnectionError):
+            pass
+        finally:
+            await _aclose(stream)
+        await resp.write_eof()
+        return resp
+
+    async def serve_append(self, request: web.Request) -> web.StreamResponse:
+        try:
+            req = parse_append_request(request)
+        except BadRequest as err:
+            return web.Response(status=400, text=f"{err}\n")
+
+        async def chunks() -> AsyncIterator[pb.AppendRequest]:
+            async for data in request.content.iter_chunked(APPEND_CHUNK):
+                yield pb.AppendRequest(content=data)
+            yield pb.AppendRequest()  # commit
+
+        try:
+            resp = await append_mod.append(self.broker, req, chunks())
+        except append_mod.AppendStreamError as err:
+            return web.Response(status=400, text=f"{err}\n")
+        headers: dict[str, str] = {}
+        _route_headers(headers, resp.header, request.path)
+        if resp.HasField("commit"):
+            headers["X-Commit-Begin"] = str(resp.commit.begin)
+            headers["X-Commit-End"] = str(resp.commit.end)
+            headers["X-Write-Head"] = str(resp.commit.end)
+            headers["X-Commit-SHA1-Sum"] = sum_from_proto(resp.commit.sum).hex()
+        if resp.status == pb.OK:
+            return web.Response(status=204, headers=headers)
+        name = pb.Status.Name(resp.status)
+        return web.Response(status=404 if resp.status == pb.JOURNAL_NOT_FOUND else 500, text=f"{name}\n", headers=headers)
+
+
+async def _aclose(stream: AsyncIterator[pb.ReadResponse]) -> None:
+    close: Callable[[], object] | None = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()  # type: ignore[misc]
+
+
+def http_date(ts: float | None = None) -> str:
+    return formatdate(ts if ts is not None else time.time(), usegmt=True)

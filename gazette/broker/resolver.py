@@ -1,0 +1,232 @@
+"""Resolution of a journal name to its spec, route and local replica.
+
+The resolver reads the broker's keyspace (items, members and assignments under
+Gazette's key layout) at one revision and answers, for a journal:
+
+* the JournalSpec (or JOURNAL_NOT_FOUND),
+* its Route: assigned members sorted by (zone, suffix), the primary's index
+  (the member of slot 0, else -1) and each member's endpoint,
+* the local Replica when this broker is assigned the journal,
+* a Status per Gazette's rules for reads (any member) and appends (primary).
+
+Invariants: a resolution is computed under one keyspace revision and carries
+it in its Header; a request that names a later revision waits for the
+keyspace to reach it first. The set of local replicas is updated by a
+keyspace observer, in revision order, so a replica exists exactly while the
+local broker holds an assignment of its journal (and its item's create
+revision is unchanged: a journal deleted and re-created is a new replica).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gazette import keyspace as ks_mod
+from gazette.broker.replica import Replica
+from gazette.protocol import protocol_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+class ResolverStopped(Exception):
+    """The resolver no longer serves local replicas (the broker is shutting down)."""
+
+
+@dataclass
+class Resolution:
+    status: int
+    header: pb.Header
+    local_id: pb.ProcessSpec.ID
+    spec: pb.JournalSpec | None = None
+    item_mod_revision: int = 0
+    item_create_revision: int = 0
+    replica: Replica | None = None
+    assignments: list[ks_mod.KeyValue] = field(default_factory=list)
+    invalidated: asyncio.Event | None = None
+
+    @property
+    def route(self) -> pb.Route:
+        return self.header.route
+
+    @property
+    def is_local(self) -> bool:
+        return self.header.process_id == self.local_id
+
+
+def _id_key(pid: pb.ProcessSpec.ID) -> tuple[str, str]:
+    return (pid.zone, pid.suffix)
+
+
+class Resolver:
+    def __init__(
+        self,
+        keyspace: ks_mod.KeySpace,
+        local_id: pb.ProcessSpec.ID,
+        new_replica: Callable[[str, pb.JournalSpec], Replica],
+    ) -> None:
+        self.ks = keyspace
+        self.local_id = local_id
+        self._new_replica = new_replica
+        self.replicas: dict[str, Replica] | None = {}
+        self._create_revs: dict[str, int] = {}
+        self._signals: dict[str, tuple[asyncio.Event, tuple[tuple[str, int], ...]]] = {}
+        self.on_replicas_changed: list[Callable[[], None]] = []
+        keyspace.observers.append(self.update_replicas)
+
+    # Key helpers over Gazette's layout.
+    def _item_key(self, journal: str) -> str:
+        return ks_mod.items_key(self.ks.root, journal)
+
+    def _assign_prefix(self, journal: str) -> str:
+        return f"{self.ks.root}/assign/{journal}#"
+
+    def route_of(self, assignments: list[ks_mod.KeyValue]) -> pb.Route:
+        """Gazette's Route.Init + AttachEndpoints over a journal's assignment keys."""
+        members: list[tuple[tuple[str, str], int]] = []
+        for kv in assignments:
+            a = ks_mod.parse_assignment_key(self.ks.root, kv.key)
+            members.append(((a.zone, a.suffix), a.slot))
+        members.sort()
+        route = pb.Route(primary=-1)
+        for i, ((zone, suffix), slot) in enumerate(members):
+            route.members.add(zone=zone, suffix=suffix)
+            if slot == 0:
+                route.primary = i
+        endpoints = []
+        for (zone, suffix), _ in members:
+            mkv = self.ks.search(ks_mod.members_key(self.ks.root, zone, suffix))
+            endpoints.append(mkv.value.process_spec.endpoint if mkv is not None and mkv.value is not None else "")
+        if any(endpoints):
+            route.endpoints.extend(endpoints)
+        return route
+
+    def header(self, route: pb.Route | None = None, process_id: pb.ProcessSpec.ID | None = None) -> pb.Header:
+        hdr = pb.Header()
+        hdr.process_id.CopyFrom(process_id if process_id is not None else self.local_id)
+        if route is not None:
+            hdr.route.CopyFrom(route)
+        hdr.etcd.CopyFrom(self.ks.header.to_proto())
+        return hdr
+
+    async def resolve(
+        self,
+        journal: str,
+        *,
+        may_proxy: bool,
+        require_primary: bool,
+        min_etcd_revision: int = 0,
+        proxy_header: pb.Header | None = None,
+    ) -> Resolution:
+        journal = journal.split(";", 1)[0]  # strip Gazette's ";meta" suffix
+        if proxy_header is not None and proxy_header.HasField("etcd"):
+            hdr_etcd = proxy_header.etcd
+            own = self.ks.header.to_proto()
+            if hdr_etcd.cluster_id and own.cluster_id and hdr_etcd.cluster_id != own.cluster_id:
+                raise ValueError(
+                    f"request Etcd ClusterId doesn't match our own ({hdr_etcd.cluster_id} vs {own.cluster_id})"
+                )
+            min_etcd_revision = max(min_etcd_revision, hdr_etcd.revision)
+        if min_etcd_revision > self.ks.revision:
+            await self.ks.wait_for_revision(min_etcd_revision)
+
+        assignments = list(self.ks.prefixed(self._assign_prefix(journal)))
+        item = self.ks.search(self._item_key(journal))
+        spec: pb.JournalSpec | None = item.value if item is not None else None
+        route = self.route_of(assignments)
+
+        process_id = pb.ProcessSpec.ID()
+        if require_primary and route.primary != -1:
+            process_id.CopyFrom(route.members[route.primary])
+        elif not require_primary:
+            for m in route.members:
+                if _id_key(m) == _id_key(self.local_id):
+                    process_id.CopyFrom(self.local_id)
+            if not process_id.zone and len(route.members) > 0 and may_proxy:
+                # Reads may be served by any member: prefer the primary.
+                pick = route.primary if route.primary != -1 else 0
+                process_id.CopyFrom(route.members[pick])
+
+        res = Resolution(
+            status=pb.OK,
+            header=self.header(route, process_id),
+            local_id=self.local_id,
+            spec=spec,
+            item_mod_revision=item.mod_revision if item is not None else 0,
+            item_create_revision=item.create_revision if item is not None else 0,
+            assignments=assignments,
+        )
+        is_local = _id_key(process_id) == _id_key(self.local_id)
+        if is_local and self.replicas is None:
+            raise ResolverStopped("resolver has stopped serving local replicas")
+        if self.replicas is not None and journal in self.replicas:
+            res.replica = self.replicas[journal]
+            res.invalidated = self._signals[journal][0] if journal in self._signals else None
+
+        if spec is None:
+            res.status = pb.JOURNAL_NOT_FOUND
+        elif spec.suspend.level == pb.JournalSpec.Suspend.FULL:
+            res.status = pb.SUSPENDED
+        elif require_primary and route.primary == -1:
+            res.status = pb.NO_JOURNAL_PRIMARY_BROKER
+        elif len(route.members) == 0:
+            res.status = pb.INSUFFICIENT_JOURNAL_BROKERS
+        elif not may_proxy and not is_local:
+            res.status = pb.NOT_JOURNAL_PRIMARY_BROKER if require_primary else pb.NOT_JOURNAL_BROKER
+        if res.status != pb.OK:
+            res.header.process_id.CopyFrom(self.local_id)
+        return res
+
+    def update_replicas(self) -> None:
+        """Keyspace observer: start replicas of newly-assigned journals, stop revoked ones."""
+        if self.replicas is None:
+            return
+        local: dict[str, tuple[pb.JournalSpec, int, tuple[tuple[str, int], ...]]] = {}
+        prefix = f"{self.ks.root}/assign/"
+        for kv in self.ks.prefixed(prefix):
+            a = ks_mod.parse_assignment_key(self.ks.root, kv.key)
+            if (a.zone, a.suffix) != _id_key(self.local_id):
+                continue
+            item = self.ks.search(self._item_key(a.item))
+            if item is None or item.value is None:
+                continue
+            revs = tuple((x.key, x.mod_revision) for x in self.ks.prefixed(self._assign_prefix(a.item)))
+            local[a.item] = (item.value, item.create_revision, revs)
+
+        next_replicas: dict[str, Replica] = {}
+        for name, (spec, create_rev, revs) in local.items():
+            replica = self.replicas.get(name)
+            if replica is None or self._create_revs.get(name) != create_rev:
+                if replica is not None:
+                    replica.cancel()
+                log.info("starting local journal replica", extra={"journal": name})
+                replica = self._new_replica(name, spec)
+                self._create_revs[name] = create_rev
+            else:
+                replica.spec = spec
+            next_replicas[name] = replica
+            signal = self._signals.get(name)
+            if signal is None or signal[1] != revs:
+                if signal is not None:
+                    signal[0].set()  # wake RPCs blocked on the old assignments
+                self._signals[name] = (asyncio.Event(), revs)
+
+        for name, replica in self.replicas.items():
+            if name not in next_replicas:
+                log.info("stopping local journal replica", extra={"journal": name})
+                replica.cancel()
+                self._create_revs.pop(name, None)
+                sig = self._signals.pop(name, None)
+                if sig is not None:
+                    sig[0].set()
+        self.replicas = next_replicas
+        for cb in self.on_replicas_changed:
+            cb()
+
+    def stop_serving(self) -> None:
+        if self.replicas is not None:
+            for r in self.replicas.values():
+                r.cancel()
+        self.replicas = None

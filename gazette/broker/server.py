@@ -1,0 +1,308 @@
+"""A broker process: keyspace, announcement, allocator, replicas and servers.
+
+``Broker.run()`` owns every long-lived task in one ``asyncio.TaskGroup``:
+the keyspace watch, the allocator, the fragment persister and the servers
+(grpcio on a private Unix socket, aiohttp and the public multiplexed port).
+The broker announces its BrokerSpec under an etcd lease only after its
+public port is bound, so the endpoint it advertises always answers.
+
+Shutdown (``drain()``, on SIGTERM): the announcement is updated to
+``exiting`` with zero capacity, so the allocator hands every local journal to
+other brokers; once none remains assigned, closed spools are persisted, the
+servers stop accepting, in-flight RPCs finish, and the lease is revoked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import aetcd
+import grpc
+from aiohttp import web
+
+from gazette import keyspace as ks_mod
+from gazette import labels
+from gazette.allocator import Announcement, allocate, announce, journal_is_consistent
+from gazette.broker.fragment import Fragment, Persister, Stores
+from gazette.broker.http_gateway import Gateway
+from gazette.broker.metrics import metrics_app_routes
+from gazette.broker.mux import Multiplexer
+from gazette.broker.replica import Replica
+from gazette.broker.resolver import Resolver
+from gazette.broker.service import JournalService
+from gazette.etcd import connect as etcd_connect
+from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol import protocol_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+_ADJECTIVES = ("busy", "calm", "eager", "fuzzy", "gentle", "happy", "jolly", "lively", "merry", "proud", "quiet", "swift")
+_ANIMALS = ("walrus", "otter", "badger", "heron", "lynx", "marmot", "osprey", "puffin", "tapir", "wombat", "yak", "zebu")
+
+
+def random_suffix() -> str:
+    return f"{random.choice(_ADJECTIVES)}-{random.choice(_ANIMALS)}"
+
+
+@dataclass
+class BrokerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    zone: str = "local"
+    suffix: str = field(default_factory=random_suffix)
+    file_root: str = "fragment-store"
+    limit: int = 1024
+    max_replication: int = 9
+    etcd_address: str = "http://127.0.0.1:2379"
+    etcd_prefix: str = "/gazette/cluster"
+    etcd_lease: float = 20.0
+    advertise_host: str | None = None
+
+    @property
+    def etcd_target(self) -> tuple[str, int]:
+        addr = self.etcd_address.split("://", 1)[-1].rstrip("/")
+        host, _, port = addr.rpartition(":")
+        return host or "127.0.0.1", int(port)
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.local_id = pb.ProcessSpec.ID(zone=config.zone, suffix=config.suffix)
+        self.endpoint = ""
+        self.keyspace = ks_mod.KeySpace(config.etcd_prefix, ks_mod.broker_decoder(config.etcd_prefix))
+        self.stores = Stores(file_root=config.file_root)
+        self.persister = Persister(self.stores, self._spec_for, on_persisted=self._on_persisted)
+        self.resolver = Resolver(self.keyspace, self.local_id, self._new_replica)
+        self.ready = asyncio.Event()
+        self.bound_port = 0
+        self._spool_dir = tempfile.mkdtemp(prefix="gazette-spool-")
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._etcd: aetcd.Client | None = None
+        self._announcement: Announcement | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._stop = asyncio.Event()
+        self._drained = asyncio.Event()
+
+    # -- wiring ------------------------------------------------------------------------
+
+    @property
+    def etcd(self) -> aetcd.Client:
+        assert self._etcd is not None, "broker is not running"
+        return self._etcd
+
+    def _new_replica(self, journal: str, spec: pb.JournalSpec) -> Replica:
+        assert self._tg is not None
+        return Replica(journal, spec, self._spool_dir, self.stores, self.persister, self._tg)
+
+    def _spec_for(self, journal: str) -> pb.JournalSpec | None:
+        kv = self.keyspace.search(ks_mod.items_key(self.keyspace.root, journal))
+        return kv.value if kv is not None else None
+
+    def _on_persisted(self, fragment: Fragment) -> None:
+        replica = (self.resolver.replicas or {}).get(fragment.journal)
+        if replica is not None:
+            replica.index.add_remote(fragment)
+
+    def peer_stub(self, endpoint: str) -> pb_grpc.JournalStub:
+        target = endpoint.split("://", 1)[-1].rstrip("/")
+        ch = self._channels.get(target)
+        if ch is None:
+            ch = grpc.aio.insecure_channel(
+                target,
+                options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)],
+            )
+            self._channels[target] = ch
+        return pb_grpc.JournalStub(ch)  # type: ignore[no-untyped-call]
+
+    def broker_spec(self, exiting: bool = False) -> pb.BrokerSpec:
+        spec = pb.BrokerSpec(journal_limit=0 if exiting else self.config.limit, exiting=exiting)
+        spec.process_spec.id.CopyFrom(self.local_id)
+        spec.process_spec.endpoint = self.endpoint
+        return spec
+
+    async def run(self) -> None:
+        """Runs the broker until ``stop()``; then drains and returns."""
+        self._etcd = await etcd_connect(self.config.etcd_address)
+        grpc_sock = os.path.join(self._spool_dir, "grpc.sock")
+        grpc_server = grpc.aio.server(
+            options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        )
+        pb_grpc.add_JournalServicer_to_server(JournalService(self), grpc_server)  # type: ignore[no-untyped-call]
+        grpc_server.add_insecure_port(f"unix:{grpc_sock}")
+
+        app = web.Application(client_max_size=0)
+        app.add_routes(metrics_app_routes(self))
+        app.add_routes(Gateway(self).routes())
+        app_runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await app_runner.setup()
+        server = app_runner.server
+        assert server is not None
+        mux = Multiplexer(grpc_sock, server)
+
+        try:
+            await self.keyspace.load(self.etcd)
+            await grpc_server.start()
+            self.bound_port = await mux.start(self.config.host, self.config.port)
+            adv = self.config.advertise_host or (self.config.host if self.config.host not in ("", "0.0.0.0") else socket.gethostname())
+            self.endpoint = f"http://{adv}:{self.bound_port}"
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                tg.create_task(self.keyspace.watch(self.etcd), name="keyspace-watch")
+                tg.create_task(self.persister.run(), name="persister")
+                member_key = ks_mod.members_key(self.config.etcd_prefix, self.local_id.zone, self.local_id.suffix)
+                self._announcement = await announce(
+                    self.etcd, member_key, self.broker_spec().SerializeToString(),
+                    ttl=max(1, int(self.config.etcd_lease)), conflict_timeout=self.config.etcd_lease,
+                )
+                tg.create_task(self._announcement.keep_alive(), name="announce")
+                await self.keyspace.wait_for_revision(self._announcement.revision)
+                alloc_task = tg.create_task(
+                    allocate(self.etcd, self.keyspace, member_key, journal_is_consistent), name="allocator"
+                )
+                tg.create_task(self._advertise_routes(), name="advertise-routes")
+                log.info(
+                    "broker started",
+                    extra={"id": f"{self.local_id.zone}#{self.local_id.suffix}", "endpoint": self.endpoint},
+                )
+                self.ready.set()
+                await self._stop.wait()
+                await self._drain(alloc_task)
+                raise _Shutdown()
+        except* _Shutdown:
+            pass
+        finally:
+            self.ready.clear()
+            self.resolver.stop_serving()
+            await mux.close()
+            await grpc_server.stop(grace=5)
+            await app_runner.cleanup()
+            for ch in self._channels.values():
+                await ch.close()
+            if self._announcement is not None:
+                with contextlib.suppress(Exception):
+                    await self._announcement.revoke()
+            with contextlib.suppress(Exception):
+                await self.etcd.close()
+
+    async def _drain(self, alloc_task: asyncio.Task[Any]) -> None:
+        """Zero capacity, wait for the allocator to hand off every journal, persist spools."""
+        assert self._announcement is not None
+        log.info("broker draining: announcing exiting with zero capacity")
+        await self._announcement.update(self.broker_spec(exiting=True).SerializeToString())
+        while self.resolver.replicas:
+            await self.keyspace.wait_for_revision(self.keyspace.revision + 1)
+        alloc_task.cancel()
+        for replica in list((self.resolver.replicas or {}).values()):
+            replica.complete_spool()
+        await self.persister.finish()
+        self._drained.set()
+
+    async def _advertise_routes(self) -> None:
+        """As primary, write each journal's current Route into all its assignment values.
+
+        The allocator treats a journal as consistent only when every assignment advertises the
+        Route its assignments imply; that is what lets it add or remove replicas safely.
+        Writes are revision-checked against every assignment of the journal.
+        """
+        from aetcd.rpc import rpc_pb2 as etcd_rpc
+
+        while True:
+            rev = self.keyspace.revision
+            for name, _ in list((self.resolver.replicas or {}).items()):
+                assignments = list(self.keyspace.prefixed(ks_mod.item_assignments_prefix(self.keyspace.root, name)))
+                route = self.resolver.route_of(assignments)
+                if route.primary == -1:
+                    continue
+                primary = route.members[route.primary]
+                if (primary.zone, primary.suffix) != (self.local_id.zone, self.local_id.suffix):
+                    continue
+                del route.endpoints[:]
+                if all(isinstance(kv.value, pb.Route) and kv.value.primary == route.primary
+                       and list(kv.value.members) == list(route.members) for kv in assignments):
+                    continue
+                value = route.SerializeToString()
+                compare = [etcd_rpc.Compare(key=kv.key.encode(), target=etcd_rpc.Compare.MOD,
+                                            result=etcd_rpc.Compare.EQUAL, mod_revision=kv.mod_revision)
+                           for kv in assignments]
+                success = [etcd_rpc.RequestOp(request_put=etcd_rpc.PutRequest(
+                    key=kv.key.encode(), value=value, ignore_lease=True)) for kv in assignments]
+                try:
+                    await self.etcd.kvstub.Txn(etcd_rpc.TxnRequest(compare=compare, success=success),
+                                               metadata=self.etcd.metadata)
+                except grpc.aio.AioRpcError as err:
+                    log.warning("advertising route failed", extra={"journal": name, "err": str(err)})
+            await self.keyspace.wait_for_update()
+            if self.keyspace.revision == rev:
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- journal specs -----------------------------------------------------------------
+
+    def list_journals(self, selector: labels.LabelSelector) -> tuple[pb.ListResponse, tuple[int, int]]:
+        resp = pb.ListResponse(status=pb.OK)
+        resp.header.CopyFrom(self.resolver.header())
+        resp.header.ClearField("process_id")
+        items_prefix = ks_mod.items_key(self.keyspace.root, "")
+        max_mod = -1
+        for kv in self.keyspace.prefixed(items_prefix):
+            spec: pb.JournalSpec | None = kv.value
+            if spec is None:
+                continue
+            if not selector.matches(labels.with_meta_labels(labels.LabelSet.from_proto(spec.labels), spec.name)):
+                continue
+            j = resp.journals.add(mod_revision=kv.mod_revision, create_revision=kv.create_revision)
+            j.spec.CopyFrom(spec)
+            j.route.CopyFrom(self.resolver.route_of(list(self.keyspace.prefixed(f"{self.keyspace.root}/assign/{spec.name}#"))))
+            max_mod = max(max_mod, kv.mod_revision)
+        return resp, (len(resp.journals), max_mod)
+
+    async def apply_journals(self, req: pb.ApplyRequest) -> pb.ApplyResponse:
+        from aetcd.rpc import rpc_pb2 as etcd_rpc
+
+        compare = []
+        success = []
+        for change in req.changes:
+            if change.HasField("upsert"):
+                key = ks_mod.items_key(self.keyspace.root, change.upsert.name)
+                success.append(etcd_rpc.RequestOp(request_put=etcd_rpc.PutRequest(key=key.encode(), value=change.upsert.SerializeToString())))
+            else:
+                key = ks_mod.items_key(self.keyspace.root, change.delete)
+                success.append(etcd_rpc.RequestOp(request_delete_range=etcd_rpc.DeleteRangeRequest(key=key.encode())))
+            if change.expect_mod_revision != -1:
+                compare.append(etcd_rpc.Compare(
+                    key=key.encode(), target=etcd_rpc.Compare.MOD, result=etcd_rpc.Compare.EQUAL,
+                    mod_revision=change.expect_mod_revision,
+                ))
+        resp = await self.etcd.kvstub.Txn(etcd_rpc.TxnRequest(compare=compare, success=success), metadata=self.etcd.metadata)
+        out = pb.ApplyResponse(status=pb.OK if resp.succeeded else pb.ETCD_TRANSACTION_FAILED)
+        if resp.succeeded:
+            await self.keyspace.wait_for_revision(resp.header.revision)
+        out.header.CopyFrom(self.resolver.header())
+        return out
+
+    async def update_suspend(self, res: Any, level: int, offset: int) -> int:
+        """Revision-checked update of a journal's suspension; returns the revision to read through."""
+        assert res.spec is not None
+        spec = pb.JournalSpec()
+        spec.CopyFrom(res.spec)
+        spec.suspend.level = level  # type: ignore[assignment]
+        spec.suspend.offset = offset
+        req = pb.ApplyRequest()
+        req.changes.add(expect_mod_revision=res.item_mod_revision, upsert=spec)
+        out = await self.apply_journals(req)
+        return int(out.header.etcd.revision)
+
+
+class _Shutdown(Exception):
+    pass

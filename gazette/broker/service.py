@@ -1,0 +1,160 @@
+"""The ``protocol.Journal`` gRPC service of a broker.
+
+Each RPC validates its request (a ``ValidationError`` becomes
+INVALID_ARGUMENT naming the field), resolves the journal at the keyspace's
+revision, and either serves it from the local replica or proxies it to the
+broker that should (unless ``do_not_proxy``), so any broker accepts any
+request. Protocol-level refusals (JOURNAL_NOT_FOUND, NOT_ALLOWED, ...) are
+responses carrying a ``Status`` and a ``Header``, as in Gazette; only
+malformed requests and internal faults are gRPC errors. A server never
+crashes on a request: unexpected exceptions end that RPC alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from gazette import labels
+from gazette.broker import append as append_mod
+from gazette.broker import read as read_mod
+from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.protocol import validate
+from gazette.protocol.errors import ValidationError
+
+if TYPE_CHECKING:
+    from gazette.broker.server import Broker
+
+log = logging.getLogger(__name__)
+
+MAX_JOURNALS_PER_LIST_RESPONSE = 1000
+
+
+async def _abort_invalid(context: grpc.aio.ServicerContext[Any, Any], err: Exception) -> None:
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+
+
+class JournalService(pb_grpc.JournalServicer):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    # -- List / Apply -----------------------------------------------------------------
+
+    async def List(self, request: pb.ListRequest, context: Any) -> AsyncIterator[pb.ListResponse]:
+        try:
+            validate.validate_list_request(request)
+            selector = labels.LabelSelector.from_proto(request.selector)
+        except (ValidationError, ValueError) as err:
+            await _abort_invalid(context, err)
+            return
+        ks = self.broker.keyspace
+        min_rev = request.watch_resume.etcd.revision + 1 if request.HasField("watch_resume") else 0
+        last: tuple[int, int] | None = None
+        while True:
+            if min_rev > ks.revision:
+                await ks.wait_for_revision(min_rev)
+            min_rev = ks.revision + 1
+            resp, key = self.broker.list_journals(selector)
+            if key == last and request.watch:
+                await ks.wait_for_revision(min_rev)
+                continue
+            last = key
+            journals = list(resp.journals)
+            while len(journals) > MAX_JOURNALS_PER_LIST_RESPONSE:
+                head, journals = journals[:MAX_JOURNALS_PER_LIST_RESPONSE], journals[MAX_JOURNALS_PER_LIST_RESPONSE:]
+                part = pb.ListResponse()
+                part.CopyFrom(resp)
+                del part.journals[:]
+                part.journals.extend(head)
+                yield part
+                resp = pb.ListResponse()
+            del resp.journals[:]
+            resp.journals.extend(journals)
+            yield resp
+            if not request.watch:
+                return
+            yield pb.ListResponse()  # end of this snapshot
+
+    async def Apply(self, request: pb.ApplyRequest, context: Any) -> pb.ApplyResponse:
+        try:
+            validate.validate_apply_request(request)
+        except ValidationError as err:
+            await _abort_invalid(context, err)
+            raise AssertionError("unreachable") from err
+        return await self.broker.apply_journals(request)
+
+    # -- Read -------------------------------------------------------------------------
+
+    async def Read(self, request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.ReadResponse]:
+        try:
+            validate.validate_read_request(request)
+        except ValidationError as err:
+            await _abort_invalid(context, err)
+            return
+        async for resp in read_mod.read(self.broker, request):
+            yield resp
+
+    # -- Append -----------------------------------------------------------------------
+
+    async def Append(self, request_iterator: AsyncIterator[pb.AppendRequest], context: Any) -> pb.AppendResponse:
+        it = request_iterator.__aiter__()
+        try:
+            first = await it.__anext__()
+        except StopAsyncIteration:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "expected an initial AppendRequest")
+            raise AssertionError("unreachable") from None
+        try:
+            validate.validate_append_request(first)
+        except ValidationError as err:
+            await _abort_invalid(context, err)
+            raise AssertionError("unreachable") from err
+        try:
+            return await append_mod.append(self.broker, first, it)
+        except append_mod.AppendStreamError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            raise AssertionError("unreachable") from err
+
+    # -- Fragments --------------------------------------------------------------------
+
+    async def ListFragments(self, request: pb.FragmentsRequest, context: Any) -> pb.FragmentsResponse:
+        try:
+            validate.validate_fragments_request(request)
+        except ValidationError as err:
+            await _abort_invalid(context, err)
+            raise AssertionError("unreachable") from err
+        return await read_mod.list_fragments(self.broker, request)
+
+    async def FragmentStoreHealth(
+        self, request: pb.FragmentStoreHealthRequest, context: Any
+    ) -> pb.FragmentStoreHealthResponse:
+        resp = pb.FragmentStoreHealthResponse(status=pb.OK)
+        resp.header.CopyFrom(self.broker.resolver.header())
+        try:
+            store = self.broker.stores.get(request.fragment_store)
+            await store.health_check()
+        except Exception as err:  # noqa: BLE001 - reported to the caller, not raised
+            resp.status = pb.FRAGMENT_STORE_UNHEALTHY
+            resp.store_health_error = str(err)
+        return resp
+
+    async def Replicate(
+        self, request_iterator: AsyncIterator[pb.ReplicateRequest], context: Any
+    ) -> AsyncIterator[pb.ReplicateResponse]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "replication is not yet served by this broker")
+        if False:  # pragma: no cover - makes this an async generator
+            yield pb.ReplicateResponse()
+
+
+async def wait_cancelled_or(event: asyncio.Event, aw: asyncio.Future[Any]) -> bool:
+    """Waits for ``aw`` or ``event``; returns True if ``event`` fired first."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        done, _ = await asyncio.wait({waiter, aw}, return_when=asyncio.FIRST_COMPLETED)
+        return waiter in done and aw not in done
+    finally:
+        waiter.cancel()

@@ -1,0 +1,156 @@
+"""``gazette serve``: runs a broker.
+
+Flags mirror Gazette's (``--broker.port``, ``--broker.zone``, ``--etcd.address``,
+...); each may also be set by an environment variable named after it
+(``BROKER_PORT``, ``BROKER_ZONE``, ``ETCD_ADDRESS``, ...). SIGTERM or SIGINT
+drains the broker gracefully (see ``gazette.broker.server``); a second signal
+exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from gazette.durations import parse_duration
+
+_FLAGS: list[tuple[str, str, Any, str]] = [
+    # (flag, env, default, help)
+    ("--broker.host", "BROKER_HOST", "127.0.0.1", "Addressable, advertised hostname or IP of this broker"),
+    ("--broker.port", "BROKER_PORT", "8080", "Service port for HTTP and gRPC requests (0 picks a free one)"),
+    ("--broker.id", "BROKER_ID", "", "Unique name of this broker within its zone (default: a random name)"),
+    ("--broker.zone", "BROKER_ZONE", "local", "Availability zone within which this process is running"),
+    ("--broker.file-root", "BROKER_FILE_ROOT", "fragment-store", "Local path which roots file:// fragment stores"),
+    ("--broker.limit", "BROKER_LIMIT", "1024", "Maximum number of journals the broker will allocate"),
+    ("--broker.max-replication", "BROKER_MAX_REPLICATION", "9", "Maximum effective replication of any one journal"),
+    ("--etcd.address", "ETCD_ADDRESS", "http://localhost:2379", "Etcd service address endpoint"),
+    ("--etcd.prefix", "ETCD_PREFIX", "/gazette/cluster", "Etcd base prefix for broker state and coordination"),
+    ("--etcd.lease", "ETCD_LEASE", "20s", "Time-to-live of the Etcd lease of the broker's announcement"),
+    ("--log.level", "LOG_LEVEL", "info", "Logging level: debug, info, warn, error"),
+    ("--log.format", "LOG_FORMAT", "text", "Logging format: text, json"),
+]
+
+
+class _JSONFormatter(logging.Formatter):
+    _SKIP = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
+            "level": record.levelname.lower(),
+            "msg": record.getMessage(),
+        }
+        out.update({k: v for k, v in record.__dict__.items() if k not in self._SKIP})
+        if record.exc_info:
+            out["err"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+class _TextFormatter(logging.Formatter):
+    _SKIP = _JSONFormatter._SKIP
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = " ".join(f"{k}={v}" for k, v in record.__dict__.items() if k not in self._SKIP)
+        line = f"{record.levelname[:4]}[{time.strftime('%H:%M:%S', time.localtime(record.created))}] {record.getMessage():<40} {fields}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line.rstrip()
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    levels = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "warning": logging.WARNING, "error": logging.ERROR}
+    if level.lower() not in levels:
+        raise SystemExit(f"gazette: invalid --log.level {level!r} (expected debug, info, warn or error)")
+    if fmt not in ("text", "json"):
+        raise SystemExit(f"gazette: invalid --log.format {fmt!r} (expected text or json)")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JSONFormatter() if fmt == "json" else _TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(levels[level.lower()])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gazette", description="Gazette broker")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="Serve as Gazette broker")
+    for flag, env, default, help_ in _FLAGS:
+        serve.add_argument(
+            flag, dest=flag[2:].replace(".", "_").replace("-", "_"),
+            default=os.environ.get(env, default), help=f"{help_} [${env}] (default {default})",
+        )
+    return parser
+
+
+def config_from_args(ns: argparse.Namespace) -> Any:
+    from gazette.broker.server import BrokerConfig, random_suffix
+
+    def get(name: str) -> str:
+        return str(getattr(ns, name.replace(".", "_").replace("-", "_")))
+
+    def integer(name: str) -> int:
+        try:
+            return int(get(name))
+        except ValueError:
+            raise SystemExit(f"gazette: invalid --{name} {get(name)!r} (expected an integer)") from None
+
+    try:
+        lease = parse_duration(get("etcd.lease")).total_seconds()
+    except ValueError as err:
+        raise SystemExit(f"gazette: invalid --etcd.lease: {err}") from None
+    return BrokerConfig(
+        host=get("broker.host"),
+        port=integer("broker.port"),
+        zone=get("broker.zone"),
+        suffix=get("broker.id") or random_suffix(),
+        file_root=get("broker.file-root"),
+        limit=integer("broker.limit"),
+        max_replication=integer("broker.max-replication"),
+        etcd_address=get("etcd.address"),
+        etcd_prefix=get("etcd.prefix").rstrip("/"),
+        etcd_lease=lease,
+    )
+
+
+async def _serve(config: Any) -> None:
+    from gazette.broker.server import Broker
+
+    broker = Broker(config)
+    loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            os._exit(1)
+        logging.getLogger("gazette").info("caught signal; draining broker")
+        broker.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    await broker.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    setup_logging(ns.log_level, ns.log_format)
+    config = config_from_args(ns)
+    os.makedirs(config.file_root, exist_ok=True)
+    try:
+        asyncio.run(_serve(config))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
