@@ -19,11 +19,14 @@ append rolled back, like any broken Append stream.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from email.utils import formatdate
 from typing import TYPE_CHECKING
 
+import grpc
 from aiohttp import web
 
 from gazette.broker import append as append_mod
@@ -35,6 +38,8 @@ from gazette.protocol.errors import ValidationError
 
 if TYPE_CHECKING:
     from gazette.broker.server import Broker
+
+log = logging.getLogger(__name__)
 
 MAX_INT64 = (1 << 63) - 1
 _TRUE = {"1", "t", "true"}
@@ -139,6 +144,9 @@ class Gateway:
             first = await stream.__anext__()
         except StopAsyncIteration:
             return web.Response(status=500, text="broker ended the read without a response\n")
+        except Exception as err:  # a failed proxy or store: answer, never crash the server
+            log.warning("http gateway: read failed", extra={"journal": req.journal, "err": str(err)})
+            return web.Response(status=500, text=f"{_describe(err)}\n")
         headers = _read_headers(first, request.path)
         if first.status != pb.OK:
             await _aclose(stream)
@@ -183,6 +191,11 @@ class Gateway:
             resp = await append_mod.append(self.broker, req, chunks())
         except append_mod.AppendStreamError as err:
             return web.Response(status=400, text=f"{err}\n")
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception as err:  # a failed proxy: answer, never crash the server
+            log.warning("http gateway: append failed", extra={"journal": req.journal, "err": str(err)})
+            return web.Response(status=500, text=f"{_describe(err)}\n")
         headers: dict[str, str] = {}
         _route_headers(headers, resp.header, request.path)
         if resp.HasField("commit"):
@@ -194,6 +207,12 @@ class Gateway:
             return web.Response(status=204, headers=headers)
         name = pb.Status.Name(resp.status)
         return web.Response(status=404 if resp.status == pb.JOURNAL_NOT_FOUND else 500, text=f"{name}\n", headers=headers)
+
+
+def _describe(err: Exception) -> str:
+    if isinstance(err, grpc.aio.AioRpcError):
+        return f"{err.code().name}: {err.details()}"
+    return f"{type(err).__name__}: {err}"
 
 
 async def _aclose(stream: AsyncIterator[pb.ReadResponse]) -> None:

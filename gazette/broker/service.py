@@ -12,7 +12,6 @@ crashes on a request: unexpected exceptions end that RPC alone.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -96,8 +95,11 @@ class JournalService(pb_grpc.JournalServicer):
         except ValidationError as err:
             await _abort_invalid(context, err)
             return
-        async for resp in read_mod.read(self.broker, request):
-            yield resp
+        try:
+            async for resp in read_mod.read(self.broker, request):
+                yield resp
+        except grpc.aio.AioRpcError as err:  # a proxied read failed: pass its status on
+            await context.abort(err.code(), err.details() or "")
 
     # -- Append -----------------------------------------------------------------------
 
@@ -117,6 +119,9 @@ class JournalService(pb_grpc.JournalServicer):
             return await append_mod.append(self.broker, first, it)
         except append_mod.AppendStreamError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            raise AssertionError("unreachable") from err
+        except grpc.aio.AioRpcError as err:  # a proxied append failed: pass its status on
+            await context.abort(err.code(), err.details() or "")
             raise AssertionError("unreachable") from err
 
     # -- Fragments --------------------------------------------------------------------
@@ -148,13 +153,3 @@ class JournalService(pb_grpc.JournalServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "replication is not yet served by this broker")
         if False:  # pragma: no cover - makes this an async generator
             yield pb.ReplicateResponse()
-
-
-async def wait_cancelled_or(event: asyncio.Event, aw: asyncio.Future[Any]) -> bool:
-    """Waits for ``aw`` or ``event``; returns True if ``event`` fired first."""
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        done, _ = await asyncio.wait({waiter, aw}, return_when=asyncio.FIRST_COMPLETED)
-        return waiter in done and aw not in done
-    finally:
-        waiter.cancel()

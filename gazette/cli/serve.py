@@ -106,11 +106,20 @@ def config_from_args(ns: argparse.Namespace) -> Any:
         lease = parse_duration(get("etcd.lease")).total_seconds()
     except ValueError as err:
         raise SystemExit(f"gazette: invalid --etcd.lease: {err}") from None
+    from gazette.protocol import protocol_pb2 as pb
+    from gazette.protocol.errors import ValidationError
+    from gazette.protocol.validate import validate_process_id
+
+    suffix = get("broker.id") or random_suffix()
+    try:
+        validate_process_id(pb.ProcessSpec.ID(zone=get("broker.zone"), suffix=suffix))
+    except ValidationError as err:
+        raise SystemExit(f"gazette: invalid --broker.zone/--broker.id: {err}") from None
     return BrokerConfig(
         host=get("broker.host"),
         port=integer("broker.port"),
         zone=get("broker.zone"),
-        suffix=get("broker.id") or random_suffix(),
+        suffix=suffix,
         file_root=get("broker.file-root"),
         limit=integer("broker.limit"),
         max_replication=integer("broker.max-replication"),
