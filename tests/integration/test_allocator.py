@@ -1,0 +1,246 @@
+"""The allocator against a real etcd: members announce, the leader converges, members leave,
+drain on exit, and only the leader writes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from typing import cast
+
+import aetcd
+import pytest
+
+from gazette.allocator import (
+    AnnounceConflictError,
+    Announcement,
+    Round,
+    State,
+    allocate,
+    announce,
+    journal_is_consistent,
+    route_of,
+    routes_equivalent,
+)
+from gazette.allocator.txn import Cmp, Put, commit
+from gazette.etcd import connect
+from gazette.keyspace import KeySpace, broker_decoder, items_key, members_key
+from gazette.protocol import protocol_pb2 as pb
+from gazette.testing.etcd import EtcdFixture
+
+pytestmark = pytest.mark.timeout(60)
+
+DEADLINE = 20.0
+
+
+def broker_spec(zone: str, suffix: str, limit: int, exiting: bool = False) -> bytes:
+    spec = pb.BrokerSpec(journal_limit=limit, exiting=exiting)
+    spec.process_spec.id.zone, spec.process_spec.id.suffix = zone, suffix
+    spec.process_spec.endpoint = f"http://{suffix}.test:8080"
+    return spec.SerializeToString()
+
+
+class Broker:
+    """One member: announcement, watched keyspace, allocate loop, and a stand-in for the
+    broker's replication, which advertises the route of each local assignment once "synced"."""
+
+    def __init__(self, etcd: EtcdFixture, zone: str, suffix: str, limit: int) -> None:
+        self.etcd, self.zone, self.suffix, self.limit = etcd, zone, suffix, limit
+        self.key = members_key(etcd.prefix, zone, suffix)
+        self.rounds: list[Round] = []
+        self.client: aetcd.Client | None = None
+        self.ks = KeySpace(etcd.prefix, broker_decoder(etcd.prefix))
+        self.announcement: Announcement | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+        self.allocate_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.client = await connect(self.etcd.endpoint)
+        self.announcement = await announce(
+            self.client, self.key, broker_spec(self.zone, self.suffix, self.limit), ttl=5
+        )
+        await self.ks.load(self.client)
+        self.tasks = [
+            asyncio.create_task(self.ks.watch(self.client)),
+            asyncio.create_task(self.announcement.keep_alive()),
+            asyncio.create_task(self._advertise_routes()),
+        ]
+        self.allocate_task = asyncio.create_task(
+            allocate(self.client, self.ks, self.key, journal_is_consistent,
+                     on_round=self.rounds.append)
+        )
+
+    async def _advertise_routes(self) -> None:
+        assert self.client is not None
+        while True:
+            signal = self.ks.update_signal()
+            state = State.from_keyspace(self.ks, self.key, journal_is_consistent)
+            for local in state.local_items:
+                route = route_of(local.assignments)
+                mine = local.assignment
+                if not routes_equivalent(route, cast(pb.Route | None, mine.decoded.value)):
+                    await commit(
+                        self.client,
+                        [Cmp(mine.key, "mod", mine.mod_revision)],
+                        [Put(mine.key, route.SerializeToString(), mine.lease)],
+                    )
+            await signal.wait()
+
+    async def set_exiting(self) -> None:
+        assert self.announcement is not None
+        await self.announcement.update(broker_spec(self.zone, self.suffix, self.limit, True))
+
+    async def stop(self, revoke: bool = True) -> None:
+        for task in [*self.tasks, *([self.allocate_task] if self.allocate_task else [])]:
+            task.cancel()
+        await asyncio.gather(*self.tasks, *([self.allocate_task] if self.allocate_task else []),
+                             return_exceptions=True)
+        self.tasks, self.allocate_task = [], None
+        if self.client is not None:
+            if revoke and self.announcement is not None:
+                await self.announcement.revoke()
+            await self.client.close()
+            self.client = None
+
+
+@contextlib.asynccontextmanager
+async def cluster(etcd: EtcdFixture, members: list[tuple[str, str, int]]) -> AsyncIterator[
+    dict[str, Broker]
+]:
+    brokers: dict[str, Broker] = {}
+    try:
+        for zone, suffix, limit in members:
+            brokers[suffix] = Broker(etcd, zone, suffix, limit)
+            await brokers[suffix].start()
+        yield brokers
+    finally:
+        for b in brokers.values():
+            await b.stop()
+
+
+async def put_journal(client: aetcd.Client, root: str, name: str, replication: int) -> None:
+    spec = pb.JournalSpec(name=name, replication=replication)
+    await client.put(items_key(root, name).encode(), spec.SerializeToString())
+
+
+async def wait_until(ks: KeySpace, cond: Callable[[State], bool], what: str) -> State:
+    """Waits (bounded) until `cond` holds for the keyspace's state."""
+    async with asyncio.timeout(DEADLINE):
+        while True:
+            signal = ks.update_signal()
+            state = State.from_keyspace(ks, "", journal_is_consistent)
+            if cond(state):
+                return state
+            try:
+                await signal.wait()
+            except TimeoutError:
+                raise AssertionError(f"timed out waiting until {what}") from None
+
+
+def converged(want: dict[str, int]) -> Callable[[State], bool]:
+    """Every journal has its replicas, all consistent, a primary, and two zones if r >= 2."""
+
+    def check(state: State) -> bool:
+        zones = {m.decoded.zone for m in state.members if not m.decoded.exiting}
+        for it in state.items:
+            asn = state.assignments_of.get(it.decoded.name, [])
+            if len(asn) != want[it.decoded.name]:
+                return False
+            if not asn or not journal_is_consistent(it, asn[0], asn):
+                return False
+            if sorted(a.decoded.slot for a in asn) != list(range(len(asn))):
+                return False
+            if len(asn) >= 2 and len(zones) >= 2 and len({a.decoded.zone for a in asn}) < 2:
+                return False
+        return len(state.items) == len(want)
+
+    return check
+
+
+@contextlib.asynccontextmanager
+async def observer(etcd: EtcdFixture) -> AsyncIterator[KeySpace]:
+    ks = KeySpace(etcd.prefix, broker_decoder(etcd.prefix))
+    await ks.load(etcd.client)
+    task = asyncio.create_task(ks.watch(etcd.client))
+    try:
+        yield ks
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+JOURNALS = {"j1": 1, "j2": 2, "j3": 3, "j4": 2, "j5": 1}
+
+
+async def test_converge_leave_and_drain(etcd: EtcdFixture) -> None:
+    members = [("z1", "a", 10), ("z1", "b", 10), ("z2", "c", 10)]
+    async with observer(etcd) as ks, cluster(etcd, members) as brokers:
+        for name, r in JOURNALS.items():
+            await put_journal(etcd.client, etcd.prefix, name, r)
+        state = await wait_until(ks, converged(JOURNALS), "journals are assigned")
+        per_member = Counter(a.decoded.suffix for a in state.assignments)
+        assert sum(per_member.values()) == 9 and max(per_member.values()) <= 4
+
+        # Only the leader (the first member announced) ran rounds.
+        assert brokers["a"].rounds and not brokers["b"].rounds and not brokers["c"].rounds
+
+        # A fourth member joins in z2, and b is set exiting: b drains to zero assignments
+        # (three members at full capacity remain for j3) and its allocate loop returns.
+        d = Broker(etcd, "z2", "d", 10)
+        brokers["d"] = d
+        await d.start()
+        await brokers["b"].set_exiting()
+        assert brokers["b"].allocate_task is not None
+        async with asyncio.timeout(DEADLINE):
+            await brokers["b"].allocate_task
+        state = await wait_until(
+            ks,
+            lambda s: converged(JOURNALS)(s)
+            and all(a.decoded.suffix != "b" for a in s.assignments),
+            "b is drained",
+        )
+        assert {a.decoded.suffix for a in state.assignments} == {"a", "c", "d"}
+        await brokers["b"].stop()
+
+        # c leaves (its lease is revoked): its journals are reassigned to a and d.
+        await brokers["c"].stop()
+        want = {**JOURNALS, "j3": 2}  # Two members left: j3 can have only two replicas.
+        state = await wait_until(
+            ks,
+            lambda s: converged(want)(s) and all(a.decoded.suffix != "c" for a in s.assignments),
+            "c's journals are reassigned",
+        )
+        assert [m.decoded.suffix for m in state.members] == ["a", "d"]
+
+
+async def test_leader_failover(etcd: EtcdFixture) -> None:
+    members = [("z1", "a", 10), ("z2", "b", 10), ("z2", "c", 10)]
+    async with observer(etcd) as ks, cluster(etcd, members) as brokers:
+        for name, r in JOURNALS.items():
+            await put_journal(etcd.client, etcd.prefix, name, r)
+        await wait_until(ks, converged(JOURNALS), "journals are assigned")
+        assert not brokers["b"].rounds and not brokers["c"].rounds
+
+        # The leader goes away; b (next oldest) takes over and repairs a's replicas.
+        await brokers["a"].stop()
+        await put_journal(etcd.client, etcd.prefix, "j6", 2)
+        want = {**JOURNALS, "j6": 2, "j3": 2}  # Two members left: j3 can have only two.
+        state = await wait_until(ks, converged(want), "b repairs the allocation")
+        assert brokers["b"].rounds and not brokers["c"].rounds
+        assert {a.decoded.suffix for a in state.assignments} == {"b", "c"}
+
+
+async def test_announce_conflict(etcd: EtcdFixture) -> None:
+    key = members_key(etcd.prefix, "z1", "a")
+    first = await announce(etcd.client, key, broker_spec("z1", "a", 1), ttl=5)
+    try:
+        with pytest.raises(AnnounceConflictError, match="already held"):
+            await announce(etcd.client, key, broker_spec("z1", "a", 1), ttl=5)
+        await first.update(broker_spec("z1", "a", 0, exiting=True))
+        got = await etcd.client.get(key.encode())
+        assert pb.BrokerSpec.FromString(got.value).exiting
+        assert got.lease == first.lease_id  # The update kept the lease.
+    finally:
+        await first.revoke()
+    assert await etcd.client.get(key.encode()) is None
