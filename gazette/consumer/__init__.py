@@ -1,0 +1,1 @@
+"""The consumer framework: shards, their specs, recovery logs and transactions."""
