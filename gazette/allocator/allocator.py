@@ -21,6 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -34,10 +35,13 @@ from gazette.keyspace import KeySpace
 from .converge import Counters, converge
 from .errors import MemberNotFoundError, TxnFailedError
 from .solver import Desired, solve
-from .state import IsConsistentFn, State
+from .state import IsConsistentFn, State, leader_view
 from .txn import DEFAULT_MAX_OPS, BatchedTxn, Cmp
 
 log = logging.getLogger(__name__)
+
+# Item count from which the solver runs in a worker thread rather than on the event loop.
+SOLVE_IN_THREAD_ITEMS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,24 +75,32 @@ async def allocate(
     round_number = 0
 
     while True:
-        state = State.from_keyspace(keyspace, local_member_key, is_consistent)
-        member = state.local_member
+        member, is_leader = leader_view(keyspace, local_member_key)
         if member is None:
             raise MemberNotFoundError(
-                f"member key {local_member_key!r} is not in etcd (revision {state.revision}): "
-                "was it announced, and is its lease alive?"
+                f"member key {local_member_key!r} is not in etcd (revision "
+                f"{keyspace.revision}): was it announced, and is its lease alive?"
             )
-        if state.should_exit:
-            log.info("member %s is exiting and holds no assignments", local_member_key)
-            return
-
-        next_revision = state.revision + 1
+        next_revision = keyspace.revision + 1
         timeout: float | None = None
 
-        if state.is_leader:
+        # Only the leader, or an exiting member deciding whether it may go, needs the full
+        # (linear-time) State; other members just wait for the next update.
+        state = None
+        if is_leader or member.decoded.exiting:
+            state = State.from_keyspace(keyspace, local_member_key, is_consistent)
+            if state.should_exit:
+                log.info("member %s is exiting and holds no assignments", local_member_key)
+                return
+
+        if state is not None and is_leader:
             if state.network_key != solved_for:
                 started = time.monotonic()
-                desired = solve(state)
+                if len(state.items) >= SOLVE_IN_THREAD_ITEMS:
+                    # Large solves take a while: keep the event loop serving meanwhile.
+                    desired = await asyncio.to_thread(solve, state)
+                else:
+                    desired = solve(state)
                 solved_for = state.network_key
                 log.info(
                     "solved for %d of %d item slots over %d members in %.3fs (revision %d)",

@@ -5,7 +5,8 @@ Invariants:
 * `items`, `members` and `assignments` are sorted by key, which (see `model`) is the order
   of item name, of (zone, suffix), and of (item, zone, suffix) respectively.
 * `member_total[i]` / `member_primary[i]` count the assignments (resp. slot-0 assignments)
-  held by `members[i]`; assignments naming an absent member count nowhere.
+  of existing items held by `members[i]`; assignments naming an absent member or item count
+  nowhere (the latter are only ever removed).
 * Exiting members are granted `shed[i]` slots of their limit, oldest (lowest create
   revision) first, out of the cluster's excess capacity (member slots beyond item slots),
   and never so many members that fewer remain at full capacity than the largest desired
@@ -232,3 +233,14 @@ class State:
         for a in self.assignments:
             out[a.decoded.zone] = out.get(a.decoded.zone, 0) + 1
         return out
+
+
+def leader_view(ks: KeySpace, local_key: str) -> tuple[Entry[Member] | None, bool]:
+    """(local member entry or None, whether it leads), reading only the member keys."""
+    root = ks.root
+    members = [member_entry(root, kv) for kv in ks.prefixed(members_prefix(root))]
+    local = next((m for m in members if m.key == local_key), None)
+    if local is None:
+        return None, False
+    leader = min(members, key=lambda m: (m.create_revision, m.key))
+    return local, leader.key == local_key
