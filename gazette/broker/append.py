@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from gazette import labels
+from gazette.broker import metrics
 from gazette.broker.fragment import Fragment, sum_to_proto
 from gazette.protocol import protocol_pb2 as pb
 
@@ -116,7 +117,9 @@ async def append(broker: Broker, first: pb.AppendRequest, rest: AsyncIterator[pb
             status = pb.OK
         if status != pb.OK:
             return _response(status, res.header)
-        return await _stream(replica, first, rest, res.spec, roll_to, res.header)
+        resp = await _stream(replica, first, rest, res.spec, roll_to, res.header)
+    metrics.APPENDS.labels(pb.Status.Name(resp.status)).inc()
+    return resp
 
 
 def _preconditions(replica: Replica, first: pb.AppendRequest, spec: pb.JournalSpec) -> tuple[int, int]:
@@ -156,6 +159,7 @@ async def _stream(
         replica.apply(pb.ReplicateRequest(proposal=proposal.to_proto(), registers=spool.registers))
 
     begin = spool.fragment.end
+    started = time.monotonic()
     summer = hashlib.sha1()
     delta = 0
     chunks = 0
@@ -201,6 +205,8 @@ async def _stream(
     new_regs = regs.to_proto()
     nxt = spool.next()
     replica.apply(pb.ReplicateRequest(proposal=nxt, registers=new_regs, acknowledge=True))
+    metrics.APPEND_BYTES.inc(delta)
+    metrics.COMMIT_SECONDS.observe(time.monotonic() - started)
 
     resp = _response(pb.OK, header)
     resp.commit.journal = replica.journal

@@ -21,6 +21,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from gazette.broker import metrics
 from gazette.broker.append import may_read
 from gazette.broker.fragment import Fragment
 from gazette.protocol import protocol_pb2 as pb
@@ -99,6 +100,7 @@ async def serve_read(replica: Replica, req: pb.ReadRequest, header: pb.Header) -
                     raise OSError(f"short read of spool {frag} at {offset}")
                 yield pb.ReadResponse(offset=offset, content=data)
                 offset += len(data)
+                metrics.READ_BYTES.inc(len(data))
         else:
             store = replica.stores.get(frag.backing_store)
             async for data in store.open(frag, offset - frag.begin):
@@ -107,6 +109,7 @@ async def serve_read(replica: Replica, req: pb.ReadRequest, header: pb.Header) -
                     take = view[: min(CHUNK_SIZE, end - offset)]
                     yield pb.ReadResponse(offset=offset, content=bytes(take))
                     offset += len(take)
+                    metrics.READ_BYTES.inc(len(take))
                     view = view[len(take):]
                 if offset >= end:
                     break
