@@ -1,0 +1,143 @@
+"""gazette.message: exactly-once messages over at-least-once journals.
+
+Messages carry RFC 4122 v1 UUIDs naming their producer, ordering them and flagging their
+transaction role (:mod:`.uuid`). Framings lay them out as bytes by content-type
+(:mod:`.framing`); mappings pick the journal of each (:mod:`.mapping`); a
+:class:`Publisher` stamps and appends them; readers iterate them read-uncommitted or,
+through a :class:`Sequencer`, read-committed (:mod:`.iterators`), and consumer
+checkpoints keep the sequencer's producer states (:mod:`.producer_state`).
+
+Wire- and semantics-compatible with Gazette's ``message`` package.
+"""
+
+from .errors import (
+    DesyncError,
+    EmptyListResponseError,
+    FramingError,
+    MappingError,
+    MessageDecodeError,
+    MessageError,
+    ReplayError,
+    UnexpectedEOFError,
+    UnknownContentTypeError,
+)
+from .framing import (
+    CONTENT_TYPE,
+    CONTENT_TYPE_CSV,
+    CONTENT_TYPE_JSON_LINES,
+    CONTENT_TYPE_PROTO_FIXED,
+    FIXED_FRAME_HEADER_LENGTH,
+    FIXED_FRAME_WORD,
+    CSVFraming,
+    Decoded,
+    FixedFraming,
+    Framing,
+    JSONFraming,
+    Unpacked,
+    framing_for_content_type,
+    register_framing,
+)
+from .iterators import (
+    Chunk,
+    ChunkSource,
+    Decoder,
+    ReadCommittedIter,
+    ReadUncommittedIter,
+    ReplayOpener,
+)
+from .mapping import (
+    KeyFunc,
+    MappingFunc,
+    PartitionsFunc,
+    fnv1a_32,
+    modulo_mapping,
+    random_mapping,
+    rendezvous_mapping,
+)
+from .message import CSVRecord, Envelope, JSONMessage, Message, parse_uuid
+from .producer_state import build_checkpoint, flatten_producer_states, flatten_read_through
+from .publisher import AckIntent, Appender, Publisher
+from .sequencer import ProducerState, QueueOutcome, Sequencer
+from .uuid import (
+    ACK_TXN,
+    CONTINUE_TXN,
+    OUTSIDE_TXN,
+    UUID,
+    ZERO_UUID,
+    Clock,
+    Flags,
+    ProducerID,
+    build_uuid,
+    clock_from_time,
+    get_clock,
+    get_flags,
+    get_producer_id,
+    new_producer_id,
+)
+
+__all__ = [
+    "ACK_TXN",
+    "CONTENT_TYPE",
+    "CONTENT_TYPE_CSV",
+    "CONTENT_TYPE_JSON_LINES",
+    "CONTENT_TYPE_PROTO_FIXED",
+    "CONTINUE_TXN",
+    "FIXED_FRAME_HEADER_LENGTH",
+    "FIXED_FRAME_WORD",
+    "OUTSIDE_TXN",
+    "UUID",
+    "ZERO_UUID",
+    "AckIntent",
+    "Appender",
+    "CSVFraming",
+    "CSVRecord",
+    "Chunk",
+    "ChunkSource",
+    "Clock",
+    "Decoded",
+    "Decoder",
+    "DesyncError",
+    "EmptyListResponseError",
+    "Envelope",
+    "FixedFraming",
+    "Flags",
+    "Framing",
+    "FramingError",
+    "JSONFraming",
+    "JSONMessage",
+    "KeyFunc",
+    "MappingError",
+    "MappingFunc",
+    "Message",
+    "MessageDecodeError",
+    "MessageError",
+    "PartitionsFunc",
+    "ProducerID",
+    "ProducerState",
+    "Publisher",
+    "QueueOutcome",
+    "ReadCommittedIter",
+    "ReadUncommittedIter",
+    "ReplayError",
+    "ReplayOpener",
+    "Sequencer",
+    "UnexpectedEOFError",
+    "UnknownContentTypeError",
+    "Unpacked",
+    "build_checkpoint",
+    "build_uuid",
+    "clock_from_time",
+    "flatten_producer_states",
+    "flatten_read_through",
+    "fnv1a_32",
+    "framing_for_content_type",
+    "get_clock",
+    "get_flags",
+    "get_producer_id",
+    "modulo_mapping",
+    "new_producer_id",
+    "parse_uuid",
+    "random_mapping",
+    "register_framing",
+    "rendezvous_mapping",
+]

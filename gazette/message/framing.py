@@ -1,0 +1,423 @@
+"""Framings: how messages are laid out as bytes in a journal, selected by content-type.
+
+A Framing turns messages into frames (:meth:`~Framing.marshal`) and splits a buffer of
+journal content holding many frames back into them (:meth:`~Framing.unpack`,
+:meth:`~Framing.decode`). Three are registered, as in Gazette:
+
+* ``application/x-ndjson`` (:class:`JSONFraming`): one JSON document per line.
+* ``application/x-protobuf-fixed`` (:class:`FixedFraming`): the magic word
+  ``66 33 93 36``, a 4-byte little-endian payload length, then the payload.
+* ``text/csv`` (:class:`CSVFraming`): one RFC 4180 record per frame (quoted fields may
+  span lines), the message UUID in the first column.
+
+Invariants:
+
+* Splitting works on whole buffers with C-level scans (``bytes.split``/``find``, the
+  stdlib JSON scanner, ``struct.unpack_from``, the csv module), never byte by byte.
+* ``unpack``/``decode`` consume only whole frames: ``consumed`` is the end of the last
+  frame (or skipped span) returned, and the caller keeps ``buffer[consumed:]`` for the next
+  call. ``ends[i]`` is the offset just past frame ``i`` relative to the buffer start, and
+  frame ``i`` begins where frame ``i - 1`` ended (or at 0).
+* A span that is not a valid frame never stops the scan: it is returned in place of a
+  frame as a :class:`~gazette.message.errors.FramingError` instance (``errors`` counts
+  them), so frames after it are still delivered.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import json.scanner
+import struct
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from .errors import DesyncError, FramingError, MessageDecodeError, UnknownContentTypeError
+
+__all__ = [
+    "CONTENT_TYPE",
+    "CONTENT_TYPE_CSV",
+    "CONTENT_TYPE_JSON_LINES",
+    "CONTENT_TYPE_PROTO_FIXED",
+    "FIXED_FRAME_HEADER_LENGTH",
+    "FIXED_FRAME_WORD",
+    "CSVFraming",
+    "Decoded",
+    "FixedFraming",
+    "Framing",
+    "JSONFraming",
+    "Unpacked",
+    "framing_for_content_type",
+    "register_framing",
+]
+
+#: The journal label naming the content-type of its messages.
+CONTENT_TYPE: Final = "content-type"
+CONTENT_TYPE_CSV: Final = "text/csv"
+CONTENT_TYPE_JSON_LINES: Final = "application/x-ndjson"
+CONTENT_TYPE_PROTO_FIXED: Final = "application/x-protobuf-fixed"
+
+FIXED_FRAME_WORD: Final = b"\x66\x33\x93\x36"
+FIXED_FRAME_HEADER_LENGTH: Final = 8
+
+
+@dataclass(slots=True)
+class Unpacked:
+    """Whole frames split from the start of a buffer."""
+
+    #: Each frame's payload (without header or delimiter), or the error standing in for a
+    #: span that is not a frame.
+    frames: list[bytes | FramingError] = field(default_factory=list)
+    #: ``ends[i]`` is the offset just past frame ``i``, relative to the buffer start.
+    ends: list[int] = field(default_factory=list)
+    #: Bytes of the buffer covered by the returned frames.
+    consumed: int = 0
+    #: How many entries of ``frames`` are errors.
+    errors: int = 0
+
+
+@dataclass(slots=True)
+class Decoded:
+    """Whole frames split from the start of a buffer and decoded into raw values."""
+
+    #: Each frame's raw value (a JSON value, payload bytes, or a CSV record), or the error
+    #: standing in for a frame that does not decode.
+    values: list[Any] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)
+    consumed: int = 0
+    errors: int = 0
+
+
+class Framing(Protocol):
+    """How messages are encoded within a journal of a given content-type."""
+
+    @property
+    def content_type(self) -> str:
+        """The content-type this framing serves."""
+        ...
+
+    def marshal(self, msg: Any) -> bytes:
+        """One complete frame of ``msg``."""
+        ...
+
+    def marshal_many(self, msgs: Iterable[Any]) -> bytes:
+        """The concatenated frames of ``msgs``, built in one pass."""
+        ...
+
+    def unpack(self, buffer: bytes, final: bool = False) -> Unpacked:
+        """Split the whole frames at the start of ``buffer``.
+
+        With ``final`` the buffer is known to end the content, which lets a framing accept
+        a trailer it tolerates (FixedFraming's lone newline).
+        """
+        ...
+
+    def unmarshal(self, frame: bytes) -> Any:
+        """The raw value of one frame payload; raises MessageDecodeError if invalid."""
+        ...
+
+    def decode(self, buffer: bytes, final: bool = False) -> Decoded:
+        """Split and decode the whole frames at the start of ``buffer`` in one batch."""
+        ...
+
+
+def _accumulate_ends(lengths: Iterable[int], start: int = 0) -> list[int]:
+    """Running ends of consecutive spans, each followed by a one-byte delimiter."""
+    ends = list(itertools.accumulate(lengths, lambda acc, n: acc + n + 1, initial=start))
+    del ends[0]
+    return ends
+
+
+class JSONFraming:
+    """Newline-delimited JSON: each frame is one JSON document followed by ``\\n``."""
+
+    content_type: Final = CONTENT_TYPE_JSON_LINES
+
+    def __init__(self) -> None:
+        self._encoder = json.JSONEncoder(separators=(",", ":"))
+        self._encode = self._encoder.encode
+        # The C scanner behind json.loads: parses one value starting at an index and
+        # reports where it ended, which lets one call per message find both boundaries.
+        self._scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+    def _json_value(self, msg: Any) -> Any:
+        to_json = getattr(msg, "to_json", None)
+        return to_json() if to_json is not None else msg
+
+    def marshal(self, msg: Any) -> bytes:
+        try:
+            text = self._encode(self._json_value(msg))
+        except (TypeError, ValueError) as err:
+            raise FramingError(f"cannot encode {type(msg).__name__} as JSON: {err}") from err
+        return text.encode() + b"\n"
+
+    def marshal_many(self, msgs: Iterable[Any]) -> bytes:
+        try:
+            texts = [self._encode(self._json_value(m)) for m in msgs]
+        except (TypeError, ValueError) as err:
+            raise FramingError(f"cannot encode message as JSON: {err}") from err
+        if not texts:
+            return b""
+        texts.append("")
+        return "\n".join(texts).encode()
+
+    def unpack(self, buffer: bytes, final: bool = False) -> Unpacked:
+        end = buffer.rfind(b"\n") + 1
+        if end == 0:
+            return Unpacked()
+        frames: list[bytes | FramingError] = list(buffer[: end - 1].split(b"\n"))
+        return Unpacked(frames, _accumulate_ends(map(len, frames)), end, 0)  # type: ignore[arg-type]
+
+    def unmarshal(self, frame: bytes) -> Any:
+        try:
+            return json.loads(frame)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise MessageDecodeError(f"invalid JSON message: {err}") from err
+
+    def decode(self, buffer: bytes, final: bool = False) -> Decoded:
+        end = buffer.rfind(b"\n") + 1
+        if end == 0:
+            return Decoded()
+        whole = buffer if end == len(buffer) else buffer[:end]
+        try:
+            text = whole.decode()
+        except UnicodeDecodeError:
+            return self._decode_lines(whole)
+
+        values: list[Any] = []
+        char_ends: list[int] = []
+        add_value, add_end = values.append, char_ends.append
+        scan = self._scan
+        pos, size, errors = 0, len(text), 0
+        while pos < size:
+            try:
+                value, stop = scan(text, pos)
+                if text[stop] != "\n":
+                    raise StopIteration(stop)
+                stop += 1
+            except (StopIteration, ValueError, RecursionError):
+                # Not a bare document followed by a newline: take the whole line the slow
+                # way, which tolerates surrounding whitespace and names what is wrong.
+                stop = text.find("\n", pos) + 1
+                value = self._loads_line(text[pos:stop])
+                errors += isinstance(value, MessageDecodeError)
+            add_value(value)
+            add_end(stop)
+            pos = stop
+
+        if len(values) != text.count("\n"):
+            # A document spanned lines (JSON allows newlines between tokens), which a line
+            # framing must not accept: redo this buffer line by line.
+            return self._decode_lines(whole)
+        if size == end:
+            ends = char_ends  # ASCII: characters and bytes coincide.
+        else:
+            ends = _accumulate_ends(map(len, whole[:-1].split(b"\n")))
+        return Decoded(values, ends, end, errors)
+
+    @staticmethod
+    def _loads_line(line: str | bytes) -> Any:
+        try:
+            return json.loads(line)
+        except (ValueError, UnicodeDecodeError, RecursionError) as err:
+            return MessageDecodeError(f"invalid JSON message: {err}")
+
+    def _decode_lines(self, whole: bytes) -> Decoded:
+        lines = whole[:-1].split(b"\n")
+        values = [self._loads_line(line) for line in lines]
+        errors = sum(isinstance(v, MessageDecodeError) for v in values)
+        return Decoded(values, _accumulate_ends(map(len, lines)), len(whole), errors)
+
+
+class FixedFraming:
+    """Length-prefixed binary frames (typically protobuf messages) with a magic word.
+
+    Marshals messages having ``SerializeToString()`` (protobuf messages) or ``to_bytes()``,
+    or raw ``bytes``. Raw values are payload ``bytes``.
+    """
+
+    content_type: Final = CONTENT_TYPE_PROTO_FIXED
+    _header: Final = struct.Struct("<4sI")
+    _length: Final = struct.Struct("<I")
+
+    @staticmethod
+    def _payload(msg: Any) -> bytes:
+        if isinstance(msg, bytes | bytearray | memoryview):
+            return bytes(msg)
+        serialize = getattr(msg, "SerializeToString", None) or getattr(msg, "to_bytes", None)
+        if serialize is None:
+            raise FramingError(
+                f"{type(msg).__name__} has neither SerializeToString() nor to_bytes()"
+            )
+        payload = serialize()
+        if not isinstance(payload, bytes):
+            raise FramingError(f"{type(msg).__name__} serialized to {type(payload).__name__}")
+        return payload
+
+    def marshal(self, msg: Any) -> bytes:
+        payload = self._payload(msg)
+        if len(payload) > 0xFFFFFFFF:
+            raise FramingError(f"payload of {len(payload)} bytes exceeds a 32-bit length")
+        return self._header.pack(FIXED_FRAME_WORD, len(payload)) + payload
+
+    def marshal_many(self, msgs: Iterable[Any]) -> bytes:
+        return b"".join([self.marshal(m) for m in msgs])
+
+    def unpack(self, buffer: bytes, final: bool = False) -> Unpacked:
+        out = Unpacked()
+        frames, ends = out.frames, out.ends
+        word, unpack_length = FIXED_FRAME_WORD, self._length.unpack_from
+        pos, size = 0, len(buffer)
+        while size - pos >= FIXED_FRAME_HEADER_LENGTH:
+            if not buffer.startswith(word, pos):
+                # Lost sync: skip to the next magic word. If there is none, keep the last
+                # three bytes, which may begin a magic word completed by the next chunk.
+                nxt = buffer.find(word, pos + 1)
+                if nxt == -1:
+                    nxt = max(pos + 1, size - 3)
+                frames.append(
+                    DesyncError(
+                        f"detected de-synchronization: skipped {nxt - pos} bytes",
+                        begin=pos,
+                        skipped=nxt - pos,
+                    )
+                )
+                ends.append(nxt)
+                out.errors += 1
+                pos = nxt
+                continue
+            (length,) = unpack_length(buffer, pos + 4)
+            stop = pos + FIXED_FRAME_HEADER_LENGTH + length
+            if stop > size:
+                break
+            frames.append(buffer[pos + FIXED_FRAME_HEADER_LENGTH : stop])
+            ends.append(stop)
+            pos = stop
+        # A lone trailing newline at the very end is tolerated (it helped Hadoop streaming).
+        if final and size - pos == 1 and buffer[pos] == 0x0A:
+            pos = size
+        out.consumed = pos
+        return out
+
+    def unmarshal(self, frame: bytes) -> bytes:
+        return frame
+
+    def decode(self, buffer: bytes, final: bool = False) -> Decoded:
+        u = self.unpack(buffer, final)
+        return Decoded(u.frames, u.ends, u.consumed, u.errors)
+
+
+class CSVFraming:
+    """CSV records (RFC 4180, ``\\n`` terminated), the message UUID in the first column.
+
+    Marshals messages having ``to_csv()`` or sequences of strings. Raw values are records
+    (``list[str]``).
+    """
+
+    content_type: Final = CONTENT_TYPE_CSV
+
+    def marshal(self, msg: Any) -> bytes:
+        return self.marshal_many((msg,))
+
+    def marshal_many(self, msgs: Iterable[Any]) -> bytes:
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        try:
+            writer.writerows(self._record(m) for m in msgs)
+        except csv.Error as err:
+            raise FramingError(f"cannot encode message as CSV: {err}") from err
+        return out.getvalue().encode()
+
+    @staticmethod
+    def _record(msg: Any) -> Sequence[str]:
+        to_csv = getattr(msg, "to_csv", None)
+        if to_csv is not None:
+            record: Sequence[str] = to_csv()
+            return record
+        if isinstance(msg, list | tuple):
+            return msg
+        raise FramingError(f"{type(msg).__name__} has no to_csv() and is not a sequence")
+
+    def unpack(self, buffer: bytes, final: bool = False) -> Unpacked:
+        end = buffer.rfind(b"\n") + 1
+        if end == 0:
+            return Unpacked()
+        lines = buffer[: end - 1].split(b"\n")
+        if b'"' not in buffer[:end]:
+            frames: list[bytes | FramingError] = [line + b"\n" for line in lines]
+            return Unpacked(frames, _accumulate_ends(map(len, lines)), end, 0)
+        # Quoted fields may hold newlines: a record continues while its quotes are unbalanced
+        # (an escaped quote is two quotes, so parity still tells whether one is open).
+        frames, ends = [], []
+        pos, start, open_quote = 0, 0, False
+        for line in lines:
+            pos += len(line) + 1
+            if line.count(b'"') & 1:
+                open_quote = not open_quote
+            if not open_quote:
+                frames.append(buffer[start:pos])
+                ends.append(pos)
+                start = pos
+        return Unpacked(frames, ends, start, 0)
+
+    def unmarshal(self, frame: bytes) -> list[str]:
+        try:
+            rows = list(csv.reader([frame.decode()], strict=True))
+        except (csv.Error, UnicodeDecodeError) as err:
+            raise MessageDecodeError(f"invalid CSV record: {err}") from err
+        if len(rows) != 1 or not rows[0]:
+            raise MessageDecodeError(f"a CSV frame holds one record, found {len(rows)}")
+        return rows[0]
+
+    def decode(self, buffer: bytes, final: bool = False) -> Decoded:
+        u = self.unpack(buffer, final)
+        try:
+            texts = [f.decode() for f in u.frames if isinstance(f, bytes)]
+            rows: list[Any] = list(csv.reader(texts, strict=True))
+            if len(rows) == len(u.frames) and all(rows):
+                return Decoded(rows, u.ends, u.consumed, 0)
+        except (csv.Error, UnicodeDecodeError):
+            pass
+        values: list[Any] = []
+        errors = 0
+        for frame in u.frames:
+            try:
+                if isinstance(frame, FramingError):
+                    raise frame
+                values.append(self.unmarshal(frame))
+            except FramingError as err:
+                values.append(err)
+                errors += 1
+        return Decoded(values, u.ends, u.consumed, errors)
+
+
+_registry: dict[str, Callable[[], Framing]] = {}
+_instances: dict[str, Framing] = {}
+
+
+def register_framing(content_type: str, factory: Callable[[], Framing]) -> None:
+    """Register (or replace) the Framing serving ``content_type``."""
+    _registry[content_type] = factory
+    _instances.pop(content_type, None)
+
+
+def framing_for_content_type(content_type: str) -> Framing:
+    """The Framing registered for ``content_type`` (instances are shared)."""
+    framing = _instances.get(content_type)
+    if framing is None:
+        factory = _registry.get(content_type)
+        if factory is None:
+            raise UnknownContentTypeError(
+                f"unrecognized {CONTENT_TYPE} ({content_type!r}); registered: "
+                f"{', '.join(sorted(_registry))}"
+            )
+        framing = _instances[content_type] = factory()
+    return framing
+
+
+register_framing(CONTENT_TYPE_JSON_LINES, JSONFraming)
+register_framing(CONTENT_TYPE_PROTO_FIXED, FixedFraming)
+register_framing(CONTENT_TYPE_CSV, CSVFraming)

@@ -1,0 +1,283 @@
+"""Reading messages from a journal: read-uncommitted and read-committed iterators.
+
+Both iterate over an abstract :class:`ChunkSource`, an async source of raw journal content
+``(journal, offset, data)`` (the client library's reader plugs in here), and return
+messages in batches: each chunk is split and decoded in one pass, so there is no await
+and no task per message.
+
+* :class:`ReadUncommittedIter` yields every message as written, duplicates and
+  uncommitted ones included.
+* :class:`ReadCommittedIter` feeds those to a :class:`~gazette.message.sequencer.Sequencer`
+  and yields only committed messages, exactly once, starting replays of older content when
+  the sequencer asks for them.
+
+Invariants:
+
+* Envelopes come in journal order, and each covers ``[begin, end)``, the exact bytes of
+  its frame: ``begin`` of one is ``end`` of the previous unless content was skipped.
+* A frame split across chunks is reassembled. If the next chunk does not continue at the
+  expected offset (content was removed from the journal), the partial frame is dropped,
+  a warning is logged and reading resumes at the new offset.
+* A bad frame (a desync, a malformed message) raises once, from the call after the one
+  that returned the envelopes before it; calling again continues after it. The end of a
+  bounded read inside a frame raises UnexpectedEOFError.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Any, Protocol
+
+from .errors import FramingError, MessageDecodeError, UnexpectedEOFError
+from .framing import Decoded, Framing
+from .message import Envelope
+from .sequencer import QueueOutcome, Sequencer
+
+__all__ = [
+    "Chunk",
+    "ChunkSource",
+    "Decoder",
+    "ReadCommittedIter",
+    "ReadUncommittedIter",
+    "ReplayOpener",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Journal content: ``data`` read from ``journal`` starting at ``offset``."""
+
+    journal: str
+    offset: int
+    data: bytes
+
+
+class ChunkSource(Protocol):
+    """An async source of journal content, in order."""
+
+    async def read(self) -> Chunk | None:
+        """The next chunk, or None once a bounded read has reached its end.
+
+        A chunk may hold any number of frames, including part of one; an empty chunk is
+        allowed (and ignored). A chunk whose offset skips ahead signals removed content.
+        """
+        ...
+
+
+#: Turns a framing's raw value (a JSON value, payload bytes, a CSV record) into a message;
+#: raises (preferably MessageDecodeError) if the value is not a valid message.
+Decoder = Callable[[Any], Any]
+
+#: Opens a bounded source of ``journal`` content over ``[begin, end)``, for replays.
+ReplayOpener = Callable[[str, int, int], ChunkSource]
+
+
+class ReadUncommittedIter:
+    """Every message of a journal, as read: duplicates and uncommitted ones included."""
+
+    def __init__(self, source: ChunkSource, framing: Framing, decode: Decoder) -> None:
+        self._source = source
+        self._framing = framing
+        self._decode = decode
+        self._tail = b""  # An incomplete frame, carried into the next chunk.
+        self._tail_offset = -1  # Journal offset of |_tail|'s first byte (-1: none yet).
+        self._journal = ""
+        # Results ready to return: envelope batches, and errors standing between them.
+        self._ready: deque[list[Envelope] | FramingError] = deque()
+        self._done = False
+
+    @property
+    def offset(self) -> int:
+        """Journal offset of the first byte not yet returned as (part of) a message."""
+        return self._tail_offset
+
+    async def next_batch(self) -> list[Envelope]:
+        """The next messages read (at least one), or ``[]`` once the source has ended."""
+        while not self._ready:
+            if self._done:
+                return []
+            chunk = await self._source.read()
+            if chunk is None:
+                self._finish()
+            elif chunk.data:
+                self._feed(chunk)
+        item = self._ready.popleft()
+        if isinstance(item, FramingError):
+            raise item
+        return item
+
+    async def __aiter__(self) -> AsyncIterator[Envelope]:
+        while batch := await self.next_batch():
+            for env in batch:
+                yield env
+
+    def _feed(self, chunk: Chunk) -> None:
+        expect = self._tail_offset + len(self._tail)
+        if self._tail_offset == -1 or chunk.journal != self._journal:
+            self._journal, self._tail, self._tail_offset = chunk.journal, b"", chunk.offset
+            buffer = chunk.data
+        elif chunk.offset != expect:
+            log.warning(
+                "journal %s: content jumps from offset %d to %d; %d bytes of a partial "
+                "frame are dropped",
+                chunk.journal,
+                expect,
+                chunk.offset,
+                len(self._tail),
+            )
+            self._tail, self._tail_offset = b"", chunk.offset
+            buffer = chunk.data
+        elif self._tail:
+            buffer = self._tail + chunk.data
+        else:
+            buffer = chunk.data
+        decoded = self._framing.decode(buffer)
+        self._tail = buffer[decoded.consumed :]
+        self._emit(decoded, self._tail_offset)
+        self._tail_offset += decoded.consumed
+
+    def _finish(self) -> None:
+        self._done = True
+        if not self._tail:
+            return
+        decoded = self._framing.decode(self._tail, final=True)
+        self._emit(decoded, self._tail_offset)
+        begin = self._tail_offset + decoded.consumed
+        left = len(self._tail) - decoded.consumed
+        self._tail_offset += len(self._tail)
+        self._tail = b""
+        if left:
+            self._ready.append(
+                UnexpectedEOFError(
+                    f"journal {self._journal}: read ended inside a frame "
+                    f"({left} bytes from offset {begin})"
+                )
+            )
+
+    def _emit(self, decoded: Decoded, base: int) -> None:
+        if not decoded.values:
+            return
+        journal = self._journal
+        ends = [base + e for e in decoded.ends]
+        begins = [base, *ends[:-1]]
+        if not decoded.errors:
+            try:
+                messages = list(map(self._decode, decoded.values))
+            except Exception:  # noqa: BLE001 - a bad message: redo one by one, below.
+                pass
+            else:
+                self._ready.append(list(map(Envelope, repeat(journal), begins, ends, messages)))
+                return
+
+        batch: list[Envelope] = []
+        for begin, end, value in zip(begins, ends, decoded.values, strict=True):
+            error: FramingError | None = None
+            if isinstance(value, FramingError):
+                error = value
+            else:
+                try:
+                    batch.append(Envelope(journal, begin, end, self._decode(value)))
+                except FramingError as err:
+                    error = err
+                except Exception as err:  # noqa: BLE001 - any failure of the decoder.
+                    error = MessageDecodeError(f"{type(err).__name__}: {err}")
+                    error.__cause__ = err
+            if error is not None:
+                if batch:
+                    self._ready.append(batch)
+                    batch = []
+                self._ready.append(_located(error, journal, begin, end))
+        if batch:
+            self._ready.append(batch)
+
+
+def _located(error: FramingError, journal: str, begin: int, end: int) -> FramingError:
+    """Name the journal and offsets in the error, which a framing cannot know. Framing
+    errors are made afresh for each bad frame, so they are amended in place."""
+    error.args = (f"journal {journal} [{begin}, {end}): {error}",)
+    for name, value in (("journal", journal), ("begin", begin), ("end", end)):
+        if hasattr(error, name):
+            setattr(error, name, value)
+    return error
+
+
+class ReadCommittedIter:
+    """The committed messages of a journal, each exactly once, via a Sequencer.
+
+    ``open_replay`` opens a bounded source over a range of the journal: it is called when
+    a committed sequence began before the oldest envelope of the sequencer's ring. The
+    replayed range is read whole before stepping on (it spans the open transactions of
+    the journal's producers, which a consumer keeps short).
+
+    The sequencer's checkpoint reflects every envelope returned so far.
+    """
+
+    def __init__(
+        self,
+        source: ChunkSource,
+        framing: Framing,
+        decode: Decoder,
+        sequencer: Sequencer,
+        open_replay: ReplayOpener,
+    ) -> None:
+        self._uncommitted = ReadUncommittedIter(source, framing, decode)
+        self._framing = framing
+        self._decode = decode
+        self.sequencer = sequencer
+        self._open_replay = open_replay
+
+    async def next_batch(self) -> list[Envelope]:
+        """The next committed messages (at least one), or ``[]`` once the source ended."""
+        seq = self.sequencer
+        step = seq.step
+        queue = seq.queue_uncommitted
+        replay = QueueOutcome.ACK_COMMIT_REPLAY
+        while True:
+            batch = await self._uncommitted.next_batch()
+            if not batch:
+                return []
+            out: list[Envelope] = []
+            add = out.append
+            for env in batch:
+                if queue(env) == replay:
+                    journal, begin, end = seq.replay_range()
+                    seq.start_replay(await self._read_replay(journal, begin, end))
+                while (committed := step()) is not None:
+                    add(committed)
+            if out:
+                return out
+
+    async def __aiter__(self) -> AsyncIterator[Envelope]:
+        while batch := await self.next_batch():
+            for env in batch:
+                yield env
+
+    async def _read_replay(self, journal: str, begin: int, end: int) -> list[Envelope]:
+        source = self._open_replay(journal, begin, end)
+        it = ReadUncommittedIter(source, self._framing, self._decode)
+        out: list[Envelope] = []
+        try:
+            while True:
+                try:
+                    batch = await it.next_batch()
+                except (MessageDecodeError, FramingError) as err:
+                    # Bad frames were already reported when first read; skip them again.
+                    if isinstance(err, UnexpectedEOFError):
+                        raise
+                    continue
+                if not batch:
+                    return out
+                for env in batch:
+                    if env.end > end:
+                        return out
+                    out.append(env)
+        finally:
+            close = getattr(source, "aclose", None)
+            if close is not None:
+                await close()

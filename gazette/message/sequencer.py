@@ -1,0 +1,463 @@
+"""The Sequencer: from read-uncommitted messages to exactly-once, read-committed ones.
+
+Read-uncommitted envelopes, in journal order, are fed to :meth:`Sequencer.queue_uncommitted`.
+Each may commit a sequence of messages of one producer: an OUTSIDE_TXN message commits
+itself; an ACK_TXN commits that producer's pending CONTINUE_TXN messages with clocks up to
+its own and rolls back those above it. The caller then calls :meth:`Sequencer.step` until
+it returns None, receiving each committed message exactly once, in the order read.
+
+No head-of-line blocking: a commit is delivered as soon as its ACK is read, even while
+other producers' transactions interleaved with it are still open.
+
+Committed messages are usually served from a ring buffer of recently read envelopes. A
+sequence that began before the oldest ring entry (a long transaction, or one begun before a
+checkpoint was restored) needs a *replay*: ``queue_uncommitted`` returns
+``QueueOutcome.ACK_COMMIT_REPLAY``, :meth:`Sequencer.replay_range` names the journal and
+``[begin, end)`` offsets to re-read, and the caller hands an iterator of those re-read
+envelopes to :meth:`Sequencer.start_replay` before stepping.
+
+Invariants (the semantics of Gazette's sequencer, case for case):
+
+* Per (journal, producer) a partial sequence keeps ``min_clock`` (exclusive: the last
+  acknowledged clock), ``max_clock`` (inclusive: the largest clock of the open sequence)
+  and ``begin`` (offset of its first message, -1 if none is open). A message at or below
+  ``min_clock`` is a duplicate and is dropped.
+* ``offsets[journal]`` is the read-through offset a restarted reader resumes from. It is
+  not advanced past a committing message until its whole sequence has been stepped
+  through, so a restored sequencer re-reads the commit and emits what is left of it.
+* A zero UUID (clock 0) is delivered at once and never tracked.
+* ``checkpoint`` states restore a Sequencer that emits exactly what the original would.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from .errors import ReplayError
+from .message import Envelope
+from .uuid import ProducerID
+
+__all__ = ["ProducerState", "QueueOutcome", "Sequencer"]
+
+log = logging.getLogger(__name__)
+
+_U48: Final = (1 << 48) - 1
+_U64: Final = (1 << 64) - 1
+_FLAGS_MASK: Final = 0x3FF
+_OUTSIDE, _CONTINUE, _ACK = 0, 1, 2
+
+# A partial sequence is keyed by (journal, producer id as a 48-bit int): ints hash and
+# compare faster than 6-byte strings on the per-message path.
+_JournalProducer = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerState:
+    """A producer's state within a journal, as kept in consumer checkpoints."""
+
+    journal: str
+    producer: ProducerID
+    #: Clock of the producer's last ACK_TXN or OUTSIDE_TXN message.
+    last_ack: int
+    #: Offset of the first CONTINUE_TXN message after ``last_ack`` (the start of the open
+    #: transaction), or -1 if none is open.
+    begin: int
+
+
+class QueueOutcome(enum.IntEnum):
+    """What :meth:`Sequencer.queue_uncommitted` decided about a message."""
+
+    #: An OUTSIDE_TXN message already acknowledged: ignored.
+    OUTSIDE_ALREADY_ACKED = 0
+    #: An OUTSIDE_TXN message committed: step to dequeue it.
+    OUTSIDE_COMMIT = 1
+    #: A CONTINUE_TXN message already acknowledged: ignored.
+    CONTINUE_ALREADY_ACKED = 2
+    #: A CONTINUE_TXN message at or below the open transaction's largest clock: ignored.
+    CONTINUE_TXN_CLOCK_LARGER = 3
+    #: A CONTINUE_TXN message opening a transaction of its producer.
+    CONTINUE_BEGIN_SPAN = 4
+    #: A CONTINUE_TXN message extending its producer's open transaction.
+    CONTINUE_EXTEND_SPAN = 5
+    #: An ACK_TXN at or below the last acknowledged clock: the open transaction rolls back.
+    ACK_ROLLBACK = 6
+    #: An ACK_TXN committing no preceding message: step to dequeue it.
+    ACK_EMPTY = 7
+    #: An ACK_TXN committing a sequence held wholly in the ring: step to dequeue it.
+    ACK_COMMIT_RING = 8
+    #: An ACK_TXN committing a sequence partly evicted from the ring: replay, then step.
+    ACK_COMMIT_REPLAY = 9
+
+
+_IGNORED: Final = frozenset(
+    {
+        QueueOutcome.OUTSIDE_ALREADY_ACKED,
+        QueueOutcome.CONTINUE_ALREADY_ACKED,
+        QueueOutcome.CONTINUE_TXN_CLOCK_LARGER,
+    }
+)
+
+
+@dataclass(slots=True)
+class _Partial:
+    """A partially read sequence of one producer in one journal."""
+
+    jp: _JournalProducer
+    min_clock: int  # Exclusive minimum: the last acknowledged clock.
+    max_clock: int  # Inclusive maximum clock of the open sequence.
+    begin: int  # See ProducerState.begin.
+    ring_start: int = -1  # First ring index of the sequence (inclusive), or -1.
+    ring_stop: int = -1  # Last ring index of the sequence (inclusive), or -1.
+
+
+def _uuid_parts(env: Envelope) -> tuple[int, int, int]:
+    """(producer, clock, flags) of an envelope's message UUID."""
+    v = env.message.get_uuid().int
+    clock = (
+        (((v >> 96) & 0xFFFFFFFF) << 4)
+        | (((v >> 80) & 0xFFFF) << 36)
+        | (((v >> 64) & 0xFFFF) << 52)
+        | ((v >> 58) & 0xF)
+    ) & _U64
+    return v & _U48, clock, (v >> 48) & _FLAGS_MASK
+
+
+class Sequencer:
+    """Sequences read-uncommitted envelopes into exactly-once, committed ones.
+
+    ``offsets`` and ``states`` restore a checkpoint (see :meth:`checkpoint`); ``ring_size``
+    is how many recent envelopes are kept to serve commits without a replay.
+    """
+
+    def __init__(
+        self,
+        offsets: Mapping[str, int] | None = None,
+        states: Iterable[ProducerState] = (),
+        ring_size: int = 4096,
+    ) -> None:
+        self._capacity = max(ring_size, 1)
+        #: The envelope last stepped to, or None when not dequeuing.
+        self.dequeued: Envelope | None = None
+        # Clock of |dequeued|, taken when it was read: the application may change the
+        # message UUID (by publishing it, say) before stepping on.
+        self._dequeued_clock = 0
+        self._dequeued_slot = -1  # Ring index of |dequeued|, or -1 if it was replayed.
+        self.offsets: dict[str, int] = dict(offsets or {})
+        self.partials: dict[_JournalProducer, _Partial] = {}
+        # Partial sequences begun since the last checkpoint.
+        self._pending: set[_JournalProducer] = set()
+        self._emit: _Partial | None = None  # The committed sequence being dequeued.
+        self._replay: Iterator[Envelope] | None = None
+        # The ring: envelopes, the next index of the same partial sequence (-1 ends it),
+        # and per entry the clock and partial key, read once when queued.
+        self.ring: list[Envelope | None] = []
+        self.next: list[int] = []
+        self._ring_clock: list[int] = []
+        self._ring_jp: list[_JournalProducer | None] = []
+        self.head = 0
+
+        for state in states:
+            jp = (state.journal, int.from_bytes(state.producer, "big"))
+            self.partials[jp] = _Partial(jp, state.last_ack, state.last_ack, state.begin)
+
+    # -- queueing -------------------------------------------------------------------------
+
+    def queue_uncommitted(self, env: Envelope) -> QueueOutcome:
+        """Apply the next read-uncommitted envelope. Must not be called while committed
+        messages remain to be stepped through."""
+        if self._emit is not None:
+            raise RuntimeError("queue_uncommitted called while committed messages remain to step")
+        self._evict_at_head()
+
+        producer, clock, flags = _uuid_parts(env)
+        journal = env.journal
+        jp = (journal, producer)
+        real_clock = clock
+
+        if clock == 0:
+            # No UUID: commit at once, under a throw-away partial that is never indexed.
+            partial = _Partial(jp, 0, 0, -1)
+            flags, clock = _OUTSIDE, 1
+        else:
+            p = self.partials.get(jp)
+            if p is None:
+                p = self.partials[jp] = _Partial(jp, clock - 1, clock - 1, -1)
+            partial = p
+
+        # Decide the outcome first; state changes follow in one place below.
+        if flags == _CONTINUE:
+            if clock <= partial.min_clock:
+                outcome = QueueOutcome.CONTINUE_ALREADY_ACKED
+            elif clock <= partial.max_clock:
+                outcome = QueueOutcome.CONTINUE_TXN_CLOCK_LARGER
+            elif partial.begin == -1:
+                outcome = QueueOutcome.CONTINUE_BEGIN_SPAN
+            else:
+                outcome = QueueOutcome.CONTINUE_EXTEND_SPAN
+        elif flags == _ACK:
+            if clock < partial.min_clock:
+                # An upstream producer restored a checkpoint older than one it had already
+                # acknowledged: it will re-send, perhaps under new UUIDs, so accept the
+                # reset (at-least-once for that span) rather than risk dropping messages.
+                self._log_error(env, partial, "ACK_TXN below the last ACK (exactly-once lost)")
+                outcome = QueueOutcome.ACK_ROLLBACK
+            elif clock == partial.min_clock:
+                outcome = QueueOutcome.ACK_ROLLBACK
+            elif partial.begin == -1:
+                outcome = QueueOutcome.ACK_EMPTY
+            elif partial.ring_start == -1:
+                outcome = QueueOutcome.ACK_COMMIT_REPLAY  # No part of it is in the ring.
+            elif partial.begin != self.ring[partial.ring_start].begin:  # type: ignore[union-attr]
+                outcome = QueueOutcome.ACK_COMMIT_REPLAY  # Only its tail is in the ring.
+            else:
+                outcome = QueueOutcome.ACK_COMMIT_RING
+        else:
+            if flags != _OUTSIDE:
+                self._log_error(env, partial, f"unexpected UUID flags {flags:#x}")
+            if clock <= partial.min_clock:
+                outcome = QueueOutcome.OUTSIDE_ALREADY_ACKED
+            else:
+                if partial.begin != -1:
+                    self._log_error(
+                        env,
+                        partial,
+                        "OUTSIDE_TXN after an open CONTINUE_TXN (mixed committed and "
+                        "uncommitted publishing to one journal?)",
+                    )
+                outcome = QueueOutcome.OUTSIDE_COMMIT
+
+        # Each case either sets |_emit| or advances |offsets|, never both.
+        if outcome in _IGNORED:
+            # Ignored duplicates: only the read-through offset moves.
+            self.offsets[journal] = env.end
+        elif outcome == QueueOutcome.CONTINUE_BEGIN_SPAN:
+            partial.begin = env.begin
+            self._pending.add(jp)
+            self._add_at_head(env, partial, real_clock)
+            partial.max_clock = clock
+            self.offsets[journal] = env.end
+        elif outcome == QueueOutcome.CONTINUE_EXTEND_SPAN:
+            self._add_at_head(env, partial, real_clock)
+            partial.max_clock = clock
+            self.offsets[journal] = env.end
+        elif outcome == QueueOutcome.ACK_ROLLBACK:
+            partial.min_clock = partial.max_clock = clock
+            partial.begin = partial.ring_start = partial.ring_stop = -1
+            self._pending.discard(jp)
+            self.offsets[journal] = env.end
+        else:
+            self._add_at_head(env, partial, real_clock)
+            if outcome == QueueOutcome.ACK_EMPTY:
+                partial.begin = env.begin
+            elif outcome == QueueOutcome.OUTSIDE_COMMIT:
+                # Any open CONTINUE_TXN sequence is clobbered: an effective rollback.
+                partial.begin = env.begin
+                partial.ring_start = partial.ring_stop
+            # Commit through |clock|, which may be below the sequence's largest clock:
+            # messages above it are dropped as the sequence is stepped through.
+            partial.max_clock = clock
+            self._emit = partial
+        return outcome
+
+    # -- dequeueing -----------------------------------------------------------------------
+
+    def step(self) -> Envelope | None:
+        """Step to the next committed envelope (also kept as :attr:`dequeued`), or return
+        None once the committed sequence is exhausted."""
+        emit = self._emit
+        if emit is None:
+            return None
+        ring = self.ring
+        if self.dequeued is None and self._replay is None:
+            first = ring[emit.ring_start]
+            if first is None or emit.begin != first.begin:
+                raise RuntimeError("a replay is required: call start_replay before step")
+
+        if self.dequeued is not None:
+            # The application is done with |dequeued|: tighten the bound past it, so a
+            # checkpoint taken now resumes after it.
+            emit.min_clock = self._dequeued_clock
+            if self._dequeued_slot != -1:
+                ring[self._dequeued_slot] = None  # Release it; eviction skips empty slots.
+
+        producer = emit.jp[1]
+        while emit.ring_start != -1:
+            replay = self._replay
+            if replay is None:
+                slot = emit.ring_start
+                env = ring[slot]
+                clock = self._ring_clock[slot]
+                emit.ring_start = self.next[slot]
+            else:
+                try:
+                    env = next(replay)
+                except StopIteration:
+                    self._replay = None  # Replay finished: continue from the ring.
+                    continue
+                except Exception as err:
+                    raise ReplayError(f"replay reader: {err}") from err
+                self._check_replayed(env, emit)
+                env_producer, clock, _ = _uuid_parts(env)
+                if env_producer != producer:
+                    continue  # Another producer's message, interleaved in the journal.
+                slot = -1
+            assert env is not None
+
+            if clock != 0 and clock <= emit.min_clock:
+                # A duplicate: possible in replays, and when a replayed span shows up
+                # again in the ring, or straddles a restored checkpoint.
+                continue
+            if clock > emit.max_clock:
+                continue  # Above the acknowledged clock: rolled back.
+
+            emit.begin = env.begin  # A checkpoint now resumes from here.
+            self.dequeued = env
+            self._dequeued_clock = clock
+            self._dequeued_slot = slot
+            return env
+
+        # The sequence is done. Its commit did not advance |offsets| when queued (so a
+        # restored sequencer reads it again and re-emits); advance them now.
+        last = self.dequeued
+        assert last is not None, "a committed sequence always includes its commit"
+        self.offsets[emit.jp[0]] = last.end
+        emit.max_clock = emit.min_clock
+        emit.begin = emit.ring_start = emit.ring_stop = -1
+        self._pending.discard(emit.jp)
+        self.dequeued = None
+        self._emit = None
+        self._dequeued_clock = 0
+        self._dequeued_slot = -1
+        return None
+
+    def dequeue_committed(self) -> Iterator[Envelope]:
+        """Step through every committed envelope of the current sequence."""
+        while (env := self.step()) is not None:
+            yield env
+
+    def _check_replayed(self, env: Envelope, emit: _Partial) -> None:
+        journal, begin = emit.jp[0], emit.begin
+        stop = self.ring[emit.ring_start].begin  # type: ignore[union-attr]
+        if env.journal != journal:
+            raise ReplayError(f"replay of wrong journal ({env.journal}; expected {journal})")
+        if env.begin < begin:
+            raise ReplayError(f"replay has wrong begin ({env.begin}; expected >= {begin})")
+        if env.end > stop:
+            raise ReplayError(f"replay has wrong end ({env.end}; expected <= {stop})")
+
+    # -- replays --------------------------------------------------------------------------
+
+    def replay_range(self) -> tuple[str, int, int]:
+        """The journal and ``[begin, end)`` offsets to re-read for the pending commit."""
+        emit = self._emit
+        if emit is None:
+            raise RuntimeError("replay_range called with no committed sequence to dequeue")
+        # The commit was the last envelope added, so the ring holds at least it.
+        first = self.ring[emit.ring_start]
+        assert first is not None
+        return emit.jp[0], emit.begin, first.begin
+
+    def start_replay(self, envelopes: Iterable[Envelope]) -> None:
+        """Supply the re-read envelopes of :meth:`replay_range` (read-uncommitted, in order)."""
+        if self._emit is None:
+            raise RuntimeError("start_replay called with no committed sequence to dequeue")
+        self._replay = iter(envelopes)
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def has_pending(self) -> bool:
+        """Whether a sequence was begun or extended since the last checkpoint: a hint that
+        more of it is on its way."""
+        return bool(self._pending)
+
+    def checkpoint(self, prune_horizon_ns: int = 0) -> tuple[dict[str, int], list[ProducerState]]:
+        """Read-through offsets and producer states to persist with a consumer checkpoint.
+
+        Producers whose latest clock lags the most recent acknowledgement in their journal
+        by more than ``prune_horizon_ns`` are forgotten (0 keeps all). Clears
+        :meth:`has_pending`.
+        """
+        newest: dict[str, int] = {}
+        for (journal, _), p in self.partials.items():
+            if p.min_clock > newest.get(journal, 0):
+                newest[journal] = p.min_clock
+        # Clock units are 100 ns, above 4 bits of sequence counter.
+        horizon = (prune_horizon_ns // 100) << 4
+        floor = {
+            j: max(c - horizon, 0) if prune_horizon_ns > 0 else 0 for j, c in newest.items()
+        }
+        states: list[ProducerState] = []
+        for jp, p in list(self.partials.items()):
+            if p.max_clock >= floor.get(jp[0], 0):
+                states.append(
+                    ProducerState(jp[0], ProducerID(jp[1].to_bytes(6, "big")), p.min_clock, p.begin)
+                )
+            else:
+                del self.partials[jp]
+        # Sequences pending now did not complete within this transaction; a following one
+        # should not wait on them.
+        self._pending.clear()
+        return dict(self.offsets), states
+
+    # -- the ring -------------------------------------------------------------------------
+
+    def _evict_at_head(self) -> None:
+        head = self.head
+        if len(self.ring) < self._capacity:
+            if len(self.ring) == head:  # Still filling: reserve the slot at |head|.
+                self.ring.append(None)
+                self.next.append(-1)
+                self._ring_clock.append(0)
+                self._ring_jp.append(None)
+            return
+        if self.ring[head] is None:
+            return  # Already evicted (or released once dequeued).
+        jp = self._ring_jp[head]
+        assert jp is not None
+        p = self.partials.get(jp)
+        # Only a sequence still starting at |head| is affected; usually the entry was
+        # already committed or rolled back.
+        if p is not None and p.ring_start == head:
+            nxt = self.next[head]
+            if p.ring_start == p.ring_stop and nxt == -1:
+                p.ring_start = p.ring_stop = -1  # Nothing of it remains in the ring.
+            elif p.ring_start != p.ring_stop and nxt != -1:
+                p.ring_start = nxt
+            else:
+                raise AssertionError("ring invariant: ring_start == ring_stop iff next == -1")
+        self.ring[head] = None
+        self.next[head] = -1
+
+    def _add_at_head(self, env: Envelope, partial: _Partial, clock: int) -> None:
+        head = self.head
+        self.ring[head] = env
+        self.next[head] = -1
+        self._ring_clock[head] = clock
+        self._ring_jp[head] = partial.jp
+        if partial.ring_stop == -1:
+            partial.ring_start = head
+        else:
+            self.next[partial.ring_stop] = head
+        partial.ring_stop = head
+        self.head = (head + 1) % self._capacity
+
+    def _log_error(self, env: Envelope, partial: _Partial, what: str) -> None:
+        producer, clock, flags = _uuid_parts(env)
+        log.error(
+            "sequencer: %s (journal=%s begin=%d end=%d producer=%012x clock=%d flags=%#x "
+            "min_clock=%d max_clock=%d partial_begin=%d)",
+            what,
+            env.journal,
+            env.begin,
+            env.end,
+            producer,
+            clock,
+            flags,
+            partial.min_clock,
+            partial.max_clock,
+            partial.begin,
+        )
