@@ -15,13 +15,17 @@ import pytest
 from gazette.allocator import (
     AnnounceConflictError,
     Announcement,
+    BatchedTxn,
     Round,
     State,
+    TxnFailedError,
     allocate,
     announce,
+    converge,
     journal_is_consistent,
     route_of,
     routes_equivalent,
+    solve,
 )
 from gazette.allocator.txn import Cmp, Put, commit
 from gazette.etcd import connect
@@ -244,3 +248,30 @@ async def test_announce_conflict(etcd: EtcdFixture) -> None:
     finally:
         await first.revoke()
     assert await etcd.client.get(key.encode()) is None
+
+
+async def test_deposed_leader_cannot_write(etcd: EtcdFixture) -> None:
+    # Two allocators race: a's view is stale (its member key has since gone, so b leads).
+    # Every one of a's transactions re-checks a's member key, so nothing of a's applies.
+    a = await announce(etcd.client, members_key(etcd.prefix, "z1", "a"),
+                       broker_spec("z1", "a", 10), ttl=5)
+    b = await announce(etcd.client, members_key(etcd.prefix, "z2", "b"),
+                       broker_spec("z2", "b", 10), ttl=5)
+    try:
+        await put_journal(etcd.client, etcd.prefix, "j1", 2)
+        stale = KeySpace(etcd.prefix, broker_decoder(etcd.prefix))
+        await stale.load(etcd.client)
+        state = State.from_keyspace(stale, a.key, journal_is_consistent)
+        assert state.is_leader
+        await a.revoke()
+        member = state.local_member
+        assert member is not None
+        txn = BatchedTxn(etcd.client, [Cmp(member.key, "mod", member.mod_revision)])
+        with pytest.raises(TxnFailedError):
+            await converge(txn, state, solve(state))
+            await txn.flush()
+        assert txn.revision == 0
+        got = await etcd.client.get_prefix(f"{etcd.prefix}/assign/".encode())
+        assert list(got) == []
+    finally:
+        await b.revoke()
