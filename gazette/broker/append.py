@@ -111,6 +111,7 @@ async def append(broker: Broker, first: pb.AppendRequest, rest: AsyncIterator[pb
 
     replica = res.replica
     await replica.wait_first_refresh()
+    await replica.wait_primary_ready()
     async with replica.pipeline:
         status, roll_to = _preconditions(replica, first, res.spec)
         if status == pb.SUSPENDED and first.suspend == pb.AppendRequest.SUSPEND_RESUME:
@@ -125,6 +126,11 @@ async def append(broker: Broker, first: pb.AppendRequest, rest: AsyncIterator[pb
 def _preconditions(replica: Replica, first: pb.AppendRequest, spec: pb.JournalSpec) -> tuple[int, int]:
     spool = replica.spool
     registers = spool.registers
+    fresh = replica.fresh_roll_offset()
+    if fresh:
+        replica.apply(pb.ReplicateRequest(proposal=pb.Fragment(journal=replica.journal, begin=fresh, end=fresh,
+                                                                compression_codec=spec.fragment.compression_codec),
+                                          registers=registers))
     if first.HasField("check_registers") and len(registers.labels) != 0:
         sel = labels.LabelSelector.from_proto(first.check_registers)
         if not sel.matches(labels.LabelSet.from_proto(registers)):

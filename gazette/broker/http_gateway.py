@@ -169,8 +169,10 @@ class Gateway:
                     offset += len(msg.content)
                 elif msg.offset != offset:
                     break  # an offset jump ends the response, as Gazette's gateway does
-        except (ConnectionResetError, ConnectionError):
+        except ConnectionError:
             pass
+        except Exception as err:  # the response has begun: end it, and say why in the log
+            log.warning("http gateway: read failed mid-stream", extra={"journal": req.journal, "err": str(err)})
         finally:
             await _aclose(stream)
         await resp.write_eof()

@@ -103,7 +103,7 @@ async def serve_read(replica: Replica, req: pb.ReadRequest, header: pb.Header) -
                 metrics.READ_BYTES.inc(len(data))
         else:
             store = replica.stores.get(frag.backing_store)
-            async for data in store.open(frag, offset - frag.begin):
+            async for data in store.open(frag, offset):
                 view = memoryview(data)
                 while view and offset < end:
                     take = view[: min(CHUNK_SIZE, end - offset)]

@@ -53,7 +53,11 @@ class Replica:
         self.index = Index(signer=self._sign)
         self.spool = Spool(journal, directory=spool_dir, on_commit=self.index.spool_commit, on_complete=self._on_complete)
         self.pipeline = asyncio.Lock()
+        self.primary = False
         self._refreshed = asyncio.Event()
+        # Set by a refresh that began after this replica last became primary.
+        self._primary_refreshed = asyncio.Event()
+        self._refresh_now = asyncio.Event()
         self._task = tg.create_task(self._maintain(), name=f"replica:{journal}")
 
     def _sign(self, fragment: Fragment, ttl: float) -> str | None:
@@ -84,8 +88,42 @@ class Replica:
         if snap.primary and self.spec.fragment.stores:
             self.persister.spool_complete(snap)
 
+    def set_primary(self, primary: bool) -> None:
+        """Called by the resolver on each assignment change."""
+        if primary and not self.primary:
+            # A new primary must see what the previous one persisted before it appends.
+            self._primary_refreshed.clear()
+            self._refresh_now.set()
+        self.primary = primary
+
+    async def wait_primary_ready(self) -> None:
+        """Waits for an index refresh begun after this replica became primary."""
+        await self._primary_refreshed.wait()
+
+    def fresh_roll_offset(self) -> int:
+        """Offset a never-written spool should start at: the end of what the stores hold.
+
+        Without a replication pipeline to synchronise a new primary's spool, a replica that
+        has never held content starts after everything its predecessor persisted (the
+        predecessor persists before it advertises the route that lets the allocator move
+        the primary, see ``Broker._advertise_routes``).
+        """
+        f = self.spool.fragment
+        if f.content_length == 0 and self.spool.first_append_time is None and self.index.end_offset > f.end:
+            return self.index.end_offset
+        return 0
+
+    async def flush(self, persist: bool) -> None:
+        """Completes the spool under the pipeline and, if asked, waits until it is persisted."""
+        async with self.pipeline:
+            self.complete_spool()
+            if persist:
+                await self.persister.persist_all_and_wait()
+
     def cancel(self) -> None:
         self._task.cancel()
+        if not self.pipeline.locked():
+            self.complete_spool()  # hand the content to the persister before letting go
         self.index.close()
 
     async def wait_first_refresh(self) -> None:
@@ -101,9 +139,13 @@ class Replica:
         attempt = 0
         while True:
             now = time.monotonic()
-            if now >= next_refresh:
+            if now >= next_refresh or self._refresh_now.is_set():
+                self._refresh_now.clear()
+                primary_at_start = self.primary
                 try:
                     await self._refresh()
+                    if primary_at_start:
+                        self._primary_refreshed.set()
                     attempt = 0
                     interval = self.spec.fragment.refresh_interval.ToTimedelta().total_seconds() or DEFAULT_REFRESH
                     next_refresh = time.monotonic() + interval
@@ -115,7 +157,12 @@ class Replica:
                     self._refreshed.set()
                     self.index.first_refresh.set()
             await self._maybe_flush()
-            await asyncio.sleep(min(PULSE_INTERVAL, max(0.0, next_refresh - time.monotonic())))
+            timeout = min(PULSE_INTERVAL, max(0.0, next_refresh - time.monotonic()))
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._refresh_now.wait()
+            except TimeoutError:
+                pass
 
     async def _maybe_flush(self) -> None:
         """Rolls the spool once its flush interval has passed, as an append would."""

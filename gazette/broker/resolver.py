@@ -183,7 +183,7 @@ class Resolver:
         """Keyspace observer: start replicas of newly-assigned journals, stop revoked ones."""
         if self.replicas is None:
             return
-        local: dict[str, tuple[pb.JournalSpec, int, tuple[tuple[str, int], ...]]] = {}
+        local: dict[str, tuple[pb.JournalSpec, int, tuple[tuple[str, int], ...], bool]] = {}
         prefix = f"{self.ks.root}/assign/"
         for kv in self.ks.prefixed(prefix):
             a = ks_mod.parse_assignment_key(self.ks.root, kv.key)
@@ -193,10 +193,10 @@ class Resolver:
             if item is None or item.value is None:
                 continue
             revs = tuple((x.key, x.mod_revision) for x in self.ks.prefixed(self._assign_prefix(a.item)))
-            local[a.item] = (item.value, item.create_revision, revs)
+            local[a.item] = (item.value, item.create_revision, revs, a.slot == 0)
 
         next_replicas: dict[str, Replica] = {}
-        for name, (spec, create_rev, revs) in local.items():
+        for name, (spec, create_rev, revs, primary) in local.items():
             replica = self.replicas.get(name)
             if replica is None or self._create_revs.get(name) != create_rev:
                 if replica is not None:
@@ -206,6 +206,7 @@ class Resolver:
                 self._create_revs[name] = create_rev
             else:
                 replica.spec = spec
+            replica.set_primary(primary)
             next_replicas[name] = replica
             signal = self._signals.get(name)
             if signal is None or signal[1] != revs:

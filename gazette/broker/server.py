@@ -229,6 +229,11 @@ class Broker:
                 if all(isinstance(kv.value, pb.Route) and kv.value.primary == route.primary
                        and list(kv.value.members) == list(route.members) for kv in assignments):
                     continue
+                replica = (self.resolver.replicas or {}).get(name)
+                if replica is not None and len(route.members) > 1 and replica.spec.fragment.stores:
+                    # The route grows: persist what we hold, so that whichever member becomes
+                    # primary next starts after it (no replication pipeline syncs spools yet).
+                    await replica.flush(persist=True)
                 value = route.SerializeToString()
                 compare = [etcd_rpc.Compare(key=kv.key.encode(), target=etcd_rpc.Compare.MOD,
                                             result=etcd_rpc.Compare.EQUAL, mod_revision=kv.mod_revision)
