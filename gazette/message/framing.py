@@ -323,13 +323,24 @@ class CSVFraming:
         return self.marshal_many((msg,))
 
     def marshal_many(self, msgs: Iterable[Any]) -> bytes:
+        # The csv writer quotes fields holding a character of its line terminator, so a
+        # "\r\n" writer quotes both '\r' and '\n'; each record's terminator is then cut
+        # back to the "\n" Gazette writes.
         out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
+        writer = csv.writer(out, lineterminator="\r\n")
+        records: list[str] = []
         try:
-            writer.writerows(self._record(m) for m in msgs)
+            for msg in msgs:
+                out.seek(0)
+                out.truncate()
+                writer.writerow(self._record(msg))
+                records.append(out.getvalue()[:-2])
         except csv.Error as err:
             raise FramingError(f"cannot encode message as CSV: {err}") from err
-        return out.getvalue().encode()
+        if not records:
+            return b""
+        records.append("")
+        return "\n".join(records).encode()
 
     @staticmethod
     def _record(msg: Any) -> Sequence[str]:

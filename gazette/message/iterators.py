@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, Protocol
@@ -70,9 +70,12 @@ class ChunkSource(Protocol):
         ...
 
 
-#: Turns a framing's raw value (a JSON value, payload bytes, a CSV record) into a message;
-#: raises (preferably MessageDecodeError) if the value is not a valid message.
-Decoder = Callable[[Any], Any]
+#: Turns a batch of a framing's raw values (JSON values, payload bytes, CSV records) into
+#: messages, one per value; raises (preferably MessageDecodeError) if a value is not a
+#: valid message. ``JSONMessage.from_json_many`` and ``CSVRecord.from_csv_many`` are
+#: decoders. After a failure the batch is decoded again value by value, to isolate the
+#: bad ones, so a decoder must not consume its input.
+Decoder = Callable[[Sequence[Any]], Sequence[Any]]
 
 #: Opens a bounded source of ``journal`` content over ``[begin, end)``, for replays.
 ReplayOpener = Callable[[str, int, int], ChunkSource]
@@ -168,10 +171,14 @@ class ReadUncommittedIter:
         begins = [base, *ends[:-1]]
         if not decoded.errors:
             try:
-                messages = list(map(self._decode, decoded.values))
+                messages = self._decode(decoded.values)
             except Exception:  # noqa: BLE001 - a bad message: redo one by one, below.
                 pass
             else:
+                if len(messages) != len(decoded.values):
+                    raise TypeError(
+                        f"decoder returned {len(messages)} messages for {len(decoded.values)}"
+                    )
                 self._ready.append(list(map(Envelope, repeat(journal), begins, ends, messages)))
                 return
 
@@ -182,7 +189,7 @@ class ReadUncommittedIter:
                 error = value
             else:
                 try:
-                    batch.append(Envelope(journal, begin, end, self._decode(value)))
+                    batch.append(Envelope(journal, begin, end, self._decode((value,))[0]))
                 except FramingError as err:
                     error = err
                 except Exception as err:  # noqa: BLE001 - any failure of the decoder.
@@ -205,6 +212,19 @@ def _located(error: FramingError, journal: str, begin: int, end: int) -> Framing
         if hasattr(error, name):
             setattr(error, name, value)
     return error
+
+
+_REPLAY = QueueOutcome.ACK_COMMIT_REPLAY
+_NOTHING_TO_DEQUEUE = frozenset(
+    {
+        QueueOutcome.OUTSIDE_ALREADY_ACKED,
+        QueueOutcome.CONTINUE_ALREADY_ACKED,
+        QueueOutcome.CONTINUE_TXN_CLOCK_LARGER,
+        QueueOutcome.CONTINUE_BEGIN_SPAN,
+        QueueOutcome.CONTINUE_EXTEND_SPAN,
+        QueueOutcome.ACK_ROLLBACK,
+    }
+)
 
 
 class ReadCommittedIter:
@@ -235,21 +255,20 @@ class ReadCommittedIter:
     async def next_batch(self) -> list[Envelope]:
         """The next committed messages (at least one), or ``[]`` once the source ended."""
         seq = self.sequencer
-        step = seq.step
-        queue = seq.queue_uncommitted
-        replay = QueueOutcome.ACK_COMMIT_REPLAY
+        queue, drain = seq.queue_uncommitted, seq.drain_committed
         while True:
             batch = await self._uncommitted.next_batch()
             if not batch:
                 return []
             out: list[Envelope] = []
-            add = out.append
             for env in batch:
-                if queue(env) == replay:
+                outcome = queue(env)
+                if outcome in _NOTHING_TO_DEQUEUE:
+                    continue
+                if outcome is _REPLAY:
                     journal, begin, end = seq.replay_range()
                     seq.start_replay(await self._read_replay(journal, begin, end))
-                while (committed := step()) is not None:
-                    add(committed)
+                drain(out)
             if out:
                 return out
 

@@ -56,7 +56,9 @@ def flatten_producer_states(cp: consumer_pb2.Checkpoint) -> list[ProducerState]:
                     f" ({entry.id.hex()}); expected 6"
                 )
             out.append(
-                ProducerState(journal, ProducerID(entry.id), entry.state.last_ack, entry.state.begin)
+                ProducerState(
+                    journal, ProducerID(entry.id), entry.state.last_ack, entry.state.begin
+                )
             )
     return out
 

@@ -105,7 +105,9 @@ class Publisher:
         self._intents.clear()
         return out
 
-    async def _publish(self, mapping: MappingFunc, msg: Message, flags: int) -> tuple[str, Framing, Any]:
+    async def _publish(
+        self, mapping: MappingFunc, msg: Message, flags: int
+    ) -> tuple[str, Framing, Any]:
         if self._auto_update:
             self.clock.update(time.time_ns())
         validate = getattr(msg, "validate", None)

@@ -73,7 +73,9 @@ def new_generator() -> Generate:
 
     def generate(producer: ProducerID, clock: int, flags: int) -> Envelope:
         nonlocal offset
-        env = Envelope(JOURNAL, offset, offset + 100, TestMsg(build_uuid(producer, clock, flags), str(clock)))
+        env = Envelope(
+            JOURNAL, offset, offset + 100, TestMsg(build_uuid(producer, clock, flags), str(clock))
+        )
         offset += 102
         return env
 
@@ -90,7 +92,12 @@ def jp(producer: ProducerID) -> tuple[str, int]:
 
 
 def partial(
-    producer: ProducerID, begin: int, ring_start: int, ring_stop: int, min_clock: int, max_clock: int
+    producer: ProducerID,
+    begin: int,
+    ring_start: int,
+    ring_stop: int,
+    min_clock: int,
+    max_clock: int,
 ) -> _Partial:
     return _Partial(jp(producer), min_clock, max_clock, begin, ring_start, ring_stop)
 
@@ -694,7 +701,9 @@ def _fails(exc: BaseException) -> Callable[[Iterator[Envelope]], Iterator[Envelo
     return wrap
 
 
-def _mapped(fn: Callable[[Envelope], Envelope]) -> Callable[[Iterator[Envelope]], Iterator[Envelope]]:
+def _mapped(
+    fn: Callable[[Envelope], Envelope],
+) -> Callable[[Iterator[Envelope]], Iterator[Envelope]]:
     def wrap(it: Iterator[Envelope]) -> Iterator[Envelope]:
         for env in it:
             yield fn(env)
@@ -881,8 +890,7 @@ class SequencerMachine(RuleBasedStateMachine):
         # transactions) is out of model: Gazette reads such an ACK as the producer having
         # restored an older checkpoint, and falls back to at-least-once by design.
         while any(
-            _flags(e.message.get_uuid()) == ACK_TXN
-            and get_clock(e.message.get_uuid()) < p.last_ack
+            _flags(e.message.get_uuid()) == ACK_TXN and get_clock(e.message.get_uuid()) < p.last_ack
             for e in suffix
         ):
             suffix = suffix[1:]

@@ -1,0 +1,256 @@
+"""Framing tests. Byte fixtures of the fixed framing and the JSON marshal/decode cases
+follow Gazette's message/fixed_framing_test.go and json_framing_test.go; the hypothesis
+tests check that batch splitting agrees with a line-by-line / frame-by-frame reading."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gazette.message import (
+    CONTENT_TYPE_CSV,
+    CONTENT_TYPE_JSON_LINES,
+    CONTENT_TYPE_PROTO_FIXED,
+    FIXED_FRAME_WORD,
+    CSVFraming,
+    CSVRecord,
+    DesyncError,
+    FixedFraming,
+    FramingError,
+    JSONFraming,
+    JSONMessage,
+    MessageDecodeError,
+    UnknownContentTypeError,
+    build_uuid,
+    framing_for_content_type,
+    new_producer_id,
+)
+from gazette.protocol import protocol_pb2 as pb
+
+FIXTURE = bytes([0x66, 0x33, 0x93, 0x36, 0x14, 0, 0, 0]) + b"test message content"
+
+
+def test_framing_by_content_type() -> None:
+    assert isinstance(framing_for_content_type(CONTENT_TYPE_JSON_LINES), JSONFraming)
+    assert isinstance(framing_for_content_type(CONTENT_TYPE_PROTO_FIXED), FixedFraming)
+    assert isinstance(framing_for_content_type(CONTENT_TYPE_CSV), CSVFraming)
+    with pytest.raises(UnknownContentTypeError, match="x-gazette-recoverylog"):
+        framing_for_content_type("application/x-gazette-recoverylog")
+
+
+# -- JSON ---------------------------------------------------------------------------------
+
+
+def test_json_marshal_fixtures() -> None:
+    f = JSONFraming()
+    assert f.marshal({"A": 42, "B": "the answer"}) == b'{"A":42,"B":"the answer"}\n'
+    assert f.marshal_many([{"A": 42, "B": "the answer"}, {"Bar": 63}]) == (
+        b'{"A":42,"B":"the answer"}\n{"Bar":63}\n'
+    )
+    assert f.marshal_many([]) == b""
+    # Messages may supply their JSON value; a newline in content stays escaped.
+    assert f.marshal(JSONMessage({"s": "two\nlines"})) == b'{"s":"two\\nlines"}\n'
+
+
+def test_json_marshal_error() -> None:
+    with pytest.raises(FramingError, match="cannot encode"):
+        JSONFraming().marshal({"unencodable": object()})
+
+
+def test_json_decode_fixture_and_partial_tail() -> None:
+    f = JSONFraming()
+    buf = b'{"A":42,"B":"test message content"}\n{"A":4'
+    d = f.decode(buf)
+    assert d.values == [{"A": 42, "B": "test message content"}]
+    assert d.ends == [36] and d.consumed == 36 and d.errors == 0
+    # No complete line: nothing consumed (the reader waits for more, or reports EOF).
+    assert f.decode(b'{"A":42').consumed == 0
+
+
+def test_json_decode_error_consumes_exactly_its_frame() -> None:
+    f = JSONFraming()
+    buf = b'{"A":42,"B":"missing quote but including newline}\n{"ok":1}\nextra'
+    d = f.decode(buf)
+    assert isinstance(d.values[0], MessageDecodeError)
+    assert d.values[1] == {"ok": 1}
+    assert d.errors == 1
+    assert buf[d.consumed :] == b"extra"
+
+
+def test_json_rejects_a_document_spanning_lines() -> None:
+    d = JSONFraming().decode(b'[1,\n2]\n{"a":1}\n')
+    assert [type(v) for v in d.values[:2]] == [MessageDecodeError, MessageDecodeError]
+    assert d.values[2] == {"a": 1}
+    assert d.ends == [4, 7, 15]
+
+
+def test_json_tolerates_surrounding_whitespace_and_non_ascii() -> None:
+    buf = ' {"é":"ü"} \n{"x":"✓"}\n'.encode()
+    d = JSONFraming().decode(buf)
+    assert d.values == [{"é": "ü"}, {"x": "✓"}]
+    assert d.ends == [len(' {"é":"ü"} \n'.encode()), len(buf)]
+
+
+def test_json_invalid_utf8_is_isolated() -> None:
+    d = JSONFraming().decode(b'{"a":"\xff"}\n{"b":2}\n')
+    assert isinstance(d.values[0], MessageDecodeError)
+    assert d.values[1] == {"b": 2}
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+lines = st.one_of(
+    json_values.map(lambda v: json.dumps(v).encode()),
+    json_values.map(lambda v: json.dumps(v, indent=1).encode()),  # Spans lines: invalid.
+    st.binary(max_size=12).filter(lambda b: b"\n" not in b),  # Mostly invalid.
+)
+
+
+@given(st.lists(lines, max_size=8), st.binary(max_size=10).filter(lambda b: b"\n" not in b))
+def test_json_decode_agrees_with_line_by_line(docs: list[bytes], tail: bytes) -> None:
+    buf = b"".join(d + b"\n" for d in docs) + tail
+    d = JSONFraming().decode(buf)
+    expect_lines = buf[: buf.rfind(b"\n") + 1].split(b"\n")[:-1] if b"\n" in buf else []
+    assert len(d.values) == len(expect_lines)
+    pos = 0
+    for line, value, end in zip(expect_lines, d.values, d.ends, strict=True):
+        pos += len(line) + 1
+        assert end == pos
+        try:
+            expect = json.loads(line)
+        except ValueError:
+            assert isinstance(value, MessageDecodeError)
+        else:
+            assert value == expect
+    assert d.consumed == pos
+    assert d.errors == sum(isinstance(v, MessageDecodeError) for v in d.values)
+
+
+# -- fixed --------------------------------------------------------------------------------
+
+
+def test_fixed_marshal_fixtures() -> None:
+    f = FixedFraming()
+    assert f.marshal(b"test message content") == FIXTURE
+    assert (
+        f.marshal_many([b"test message content", b"foo message"])
+        == FIXTURE + bytes([0x66, 0x33, 0x93, 0x36, 0x0B, 0, 0, 0]) + b"foo message"
+    )
+    # Protobuf messages marshal through SerializeToString.
+    spec = pb.JournalSpec(name="a/journal")
+    frame = f.marshal(spec)
+    assert frame[:4] == FIXED_FRAME_WORD
+    assert pb.JournalSpec.FromString(f.decode(frame).values[0]) == spec
+
+
+def test_fixed_marshal_error() -> None:
+    with pytest.raises(FramingError, match="SerializeToString"):
+        FixedFraming().marshal(object())
+
+
+def test_fixed_decode_fixture_stops_at_frame_boundary() -> None:
+    d = FixedFraming().decode(FIXTURE + b"extra")
+    assert d.values == [b"test message content"]
+    assert d.consumed == len(FIXTURE)
+
+
+def test_fixed_trailing_newline() -> None:
+    f = FixedFraming()
+    d = f.decode(FIXTURE + b"\n")
+    assert d.consumed == len(FIXTURE)  # The newline may yet begin junk: wait.
+    assert f.decode(b"\n", final=True).consumed == 1  # At the end it is tolerated.
+
+
+def test_fixed_desync_detection() -> None:
+    d = FixedFraming().decode(b"foobar" + FIXTURE)
+    assert isinstance(d.values[0], DesyncError)
+    assert d.values[0].skipped == 6
+    assert d.values[1] == b"test message content"
+    assert d.ends == [6, 6 + len(FIXTURE)] and d.errors == 1
+
+
+def test_fixed_incomplete_buffers() -> None:
+    f = FixedFraming()
+    assert f.decode(b"").consumed == 0
+    assert f.decode(FIXTURE[:7]).consumed == 0  # Part of a header.
+    assert f.decode(FIXTURE[:8]).consumed == 0  # A header, no payload.
+    # Junk with no magic word in sight: all but the last 3 bytes (a possible word prefix)
+    # are skipped.
+    d = f.decode(b"0123456789")
+    assert isinstance(d.values[0], DesyncError) and d.values[0].skipped == 7
+    assert d.consumed == 7
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.binary(max_size=40).map(lambda b: ("frame", b)),
+            st.binary(min_size=1, max_size=12)
+            .filter(lambda b: FIXED_FRAME_WORD[:1] not in b)
+            .map(lambda b: ("junk", b)),
+        ),
+        max_size=8,
+    )
+)
+def test_fixed_resyncs_after_junk(parts: list[tuple[str, bytes]]) -> None:
+    f = FixedFraming()
+    buf = b"".join(f.marshal(p) if kind == "frame" else p for kind, p in parts)
+    d = f.decode(buf, final=True)
+    frames = [v for v in d.values if isinstance(v, bytes)]
+    # Every frame is recovered (junk never holds a magic word's first byte), and every
+    # junk byte is reported skipped.
+    assert frames == [p for kind, p in parts if kind == "frame"]
+    skipped = sum(v.skipped for v in d.values if isinstance(v, DesyncError))
+    junk = sum(len(p) for kind, p in parts if kind == "junk")
+    assert skipped + (len(buf) - d.consumed) == junk
+
+
+# -- CSV ----------------------------------------------------------------------------------
+
+
+def test_csv_round_trip_with_quotes_and_newlines() -> None:
+    f = CSVFraming()
+    u = str(build_uuid(new_producer_id(), 160, 0))
+    records = [[u, "plain", "x"], [u, 'with "quotes"', "a,b"], [u, "two\nlines", ""]]
+    buf = f.marshal_many(records)
+    d = f.decode(buf)
+    assert d.values == records
+    assert d.consumed == len(buf)
+    assert all(str(CSVRecord.from_csv(r).get_uuid()) == u for r in d.values)
+
+
+def test_csv_partial_record_waits() -> None:
+    f = CSVFraming()
+    d = f.decode(b'a,"open\nquote')
+    assert d.consumed == 0
+    d = f.decode(b'a,b\nc,"open\n')
+    assert d.values == [["a", "b"]] and d.consumed == 4
+
+
+def test_csv_empty_line_is_an_error() -> None:
+    d = CSVFraming().decode(b"a,b\n\nc,d\n")
+    assert d.values[0] == ["a", "b"] and d.values[2] == ["c", "d"]
+    assert isinstance(d.values[1], MessageDecodeError) and d.errors == 1
+
+
+csv_fields = st.text(alphabet=st.characters(blacklist_categories=["Cs"]))
+
+
+@given(
+    st.lists(
+        st.lists(csv_fields, min_size=1, max_size=4).filter(lambda r: r != [""]),
+        max_size=6,
+    )
+)
+def test_csv_decode_agrees_with_marshal(records: list[list[str]]) -> None:
+    f = CSVFraming()
+    buf = f.marshal_many(records)
+    d = f.decode(buf)
+    assert d.values == records
+    assert d.consumed == len(buf)
