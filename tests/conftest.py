@@ -8,11 +8,13 @@ objects (the etcd client) are function-scoped and live on the test's own loop.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
 from gazette.etcd import EtcdProcess
-from gazette.testing.etcd import EtcdFixture, etcd_context, start_test_etcd
+from gazette.testing.cluster import Cluster
+from gazette.testing.etcd import EtcdFixture, etcd_context, start_test_etcd, unique_prefix
 from gazette.testing.postgres import PostgresServer, temporary_database
 from gazette.testing.s3 import DUMMY_CREDENTIALS, MotoS3Server, create_bucket
 
@@ -69,3 +71,14 @@ def s3_server() -> Iterator[str]:
 def s3_bucket(s3_server: str) -> str:
     """Name of a new, empty bucket on `s3_server`."""
     return create_bucket(s3_server)
+
+
+@pytest.fixture
+def cluster(etcd_server: EtcdProcess, tmp_path: Path) -> Iterator[Cluster]:
+    """A broker cluster on the session etcd under a unique prefix, rooted in `tmp_path`.
+
+    It starts with no broker: call ``cluster.add_broker()``. Every broker is killed and the
+    prefix deleted afterwards.
+    """
+    with Cluster(etcd_server.url, unique_prefix(), tmp_path / "cluster") as c:
+        yield c

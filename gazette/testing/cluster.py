@@ -1,0 +1,399 @@
+"""Real broker processes for end-to-end tests: `BrokerProcess` and `Cluster`.
+
+A `Cluster` is an etcd endpoint, a key prefix of its own, a fragment file root and the
+`gazette serve` processes started on them; `gazctl` runs the installed console script against
+it, exactly as a user would.
+
+Invariants:
+
+* A broker is "started" only once its ``/debug/ready`` answers 200; `BrokerProcess.start`
+  polls that condition against a deadline and raises `BrokerStartError` (with the tail of the
+  broker's log) if the process exits or the deadline passes first. Nothing here sleeps as a
+  means of synchronisation: every wait polls a condition and has a deadline.
+* Ports are chosen free on loopback just before start; a start that lost its port to another
+  process (bind failure in the log) is retried on a new port. Every broker logs to its own file.
+* `Cluster.close` leaves no broker process behind (SIGKILL) and deletes the cluster's etcd
+  prefix, whatever state the test left things in. Everything a broker writes (fragments,
+  spools via TMPDIR, its log) is under the cluster's root directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import IO, NamedTuple, TypeVar
+
+__all__ = [
+    "BrokerStartError",
+    "BrokerProcess",
+    "Cluster",
+    "GazctlResult",
+    "free_port",
+    "wait_until",
+    "console_script",
+]
+
+T = TypeVar("T")
+
+_LOG_TAIL_BYTES = 4000
+_POLL_INTERVAL = 0.05
+_START_ATTEMPTS = 3
+
+
+class BrokerStartError(RuntimeError):
+    """A broker exited, or did not become ready, before its start deadline."""
+
+
+def free_port() -> int:
+    """A loopback TCP port that is free right now (another process may still take it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until(
+    cond: Callable[[], T | None],
+    timeout: float = 30.0,
+    *,
+    interval: float = _POLL_INTERVAL,
+    message: str = "condition",
+) -> T:
+    """Polls `cond` until it returns something truthy, and returns that; TimeoutError after
+    `timeout` seconds, naming `message`. Polling is the synchronisation here: the condition is
+    observed in other processes, which offer nothing to block on."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{message} not met within {timeout}s")
+        time.sleep(interval)
+
+
+def console_script(name: str) -> str:
+    """Path of an installed console script: next to this interpreter, else on PATH."""
+    candidate = Path(sys.executable).parent / name
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"console script {name!r} is not installed")
+    return found
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - _LOG_TAIL_BYTES))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def http_status(url: str, timeout: float = 1.0) -> int | None:
+    """The HTTP status `url` answers with, or None if nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+class BrokerProcess:
+    """One ``gazette serve`` child process on 127.0.0.1."""
+
+    def __init__(
+        self,
+        *,
+        etcd_url: str,
+        etcd_prefix: str,
+        file_root: Path,
+        log_dir: Path,
+        broker_id: str,
+        zone: str = "local",
+        port: int | None = None,
+        extra_args: tuple[str, ...] = (),
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        if len(broker_id) < 4:
+            raise ValueError(f"broker id {broker_id!r} must have at least 4 characters")
+        self.etcd_url = etcd_url
+        self.etcd_prefix = etcd_prefix
+        self.file_root = Path(file_root)
+        self.broker_id = broker_id
+        self.zone = zone
+        self.log_path = Path(log_dir) / f"broker-{zone}-{broker_id}.log"
+        self._fixed_port = port
+        self.port = port or 0
+        self.extra_args = extra_args
+        self.extra_env = dict(extra_env or {})
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        """The broker's service address, as gazctl's BROKER_ADDRESS takes it."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, path: str) -> str:
+        return f"{self.address}/{path.lstrip('/')}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def is_ready(self) -> bool:
+        return self.is_running() and http_status(self.url("/debug/ready")) == 200
+
+    def _command(self) -> list[str]:
+        return [
+            console_script("gazette"), "serve",
+            "--broker.host", "127.0.0.1",
+            "--broker.port", str(self.port),
+            "--broker.file-root", str(self.file_root),
+            "--broker.id", self.broker_id,
+            "--broker.zone", self.zone,
+            "--etcd.address", self.etcd_url,
+            "--etcd.prefix", self.etcd_prefix,
+            *self.extra_args,
+        ]
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Spawns the broker and returns once it is ready (see the module invariants)."""
+        if self.is_running():
+            raise RuntimeError(f"broker {self.broker_id} is already running")
+        self.file_root.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        for attempt in range(_START_ATTEMPTS):
+            self.port = self._fixed_port or free_port()
+            try:
+                self._spawn_and_wait(timeout)
+                return
+            except BrokerStartError as err:
+                lost_port = "address already in use" in str(err)
+                if not lost_port or self._fixed_port or attempt + 1 == _START_ATTEMPTS:
+                    raise
+
+    def _spawn_and_wait(self, timeout: float) -> None:
+        self._close_log()
+        self._log = self.log_path.open("ab")
+        self._log.write(f"=== {' '.join(self._command())}\n".encode())
+        self._log.flush()
+        env = {**os.environ, **self.extra_env}
+        self._proc = subprocess.Popen(
+            self._command(), stdout=self._log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, env=env,
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                raise BrokerStartError(
+                    f"broker {self.broker_id} exited with status {code} while starting on port "
+                    f"{self.port}; log tail:\n{_log_tail(self.log_path)}"
+                )
+            if http_status(self.url("/debug/ready")) == 200:
+                return
+            if time.monotonic() >= deadline:
+                self.kill()
+                raise BrokerStartError(
+                    f"broker {self.broker_id} not ready on port {self.port} after {timeout}s; "
+                    f"log tail:\n{_log_tail(self.log_path)}"
+                )
+            time.sleep(_POLL_INTERVAL)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """Sends SIGTERM (the broker drains) and waits for the exit; returns its status.
+        Raises TimeoutError, leaving the process running, if it outlives `timeout`."""
+        if self._proc is None:
+            raise RuntimeError(f"broker {self.broker_id} was never started")
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+        try:
+            code = self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(
+                f"broker {self.broker_id} still running {timeout}s after SIGTERM"
+            ) from None
+        self._close_log()
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL, no drain; returns once the process is reaped."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+class GazctlResult(NamedTuple):
+    rc: int
+    stdout: str
+    stderr: str
+
+
+class Cluster:
+    """Brokers sharing one etcd prefix and one file root; use as a context manager."""
+
+    def __init__(
+        self, etcd_url: str, etcd_prefix: str, root: Path, *, gazctl_timeout: float = 60.0
+    ) -> None:
+        self.etcd_url = etcd_url if "://" in etcd_url else f"http://{etcd_url}"
+        self.etcd_prefix = etcd_prefix
+        self.root = Path(root)
+        self.file_root = self.root / "fragments"
+        self.log_dir = self.root / "logs"
+        self.home = self.root / "home"  # gazctl's HOME: no user gazctl.ini leaks in
+        self.tmp_dir = self.root / "tmp"
+        self.brokers: list[BrokerProcess] = []
+        self.gazctl_timeout = gazctl_timeout
+        for d in (self.file_root, self.log_dir, self.home, self.tmp_dir):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def add_broker(
+        self,
+        zone: str = "local",
+        broker_id: str | None = None,
+        *,
+        start: bool = True,
+        extra_args: tuple[str, ...] = (),
+        timeout: float = 30.0,
+    ) -> BrokerProcess:
+        """Creates (and by default starts, waiting until ready) a broker of this cluster."""
+        broker = BrokerProcess(
+            etcd_url=self.etcd_url,
+            etcd_prefix=self.etcd_prefix,
+            file_root=self.file_root,
+            log_dir=self.log_dir,
+            broker_id=broker_id or f"broker-{uuid.uuid4().hex[:8]}",
+            zone=zone,
+            extra_args=extra_args,
+            # Spools live in TMPDIR: keep them under the cluster's root, removed with it.
+            extra_env={"TMPDIR": str(self.tmp_dir)},
+        )
+        self.brokers.append(broker)
+        if start:
+            broker.start(timeout)
+        return broker
+
+    @property
+    def broker(self) -> BrokerProcess:
+        """The first running broker."""
+        for b in self.brokers:
+            if b.is_running():
+                return b
+        raise RuntimeError("no broker of this cluster is running")
+
+    @property
+    def address(self) -> str:
+        return self.broker.address
+
+    def env(self, broker: BrokerProcess | None = None) -> dict[str, str]:
+        """The environment gazctl runs in: BROKER_ADDRESS of `broker` (default: the first)."""
+        env = {k: v for k, v in os.environ.items() if k not in ("BROKER_ADDRESS", "LOG_LEVEL")}
+        env["BROKER_ADDRESS"] = (broker or self.broker).address
+        env["HOME"] = str(self.home)
+        return env
+
+    def gazctl(
+        self,
+        *args: str,
+        stdin: str | bytes | None = None,
+        broker: BrokerProcess | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> GazctlResult:
+        """Runs the installed ``gazctl`` console script; returns (rc, stdout, stderr)."""
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        full_env = {**self.env(broker), **(env or {})}
+        proc = subprocess.run(
+            [console_script("gazctl"), *args],
+            input=data if data is not None else b"",
+            capture_output=True,
+            env=full_env,
+            timeout=timeout or self.gazctl_timeout,
+            check=False,
+        )
+        return GazctlResult(
+            proc.returncode,
+            proc.stdout.decode(errors="replace"),
+            proc.stderr.decode(errors="replace"),
+        )
+
+    def wait_until(
+        self, cond: Callable[[], T | None], timeout: float = 30.0, message: str = "condition"
+    ) -> T:
+        return wait_until(cond, timeout, message=message)
+
+    def close(self) -> None:
+        """Kills every broker (SIGKILL) and deletes the cluster's etcd prefix.
+
+        No drain: a lone broker cannot drain (nothing can take its journals, as in Gazette),
+        and the test's journals are throwaway; tests that exercise draining call `stop`."""
+        for b in self.brokers:
+            b.kill()
+        self.delete_prefix()
+
+    def delete_prefix(self) -> None:
+        """Deletes the cluster's etcd keys through etcd's JSON gateway (best effort)."""
+        key = self.etcd_prefix.encode()
+        end = key[:-1] + bytes([key[-1] + 1])
+        body = json.dumps({
+            "key": base64.b64encode(key).decode(),
+            "range_end": base64.b64encode(end).decode(),
+        }).encode()
+        req = urllib.request.Request(
+            f"{self.etcd_url}/v3/kv/deleterange", data=body, method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=5):  # noqa: S310 - loopback etcd
+                pass
+        except (urllib.error.URLError, OSError):
+            pass  # a unique prefix left behind harms no other test
