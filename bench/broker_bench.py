@@ -1,0 +1,540 @@
+"""Single-journal append and read throughput of a gazette broker beside NATS JetStream.
+
+Starts its own etcd, one gazette broker (``python -m gazette.cli.serve``) and one nats-server
+with JetStream (file storage), all on loopback ports of its own, and drives both from this
+process with asyncio clients, workload by workload, so each ratio compares figures taken
+moments apart on the same machine:
+
+* append: one journal (replication 1) / one stream (1 replica, file storage) per payload size;
+  100 B, 4 KiB, 64 KiB and 1 MiB payloads with 1 and 16 concurrent writers. Gazette: one
+  ``Append`` RPC per append (header, content, commit) on a raw ``grpc.aio`` JournalStub, the
+  response (status OK, commit) awaited. JetStream: ``js.publish`` per message, its ack awaited.
+  Each case runs for a bounded time, count and byte budget, whichever ends first.
+* read: the whole journal from offset 0 to its head (a non-blocking ``Read``), and the whole
+  stream through a pull consumer (``AckPolicy.NONE``, batched ``fetch``).
+
+Prints a table ``workload | gazette | jetstream | gazette/jetstream`` and the MB/s ratios of the
+>= 64 KiB workloads against the target (gazette >= 2x JetStream). Figures are noisy on shared
+machines: compare the ratios of one run, not absolute figures across runs.
+
+Every process it starts is stopped by PID on every exit path, Ctrl-C included.
+
+    python bench/broker_bench.py            # full run, about 2-3 minutes
+    python bench/broker_bench.py --quick    # about 30 seconds
+    python bench/broker_bench.py --codec SNAPPY --systems gazette
+    python bench/broker_bench.py --systems gazette --profile-broker broker.prof
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import os
+import platform
+import pstats
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import nats
+from google.protobuf.duration_pb2 import Duration
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _peers import NATS_SERVER, Peers  # noqa: E402
+
+from gazette.protocol import protocol_pb2 as pb  # noqa: E402
+from gazette.protocol import protocol_pb2_grpc as pb_grpc  # noqa: E402
+
+KiB = 1 << 10
+MiB = 1 << 20
+SIZES = (100, 4 * KiB, 64 * KiB, MiB)
+WRITERS = (1, 16)
+FRAGMENT_LENGTH = 512 * MiB  # Gazette's default fragment length
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+TARGET = 2.0
+
+
+class BenchError(Exception):
+    """A peer answered a benchmark request with something other than success."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Bounds of one run: every append case stops at the first of seconds, count and bytes."""
+
+    seconds: float
+    max_count: int
+    max_bytes: int
+    read_seconds: float
+    sizes: tuple[int, ...] = SIZES
+    writers: tuple[int, ...] = WRITERS
+
+    @staticmethod
+    def quick() -> Plan:
+        return Plan(seconds=0.8, max_count=20_000, max_bytes=160 * MiB, read_seconds=2.0)
+
+    @staticmethod
+    def full() -> Plan:
+        return Plan(seconds=3.0, max_count=200_000, max_bytes=1024 * MiB, read_seconds=8.0)
+
+
+@dataclass
+class Result:
+    count: int
+    nbytes: int
+    seconds: float
+
+    @property
+    def mbps(self) -> float:
+        return self.nbytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.count / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Row:
+    workload: str
+    gazette: Result | None = None
+    jetstream: Result | None = None
+    null: Result | None = None  # the grpcio null-Append ceiling, when measured
+    is_append: bool = True
+    size: int = 0
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+
+
+def size_name(size: int) -> str:
+    if size >= MiB and size % MiB == 0:
+        return f"{size // MiB} MiB"
+    if size >= KiB and size % KiB == 0:
+        return f"{size // KiB} KiB"
+    return f"{size} B"
+
+
+def make_payload(size: int) -> bytes:
+    """JSON-like lines with random tokens: compressible as real events are, not trivially."""
+    lines: list[bytes] = []
+    total = 0
+    i = 0
+    while total < size:
+        line = b'{"seq": %d, "user": "%s", "ok": true}\n' % (i, os.urandom(8).hex().encode())
+        lines.append(line)
+        total += len(line)
+        i += 1
+    data = b"".join(lines)[:size]
+    return data[:-1] + b"\n" if size > 0 else data
+
+
+async def run_writers(op: Callable[[], Awaitable[None]], writers: int, size: int,
+                      plan: Plan) -> Result:
+    """Runs ``op`` from ``writers`` concurrent tasks until the plan's time/count/byte budget."""
+    budget = max(writers, min(plan.max_count, plan.max_bytes // size))
+    issued = 0
+    done = 0
+
+    async def worker(deadline: float) -> None:
+        nonlocal issued, done
+        while issued < budget and time.perf_counter() < deadline:
+            issued += 1
+            await op()
+            done += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(start + plan.seconds) for _ in range(writers)))
+    elapsed = time.perf_counter() - start
+    return Result(done, done * size, elapsed)
+
+
+# -- gazette -------------------------------------------------------------------------------
+
+
+class GazetteSide:
+    """Raw grpc.aio client of one broker: one channel, every RPC multiplexed on it."""
+
+    def __init__(self, target: str) -> None:
+        self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self.stub = pb_grpc.JournalStub(self.channel)  # type: ignore[no-untyped-call]
+        self.heads: dict[str, int] = {}
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def create(self, journal: str, codec: int) -> None:
+        spec = pb.JournalSpec(name=journal, replication=1)
+        spec.fragment.length = FRAGMENT_LENGTH
+        spec.fragment.compression_codec = codec  # type: ignore[assignment]
+        spec.fragment.stores.append("file:///")
+        spec.fragment.refresh_interval.CopyFrom(Duration(seconds=60))
+        spec.labels.labels.add(name="app.gazette.dev/bench", value="broker_bench")
+        req = pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec, expect_mod_revision=0)])
+        resp = await self.stub.Apply(req, timeout=30)
+        if resp.status != pb.OK:
+            raise BenchError(f"Apply of {journal}: {pb.Status.Name(resp.status)}")
+
+    def append_op(self, journal: str, payload: bytes) -> Callable[[], Awaitable[None]]:
+        # Requests are built once: the RPC only serializes them (one header, one content
+        # chunk, the empty commit chunk), so the client adds no per-append Python work.
+        reqs = (pb.AppendRequest(journal=journal), pb.AppendRequest(content=payload),
+                pb.AppendRequest())
+        size = len(payload)
+        heads = self.heads
+
+        async def op() -> None:
+            resp = await self.stub.Append(iter(reqs))
+            if resp.status != pb.OK or resp.commit.end - resp.commit.begin != size:
+                raise BenchError(
+                    f"Append to {journal}: {pb.Status.Name(resp.status)} commit "
+                    f"[{resp.commit.begin}, {resp.commit.end}) for {size} bytes"
+                )
+            if resp.commit.end > heads.get(journal, 0):
+                heads[journal] = resp.commit.end
+
+        return op
+
+    async def warm(self, journal: str, payload: bytes, patience: float = 30.0) -> None:
+        """Appends until the broker serves the journal (its assignment takes a moment)."""
+        op = self.append_op(journal, payload)
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                await op()
+                return
+            except (BenchError, grpc.aio.AioRpcError) as err:
+                if time.monotonic() >= deadline:
+                    raise BenchError(f"{journal} not writable after {patience:.0f}s: {err}") from err
+                await asyncio.sleep(0.05)  # a retry pause, not a synchronisation
+
+    async def read_all(self, journal: str, seconds: float) -> Result:
+        """Reads from offset 0 until the write head (or the time bound); counts content bytes."""
+        head = self.heads.get(journal, 0)
+        nbytes = 0
+        responses = 0
+        start = time.perf_counter()
+        deadline = start + seconds
+        call = self.stub.Read(pb.ReadRequest(journal=journal, offset=0, block=False))
+        try:
+            async for resp in call:
+                if resp.content:
+                    nbytes += len(resp.content)
+                    responses += 1
+                    if time.perf_counter() >= deadline:
+                        break
+                elif resp.status == pb.OFFSET_NOT_YET_AVAILABLE:
+                    break
+                elif resp.status != pb.OK:
+                    raise BenchError(f"Read of {journal}: {pb.Status.Name(resp.status)}")
+        finally:
+            call.cancel()
+        elapsed = time.perf_counter() - start
+        if nbytes < head and time.perf_counter() < deadline:
+            raise BenchError(f"Read of {journal} ended at {nbytes} before its head {head}")
+        return Result(responses, nbytes, elapsed)
+
+
+# -- JetStream -----------------------------------------------------------------------------
+
+
+class JetStreamSide:
+    """nats-py client of one nats-server: JetStream publish with acks, pull-consumer reads."""
+
+    def __init__(self) -> None:
+        self.nc: NATS | None = None
+        self._js: JetStreamContext | None = None
+
+    @property
+    def js(self) -> JetStreamContext:
+        assert self._js is not None, "not connected"
+        return self._js
+
+    async def connect(self, port: int) -> None:
+        self.nc = await nats.connect(f"nats://127.0.0.1:{port}", max_reconnect_attempts=0)
+        self._js = self.nc.jetstream()
+
+    async def close(self) -> None:
+        if self.nc is not None:
+            await self.nc.close()
+
+    async def create(self, stream: str, subject: str) -> None:
+        await self.js.add_stream(name=stream, subjects=[subject], storage=StorageType.FILE,
+                                 num_replicas=1)
+
+    def publish_op(self, subject: str, payload: bytes) -> Callable[[], Awaitable[None]]:
+        publish = self.js.publish
+
+        async def op() -> None:
+            ack = await publish(subject, payload)
+            if not ack.seq:
+                raise BenchError(f"publish to {subject}: no sequence in ack {ack}")
+
+        return op
+
+    async def read_all(self, stream: str, subject: str, size: int, seconds: float) -> Result:
+        """Reads the whole stream (or until the time bound) in fetches of about 8 MiB."""
+        info = await self.js.stream_info(stream)
+        total = int(info.state.messages)
+        batch = max(1, min(4096, (8 * MiB) // size))
+        sub = await self.js.pull_subscribe(
+            subject, stream=stream,
+            config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL),
+        )
+        got = 0
+        nbytes = 0
+        start = time.perf_counter()
+        deadline = start + seconds
+        try:
+            while got < total and time.perf_counter() < deadline:
+                msgs = await sub.fetch(min(batch, total - got), timeout=10)
+                got += len(msgs)
+                nbytes += sum(len(m.data) for m in msgs)
+        finally:
+            elapsed = time.perf_counter() - start
+            await sub.unsubscribe()
+        return Result(got, nbytes, elapsed)
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+async def bench(report: Report, plan: Plan, codecs: list[str], gazette_target: str | None,
+                nats_port: int | None, null_port: int | None) -> None:
+    gz = GazetteSide(gazette_target) if gazette_target else None
+    js = JetStreamSide() if nats_port else None
+    null = GazetteSide(f"127.0.0.1:{null_port}") if null_port else None
+    try:
+        if js is not None and nats_port is not None:
+            await js.connect(nats_port)
+        for codec_name in codecs:
+            codec = pb.CompressionCodec.Value(codec_name)
+            with_js = js is not None and codec_name == "NONE"
+            tag = "" if codec_name == "NONE" else f" [{codec_name}]"
+            for size in plan.sizes:
+                payload = make_payload(size)
+                sname = size_name(size)
+                key = sname.replace(" ", "").lower()
+                journal = f"bench/{codec_name.lower()}/{key}"
+                stream, subject = f"BENCH_{key.upper()}", f"bench.{key}"
+                if gz is not None:
+                    await gz.create(journal, codec)
+                    await gz.warm(journal, payload)
+                if with_js and js is not None:
+                    await js.create(stream, subject)
+                    await js.publish_op(subject, payload)()
+                for writers in plan.writers:
+                    row = Row(f"append {sname:>7} x{writers:<2}{tag}", size=size)
+                    if gz is not None:
+                        row.gazette = await run_writers(gz.append_op(journal, payload),
+                                                        writers, size, plan)
+                    if with_js and js is not None:
+                        row.jetstream = await run_writers(js.publish_op(subject, payload),
+                                                          writers, size, plan)
+                    if null is not None and codec_name == codecs[0]:
+                        row.null = await run_writers(null.append_op(journal, payload),
+                                                     writers, size, plan)
+                    report.rows.append(row)
+                    print_row(row, null is not None, flush=True)
+                row = Row(f"read   {sname:>7} msgs{tag}", is_append=False, size=size)
+                if gz is not None:
+                    row.gazette = await gz.read_all(journal, plan.read_seconds)
+                if with_js and js is not None:
+                    row.jetstream = await js.read_all(stream, subject, size, plan.read_seconds)
+                report.rows.append(row)
+                print_row(row, null is not None, flush=True)
+    finally:
+        if gz is not None:
+            await gz.close()
+        if js is not None:
+            await js.close()
+        if null is not None:
+            await null.close()
+
+
+# -- output --------------------------------------------------------------------------------
+
+
+def cell(r: Result | None, is_append: bool) -> str:
+    if r is None:
+        return "-"
+    if is_append:
+        rate = r.rate
+        rs = f"{rate / 1000:.1f}k/s" if rate >= 1000 else f"{rate:.0f}/s"
+        return f"{r.mbps:8.1f} MB/s {rs:>8}"
+    return f"{r.mbps:8.1f} MB/s {'':>8}"
+
+
+def ratio(row: Row) -> float | None:
+    if row.gazette is None or row.jetstream is None or row.jetstream.mbps == 0:
+        return None
+    return row.gazette.mbps / row.jetstream.mbps
+
+
+HEADER = f"{'workload':<30} | {'gazette':>22} | {'jetstream':>22} | gazette/jetstream"
+NULL_HEADER = f" | {'grpcio null Append':>22}"
+
+
+def print_row(row: Row, with_null: bool, flush: bool = False) -> None:
+    r = ratio(row)
+    rs = f"{r:6.2f}x" if r is not None else "      -"
+    tail = f"{'':9} | {cell(row.null, row.is_append):>22}" if with_null else ""
+    print(f"{row.workload:<30} | {cell(row.gazette, row.is_append):>22} | "
+          f"{cell(row.jetstream, row.is_append):>22} | {rs}{tail}", flush=flush)
+
+
+def summary(report: Report) -> str:
+    big = [(row, ratio(row)) for row in report.rows if row.size >= 64 * KiB]
+    parts = [f"{row.workload.strip()} {r:.2f}x" for row, r in big if r is not None]
+    if not parts:
+        return "no >= 64 KiB ratios (both systems must run, codec NONE)"
+    worst = min(r for _, r in big if r is not None)
+    verdict = "meets" if worst >= TARGET else "BELOW"
+    return (f">= 64 KiB MB/s ratios gazette/jetstream (target >= {TARGET:.0f}x): "
+            + "; ".join(" ".join(p.split()) for p in parts)
+            + f"  -> min {worst:.2f}x, {verdict} target")
+
+
+def machine_line() -> str:
+    cores = os.cpu_count() or 0
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    try:
+        nats_version = subprocess.run([NATS_SERVER, "--version"], capture_output=True,
+                                      text=True, timeout=5).stdout.strip()
+    except OSError:
+        nats_version = "nats-server: not found"
+    return (f"machine: {cores} cores ({usable} usable), load {load[0]:.2f}, "
+            f"Python {platform.python_version()}, grpcio {grpc.__version__}, {nats_version}")
+
+
+def print_profile(path: str, title: str, limit: int = 25) -> None:
+    out = io.StringIO()
+    stats = pstats.Stats(path, stream=out)
+    stats.strip_dirs().sort_stats("tottime").print_stats(limit)
+    stats.sort_stats("cumulative").print_stats(limit)
+    print(f"\n==== {title} profile ({path}) ====\n{out.getvalue()}")
+
+
+# -- main ----------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="short run (about 30 s)")
+    ap.add_argument("--systems", choices=("both", "gazette", "jetstream"), default="both")
+    ap.add_argument("--codec", action="append", choices=("NONE", "SNAPPY"),
+                    help="gazette journal codec(s); JetStream runs with NONE only (default NONE)")
+    ap.add_argument("--sizes", default="",
+                    help="comma-separated payload sizes in bytes (default 100,4096,65536,1048576)")
+    ap.add_argument("--seconds", type=float, default=0.0, help="time bound per append case")
+    ap.add_argument("--direct", action="store_true",
+                    help="dial the broker's private grpcio socket, skipping the port's splice")
+    ap.add_argument("--profile-broker", metavar="OUT", default="",
+                    help="run the broker under cProfile, write OUT, print its top costs")
+    ap.add_argument("--profile-client", metavar="OUT", default="",
+                    help="cProfile this (client) process, write OUT, print its top costs")
+    ap.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=None,
+                    help="also time a grpcio server whose Append stores nothing: the ceiling of "
+                         "one Append RPC per append here (default: on for full runs)")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
+    return ap.parse_args(argv)
+
+
+def _interrupt_on_signals() -> None:
+    """SIGTERM and SIGINT both end the run as Ctrl-C does, so the peers are stopped."""
+    # A shell starts background jobs with SIGINT ignored; restore Python's handler so that
+    # asyncio.run turns it into a cancellation of the run.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    _interrupt_on_signals()
+    plan = Plan.quick() if args.quick else Plan.full()
+    if args.sizes:
+        plan = Plan(plan.seconds, plan.max_count, plan.max_bytes, plan.read_seconds,
+                    sizes=tuple(int(s) for s in args.sizes.split(",")))
+    if args.seconds > 0:
+        plan = Plan(args.seconds, plan.max_count, plan.max_bytes, plan.read_seconds,
+                    sizes=plan.sizes)
+    codecs = args.codec or ["NONE"]
+    run_gz = args.systems in ("both", "gazette")
+    run_js = args.systems in ("both", "jetstream")
+    baseline = (not args.quick) if args.baseline is None else bool(args.baseline)
+
+    print(machine_line())
+    print("note: shared, noisy machine: compare the ratios of one run, not absolute figures "
+          "across runs; client and servers share the same cores.")
+    print(f"plan: {'quick' if args.quick else 'full'}; each append case <= {plan.seconds:g} s, "
+          f"<= {plan.max_count} appends, <= {plan.max_bytes // MiB} MiB; reads <= "
+          f"{plan.read_seconds:g} s. gazette client: raw grpc.aio JournalStub, one channel, one "
+          f"Append RPC per append; JetStream client: nats-py, publish awaiting each ack, pull "
+          f"consumer with batched fetch.", flush=True)
+
+    report = Report()
+    started = time.monotonic()
+    client_prof = cProfile.Profile() if args.profile_client else None
+    with Peers(keep_dir=args.keep) as peers:
+        target: str | None = None
+        broker = None
+        nats_port: int | None = None
+        if run_gz:
+            etcd_url = peers.start_etcd()
+            port, broker = peers.start_broker(
+                etcd_url, profile_out=os.path.abspath(args.profile_broker) if args.profile_broker else None)
+            target = f"127.0.0.1:{port}"
+            if args.direct:
+                sock = peers.broker_grpc_socket()
+                if sock is None:
+                    raise SystemExit("--direct: the broker's grpc socket was not found")
+                target = f"unix:{sock}"
+        if run_js:
+            nats_port = peers.start_nats()
+        null_port = peers.start_null_journal() if baseline else None
+        print(f"peers ready in {time.monotonic() - started:.1f} s (gazette via "
+              f"{'its private grpc socket' if args.direct else 'its public port'})\n")
+        header = HEADER + (NULL_HEADER if baseline else "")
+        print(header)
+        print("-" * len(header), flush=True)
+        if client_prof is not None:
+            client_prof.enable()
+        if broker is not None and args.profile_broker:
+            peers.start_profiling(broker)
+        try:
+            asyncio.run(bench(report, plan, codecs, target, nats_port, null_port))
+        finally:
+            if client_prof is not None:
+                client_prof.disable()
+            if broker is not None and args.profile_broker:
+                peers.stop(broker)  # writes the broker's profile
+    print()
+    print(summary(report))
+    print(f"total {time.monotonic() - started:.0f} s")
+    if client_prof is not None:
+        client_prof.dump_stats(args.profile_client)
+        print_profile(args.profile_client, "client")
+    if args.profile_broker and os.path.exists(args.profile_broker):
+        print_profile(args.profile_broker, "broker")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\ninterrupted; every process this run started has been stopped", file=sys.stderr)
+        sys.exit(130)
