@@ -360,28 +360,42 @@ class Sequencer:
     def drain_committed(self, out: list[Envelope]) -> None:
         """Append every envelope of the committed sequence to ``out``: the same as calling
         :meth:`step` until it returns None, for callers that never checkpoint part-way
-        through a sequence. Single-message commits (OUTSIDE_TXN, a lone ACK) take a
-        shortcut, as they are most of a committed-only journal."""
+        through a sequence. A sequence served wholly from the ring is walked in one loop."""
         emit = self._emit
         if emit is None:
             return
-        slot = emit.ring_start
-        if self.dequeued is None and self._replay is None and slot == emit.ring_stop:
-            env = self.ring[slot]
-            if env is None or env.begin != emit.begin:
-                raise RuntimeError("a replay is required: call start_replay before step")
-            # The sequence is the commit alone, which always passes step's clock checks.
-            out.append(env)
-            emit.min_clock = emit.max_clock = self._ring_clock[slot]
-            emit.begin = emit.ring_start = emit.ring_stop = -1
-            self.ring[slot] = None
-            self.offsets[emit.jp[0]] = env.end
-            self._pending.discard(emit.jp)
-            self._emit = None
+        if self.dequeued is not None or self._replay is not None:
+            step = self.step
+            while (env := step()) is not None:
+                out.append(env)
             return
-        step = self.step
-        while (env := step()) is not None:
-            out.append(env)
+
+        ring, nxt, ring_clock = self.ring, self.next, self._ring_clock
+        slot = emit.ring_start
+        first = ring[slot]
+        if first is None or first.begin != emit.begin:
+            raise RuntimeError("a replay is required: call start_replay before step")
+        # The same walk as step's over the ring: skip duplicates and rolled-back messages,
+        # tightening the clock bound past each delivered one.
+        min_clock, max_clock = emit.min_clock, emit.max_clock
+        last = first
+        add = out.append
+        while slot != -1:
+            env = ring[slot]
+            clock = ring_clock[slot]
+            here, slot = slot, nxt[slot]
+            if (clock != 0 and clock <= min_clock) or clock > max_clock:
+                continue
+            assert env is not None
+            add(env)
+            ring[here] = None  # Released, as step releases what it delivered.
+            min_clock, last = clock, env
+
+        self.offsets[emit.jp[0]] = last.end
+        emit.min_clock = emit.max_clock = min_clock
+        emit.begin = emit.ring_start = emit.ring_stop = -1
+        self._pending.discard(emit.jp)
+        self._emit = None
 
     def dequeue_committed(self) -> Iterator[Envelope]:
         """Step through every committed envelope of the current sequence."""

@@ -106,8 +106,25 @@ def queue(seq: Sequencer, *envs: Envelope) -> list[QueueOutcome]:
     return [seq.queue_uncommitted(e) for e in envs]
 
 
+# When set, expect_deque takes sequences whole through drain_committed (which must agree
+# with stepping) instead of step by step.
+DRAIN = False
+
+
+@pytest.fixture(params=[False, True], ids=["step", "drain"])
+def drain_mode(request: pytest.FixtureRequest) -> Iterator[None]:
+    global DRAIN
+    DRAIN = request.param
+    yield
+    DRAIN = False
+
+
 def expect_deque(seq: Sequencer, *expect: Envelope) -> None:
-    for i, env in enumerate(expect):
+    if DRAIN:
+        out: list[Envelope] = []
+        seq.drain_committed(out)
+        assert len(out) == len(expect) and all(a is b for a, b in zip(out, expect, strict=True))
+    for i, env in enumerate(() if DRAIN else expect):
         assert seq.step() is env
         assert seq.dequeued is env
         assert seq._emit is not None
@@ -248,6 +265,7 @@ def test_ring_add_and_evict() -> None:
     assert seq.offsets == {JOURNAL: e11.end}
 
 
+@pytest.mark.usefixtures("drain_mode")
 def test_txn_sequence_cases() -> None:
     gen = new_generator()
     seq = Sequencer(ring_size=3)
@@ -390,6 +408,7 @@ def test_txn_sequence_cases() -> None:
     assert not seq.has_pending()
 
 
+@pytest.mark.usefixtures("drain_mode")
 def test_txn_without_buffer() -> None:
     gen = new_generator()
     seq = Sequencer(ring_size=0)  # Treated as a ring of one.
@@ -420,6 +439,7 @@ def test_txn_without_buffer() -> None:
     assert not seq.has_pending()
 
 
+@pytest.mark.usefixtures("drain_mode")
 def test_outside_txn_cases() -> None:
     gen = new_generator()
     seq = Sequencer(ring_size=0)
@@ -481,6 +501,7 @@ def _sorted(states: list[ProducerState]) -> list[ProducerState]:
     return sorted(states, key=lambda s: (s.journal, bytes(s.producer)))
 
 
+@pytest.mark.usefixtures("drain_mode")
 def test_producer_states_round_trip() -> None:
     gen = new_generator()
     seq1 = Sequencer(ring_size=12)
@@ -614,6 +635,7 @@ def test_producer_states_round_trip_during_dequeue() -> None:
     expect_deque(seq2, a5, a6_ack)
 
 
+@pytest.mark.usefixtures("drain_mode")
 def test_producer_states_straddle_duplicate() -> None:
     gen = new_generator()
     seq1 = Sequencer(ring_size=12)
@@ -653,6 +675,7 @@ def test_producer_states_straddle_duplicate() -> None:
     expect_deque(seq2, a1, a2, a3, a4_ack)
 
 
+@pytest.mark.usefixtures("drain_mode")
 def test_producer_pruning() -> None:
     gen = new_generator()
     seq = Sequencer(ring_size=12)
@@ -903,11 +926,12 @@ class SequencerMachine(RuleBasedStateMachine):
         serial = self._append(_Producer(ZERO_PRODUCER, appended=[]), 0, 0)
         self.committed.add(serial)
 
-    @rule(checkpoint_at=st.none() | st.integers(0, 8))
-    def read(self, checkpoint_at: int | None) -> None:
+    @rule(checkpoint_at=st.none() | st.integers(0, 8), drain=st.booleans())
+    def read(self, checkpoint_at: int | None, drain: bool) -> None:
         """Read everything appended so far. With ``checkpoint_at``, checkpoint once after
         that many messages were delivered, possibly part-way through a committed sequence
-        (where a consumer transaction may close)."""
+        (where a consumer transaction may close). With ``drain`` (and no checkpoint),
+        sequences are taken whole by drain_committed rather than step by step."""
         seq = self.seq
         while self.pos < len(self.log):
             env = self.log[self.pos]
@@ -916,6 +940,12 @@ class SequencerMachine(RuleBasedStateMachine):
                 journal, begin, end = seq.replay_range()
                 assert journal == JOURNAL
                 seq.start_replay([e for e in self.log if e.begin >= begin and e.end <= end])
+            if drain and checkpoint_at is None:
+                drained: list[Envelope] = []
+                seq.drain_committed(drained)
+                assert seq.step() is None
+                self.output.extend(e.message.serial for e in drained)
+                continue
             for committed in seq.dequeue_committed():
                 # As in a consumer: a transaction closes with the dequeued message not
                 # yet consumed, so the checkpoint must resume at it.
