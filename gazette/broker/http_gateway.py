@@ -193,8 +193,15 @@ class Gateway:
             resp = await append_mod.append(self.broker, req, chunks())
         except append_mod.AppendStreamError as err:
             return web.Response(status=400, text=f"{err}\n")
-        except (ConnectionError, asyncio.CancelledError):
+        except asyncio.CancelledError:
             raise
+        except ConnectionError as err:
+            # The client went away before its body was complete; append() has already rolled
+            # the partial content back. Nobody is left to read an answer: note it quietly
+            # rather than letting aiohttp log an error traceback for a routine disconnect.
+            log.info("http gateway: client disconnected mid-append; rolled back",
+                     extra={"journal": req.journal, "err": str(err)})
+            return web.Response(status=400, text="client disconnected mid-body\n")
         except Exception as err:  # a failed proxy: answer, never crash the server
             log.warning("http gateway: append failed", extra={"journal": req.journal, "err": str(err)})
             return web.Response(status=500, text=f"{_describe(err)}\n")
