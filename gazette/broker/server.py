@@ -198,11 +198,14 @@ class Broker:
         assert self._announcement is not None
         log.info("broker draining: announcing exiting with zero capacity")
         await self._announcement.update(self.broker_spec(exiting=True).SerializeToString())
-        while self.resolver.replicas:
-            await self.keyspace.wait_for_revision(self.keyspace.revision + 1)
+        while self.resolver.replicas and self._others_can_take_over():
+            await self.keyspace.wait_for_update()
         alloc_task.cancel()
+        # Journals still held (no other broker could take them) are released here: their
+        # spools complete and are persisted below, so a later primary starts after them.
         for replica in list((self.resolver.replicas or {}).values()):
-            replica.complete_spool()
+            async with replica.pipeline:  # in-flight appends finish first
+                replica.complete_spool()
         await self.persister.finish()
         self._drained.set()
 
@@ -248,6 +251,15 @@ class Broker:
             await self.keyspace.wait_for_update()
             if self.keyspace.revision == rev:
                 continue
+
+    def _others_can_take_over(self) -> bool:
+        """Whether another live broker has capacity to take this one's journals."""
+        me = ks_mod.members_key(self.keyspace.root, self.local_id.zone, self.local_id.suffix)
+        for kv in self.keyspace.prefixed(ks_mod.members_prefix(self.keyspace.root)):
+            spec = kv.value
+            if kv.key != me and isinstance(spec, pb.BrokerSpec) and spec.journal_limit > 0 and not spec.exiting:
+                return True
+        return False
 
     def stop(self) -> None:
         self._stop.set()
