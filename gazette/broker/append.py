@@ -178,7 +178,8 @@ async def _stream(
                 raise AppendStreamError("expected Content chunk")
             if committed:
                 raise AppendStreamError("expected EOF after empty Content chunk")
-            if not req.content:
+            content = req.content  # each access of a bytes field copies it: read it once
+            if not content:
                 committed = True
                 continue
             if not writable:
@@ -187,8 +188,7 @@ async def _stream(
             if first.suspend in (pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW, pb.AppendRequest.SUSPEND_KEEP):
                 status = pb.NOT_ALLOWED
                 break
-            content = req.content
-            replica.apply(pb.ReplicateRequest(content=content, content_delta=delta))
+            replica.apply_content(content, delta)
             summer.update(content)
             delta += len(content)
             chunks += 1

@@ -72,6 +72,10 @@ class Replica:
             raise AssertionError(f"local spool of {self.journal} refused {req.proposal}: {resp}")
         return resp
 
+    def apply_content(self, content: bytes, delta: int) -> None:
+        """Applies a content chunk without wrapping it in a ReplicateRequest (which copies it)."""
+        self.spool._apply_content(content, delta)
+
     def rollback(self) -> None:
         """Discards pending (uncommitted) content of the spool."""
         self.spool.must_apply(pb.ReplicateRequest(proposal=self.spool.fragment.to_proto(), registers=self.spool.registers), True)
