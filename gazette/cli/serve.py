@@ -158,6 +158,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.run(_serve(config))
     except KeyboardInterrupt:
         return 130
+    except OSError as err:
+        # The environment refused us (port already in use, unwritable directory): the operator
+        # fixes that, so one line naming it beats a traceback through the event loop.
+        logging.getLogger("gazette").error(
+            f"gazette: cannot serve: {err}",
+            extra={"host": config.host, "port": config.port},
+        )
+        return 1
     return 0
 
 
