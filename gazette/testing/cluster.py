@@ -6,7 +6,8 @@ it, exactly as a user would.
 
 Invariants:
 
-* A broker is "started" only once its ``/debug/ready`` answers 200; `BrokerProcess.start`
+* A broker is "started" only once its ``/debug/ready`` answers 200 and its own log says it
+  started (so another process holding the port is not mistaken for it); `BrokerProcess.start`
   polls that condition against a deadline and raises `BrokerStartError` (with the tail of the
   broker's log) if the process exits or the deadline passes first. Nothing here sleeps as a
   means of synchronisation: every wait polls a condition and has a deadline.
@@ -51,6 +52,7 @@ T = TypeVar("T")
 _LOG_TAIL_BYTES = 4000
 _POLL_INTERVAL = 0.05
 _START_ATTEMPTS = 3
+_STARTED = b"broker started"  # logged by `gazette serve` once it has announced itself
 
 
 class BrokerStartError(RuntimeError):
@@ -209,6 +211,7 @@ class BrokerProcess:
         self._log = self.log_path.open("ab")
         self._log.write(f"=== {' '.join(self._command())}\n".encode())
         self._log.flush()
+        log_start = self._log.tell()
         env = {**os.environ, **self.extra_env}
         self._proc = subprocess.Popen(
             self._command(), stdout=self._log, stderr=subprocess.STDOUT,
@@ -222,7 +225,9 @@ class BrokerProcess:
                     f"broker {self.broker_id} exited with status {code} while starting on port "
                     f"{self.port}; log tail:\n{_log_tail(self.log_path)}"
                 )
-            if http_status(self.url("/debug/ready")) == 200:
+            # Ready means *this* process says so: another process could hold the port (then
+            # ours fails to bind), so its own log must show it started, too.
+            if http_status(self.url("/debug/ready")) == 200 and self._logged_start(log_start):
                 return
             if time.monotonic() >= deadline:
                 self.kill()
@@ -231,6 +236,14 @@ class BrokerProcess:
                     f"log tail:\n{_log_tail(self.log_path)}"
                 )
             time.sleep(_POLL_INTERVAL)
+
+    def _logged_start(self, offset: int) -> bool:
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(offset)
+                return _STARTED in f.read()
+        except OSError:
+            return False
 
     def stop(self, timeout: float = 30.0) -> int:
         """Sends SIGTERM (the broker drains) and waits for the exit; returns its status.

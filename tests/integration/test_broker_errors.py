@@ -25,7 +25,13 @@ from gazette.broker.fragment import codecs
 from gazette.etcd import EtcdProcess
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
-from gazette.testing.cluster import BrokerProcess, Cluster, http_status, wait_until
+from gazette.testing.cluster import (
+    BrokerProcess,
+    BrokerStartError,
+    Cluster,
+    http_status,
+    wait_until,
+)
 from gazette.testing.etcd import unique_prefix
 
 DEADLINE = 30.0
@@ -458,4 +464,42 @@ def test_http_put_without_body_appends_nothing(errs: Cluster, stub: pb_grpc.Jour
     assert status == 204, body
     assert headers["X-Commit-Begin"] == headers["X-Commit-End"] == "7"
     assert content(broker, name) == b"before\n"
+    assert_healthy(errs)
+
+
+# --- gazette serve: bad flags -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("zone", "extra", "message"),
+    [
+        ("local", ("--broker.limit", "lots"), "invalid --broker.limit 'lots'"),
+        ("local", ("--etcd.lease", "forever"), "invalid --etcd.lease"),
+        ("bad zone!", (), "invalid --broker.zone/--broker.id"),
+    ],
+)
+def test_serve_refuses_bad_flags(
+    errs: Cluster, tmp_path: Path, zone: str, extra: tuple[str, ...], message: str
+) -> None:
+    broker = BrokerProcess(etcd_url=errs.etcd_url, etcd_prefix=errs.etcd_prefix,
+                           file_root=tmp_path / "fragments", log_dir=tmp_path, zone=zone,
+                           broker_id="never-starts", extra_args=extra)
+    with pytest.raises(BrokerStartError) as info:
+        broker.start(DEADLINE)
+    assert message in str(info.value)
+    assert "Traceback" not in broker.log_text()
+    assert not broker.is_running()
+    assert_healthy(errs)
+
+
+def test_serve_on_a_busy_port_says_so(errs: Cluster, tmp_path: Path) -> None:
+    busy = errs.broker.port
+    broker = BrokerProcess(etcd_url=errs.etcd_url, etcd_prefix=errs.etcd_prefix,
+                           file_root=tmp_path / "fragments", log_dir=tmp_path,
+                           broker_id="port-thief", port=busy)
+    with pytest.raises(BrokerStartError) as info:
+        broker.start(DEADLINE)
+    assert "address already in use" in str(info.value)
+    assert "Traceback" not in broker.log_text(), broker.log_text()
+    assert broker.returncode() == 1
     assert_healthy(errs)

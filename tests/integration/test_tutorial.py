@@ -81,9 +81,11 @@ DEADLINE = 30.0
 
 
 @pytest.fixture
-def walrus(cluster: Cluster) -> BrokerProcess:
-    """The tutorial's stand-alone broker."""
-    return cluster.add_broker("local", "busy-walrus")
+def walrus(cluster: Cluster) -> Iterator[BrokerProcess]:
+    """The tutorial's stand-alone broker; afterwards, no broker of the test logged a traceback."""
+    yield cluster.add_broker("local", "busy-walrus")
+    for b in cluster.brokers:
+        assert "Traceback" not in b.log_text(), b.log_text()[-4000:]
 
 
 def apply_ok(cluster: Cluster, spec: str, *, assigned: bool = True) -> int:
@@ -377,6 +379,20 @@ def test_gazctl_append_and_read(
     assert set(tail_stream.buf.splitlines()) == {marker.strip()}  # nothing from before
 
 
+def test_gazctl_ini_configures_the_broker_address(cluster: Cluster, walrus: BrokerProcess) -> None:
+    apply_ok(cluster, EXAMPLE_YAML)
+    ini = cluster.home / ".config" / "gazette" / "gazctl.ini"
+    ini.parent.mkdir(parents=True)
+    ini.write_text(f"[journals.Broker]\nAddress = {walrus.address}\n")
+    hello = b'{"Msg": "Hello, Gazctl!"}\n'
+    no_env = {"BROKER_ADDRESS": ""}
+    rc, out, err = cluster.gazctl("journals", "append", "-l", "name=example/journal",
+                                  stdin=hello, env=no_env)
+    assert rc == 0, err
+    rc, out, err = cluster.gazctl("journals", "read", "-l", "name=example/journal", env=no_env)
+    assert (rc, out.encode()) == (0, hello), err
+
+
 # --- gazctl: list, apply, edit ----------------------------------------------------------------
 
 
@@ -624,6 +640,17 @@ def test_second_broker_takes_a_share(cluster: Cluster, walrus: BrokerProcess) ->
     assert sorted(out.splitlines()) == sorted(
         line for i, name in enumerate(journals) if name.startswith("scale/")
         for line in http_get(walrus.url(name)).decode().splitlines())
+
+    # Brokers are cattle: the second one leaves gracefully (SIGTERM drains it), the first
+    # takes every journal back, and no committed byte is lost.
+    before = {name: http_get(walrus.url(name)) for name in journals}
+    assert second.stop(DEADLINE) == 0
+    wait_until(lambda: set(primaries(cluster).values()) == {"busy-walrus"}, DEADLINE,
+               message="the first broker is primary for every journal again")
+    for name in journals:
+        assert http_get(walrus.url(name)) == before[name]
+        http_put(walrus.url(name), b'{"after": "drain"}\n')
+        assert http_get(walrus.url(name)) == before[name] + b'{"after": "drain"}\n'
 
 
 def test_operability_endpoints_and_unknown_journal(cluster: Cluster, walrus: BrokerProcess) -> None:
