@@ -387,8 +387,8 @@ class Cluster:
     def close(self) -> None:
         """Kills every broker (SIGKILL) and deletes the cluster's etcd prefix.
 
-        No drain: a lone broker cannot drain (nothing can take its journals, as in Gazette),
-        and the test's journals are throwaway; tests that exercise draining call `stop`."""
+        No drain: it would only persist and hand off journals the finished test no longer
+        needs, at the cost of seconds per test; tests that exercise draining call `stop`."""
         for b in self.brokers:
             b.kill()
         self.delete_prefix()
