@@ -37,11 +37,15 @@ export BROKER_ADDRESS="http://127.0.0.1:$PORT1"
 .venv/bin/gazctl journals list --primary
 
 echo "--- appending through broker :$PORT1, reading through broker :$PORT2"
-curl -sS -X PUT --data-binary @- "http://127.0.0.1:$PORT1/examples/example-journal" <<'MSG'
-{"Msg": "Hello, Gazette!"}
+# The allocator assigns the new journals within moments: retry until the journal has a primary.
+msgs='{"Msg": "Hello, Gazette!"}
 {"Msg": "See you later alligator"}
-MSG
-curl -sS "http://127.0.0.1:$PORT2/examples/example-journal"
+'
+for _ in $(seq 1 100); do
+  if curl -sSf -o /dev/null -X PUT --data-binary "$msgs" "http://127.0.0.1:$PORT1/examples/example-journal" 2>/dev/null; then break; fi
+  sleep 0.1
+done
+curl -sSf "http://127.0.0.1:$PORT2/examples/example-journal"
 echo "--- fragments"
 .venv/bin/gazctl journals fragments -l name=examples/example-journal
 
