@@ -87,7 +87,7 @@ def find_etcd_binary() -> str:
     )
 
 
-def _free_port() -> int:
+def free_port() -> int:
     # Binding port 0 lets the kernel pick a port that is free right now. Another process may
     # still take it before etcd binds; start() detects that and retries with new ports.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -184,13 +184,13 @@ class EtcdProcess:
         attempts = 1 if (self._fixed_ports or self._ports_settled) else _START_ATTEMPTS
         for attempt in range(attempts):
             if not (self._fixed_ports or self._ports_settled):
-                self._client_port, self._peer_port = _free_port(), _free_port()
+                self._client_port, self._peer_port = free_port(), free_port()
                 while self._peer_port == self._client_port:
-                    self._peer_port = _free_port()
+                    self._peer_port = free_port()
             elif self._client_port is None or self._peer_port is None:
                 # Only one port was fixed by the caller: choose the other once.
-                self._client_port = self._client_port or _free_port()
-                self._peer_port = self._peer_port or _free_port()
+                self._client_port = self._client_port or free_port()
+                self._peer_port = self._peer_port or free_port()
             try:
                 self._spawn_and_wait()
             except EtcdStartError as err:

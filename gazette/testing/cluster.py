@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, NamedTuple, TypeVar
+
+from gazette.etcd import free_port
 
 __all__ = [
     "BrokerStartError",
@@ -59,12 +60,6 @@ class BrokerStartError(RuntimeError):
     """A broker exited, or did not become ready, before its start deadline."""
 
 
-def free_port() -> int:
-    """A loopback TCP port that is free right now (another process may still take it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_until(

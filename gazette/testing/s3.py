@@ -8,7 +8,6 @@ moto accepts any.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,8 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
+
+from gazette.etcd import free_port
 
 __all__ = ["MotoS3Server", "MotoStartError", "DUMMY_CREDENTIALS", "s3_client", "create_bucket"]
 
@@ -36,11 +37,6 @@ class MotoStartError(Exception):
     """The moto server exited or did not answer before its start deadline."""
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class MotoS3Server:
@@ -62,7 +58,7 @@ class MotoS3Server:
 
     def start(self) -> None:
         for attempt in range(self._attempts):
-            self.port = _free_port()
+            self.port = free_port()
             try:
                 self._spawn_and_wait()
                 return
