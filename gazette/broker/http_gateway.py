@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from email.utils import formatdate
 from typing import TYPE_CHECKING
@@ -229,6 +228,3 @@ async def _aclose(stream: AsyncIterator[pb.ReadResponse]) -> None:
     if close is not None:
         await close()  # type: ignore[misc]
 
-
-def http_date(ts: float | None = None) -> str:
-    return formatdate(ts if ts is not None else time.time(), usegmt=True)

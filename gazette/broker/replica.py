@@ -21,14 +21,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from gazette.broker.fragment import Fragment, Index, Persister, Spool, SpoolSnapshot, Stores
 from gazette.broker.fragment.store import walk_all_stores
 from gazette.protocol import protocol_pb2 as pb
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +50,6 @@ class Replica:
         self.spool = Spool(journal, directory=spool_dir, on_commit=self.index.spool_commit, on_complete=self._on_complete)
         self.pipeline = asyncio.Lock()
         self.primary = False
-        self._refreshed = asyncio.Event()
         # Set by a refresh that began after this replica last became primary.
         self._primary_refreshed = asyncio.Event()
         self._refresh_now = asyncio.Event()
@@ -131,7 +126,7 @@ class Replica:
         self.index.close()
 
     async def wait_first_refresh(self) -> None:
-        await self._refreshed.wait()
+        await self.index.first_refresh.wait()
 
     async def _refresh(self) -> None:
         cover = await walk_all_stores(self.journal, list(self.spec.fragment.stores), self.stores)
@@ -157,9 +152,6 @@ class Replica:
                     attempt += 1
                     log.warning("refreshing fragment index failed", extra={"journal": self.journal, "err": str(err)})
                     next_refresh = time.monotonic() + min(30.0, 0.5 * 2**attempt)
-                if not self._refreshed.is_set() and attempt == 0:
-                    self._refreshed.set()
-                    self.index.first_refresh.set()
             await self._maybe_flush()
             timeout = min(PULSE_INTERVAL, max(0.0, next_refresh - time.monotonic()))
             try:

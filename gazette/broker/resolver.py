@@ -19,7 +19,6 @@ revision is unchanged: a journal deleted and re-created is a new replica).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,7 +44,6 @@ class Resolution:
     item_create_revision: int = 0
     replica: Replica | None = None
     assignments: list[ks_mod.KeyValue] = field(default_factory=list)
-    invalidated: asyncio.Event | None = None
 
     @property
     def route(self) -> pb.Route:
@@ -72,8 +70,6 @@ class Resolver:
         self._new_replica = new_replica
         self.replicas: dict[str, Replica] | None = {}
         self._create_revs: dict[str, int] = {}
-        self._signals: dict[str, tuple[asyncio.Event, tuple[tuple[str, int], ...]]] = {}
-        self.on_replicas_changed: list[Callable[[], None]] = []
         keyspace.observers.append(self.update_replicas)
 
     # Key helpers over Gazette's layout.
@@ -163,7 +159,6 @@ class Resolver:
             raise ResolverStopped("resolver has stopped serving local replicas")
         if self.replicas is not None and journal in self.replicas:
             res.replica = self.replicas[journal]
-            res.invalidated = self._signals[journal][0] if journal in self._signals else None
 
         if spec is None:
             res.status = pb.JOURNAL_NOT_FOUND
@@ -183,7 +178,7 @@ class Resolver:
         """Keyspace observer: start replicas of newly-assigned journals, stop revoked ones."""
         if self.replicas is None:
             return
-        local: dict[str, tuple[pb.JournalSpec, int, tuple[tuple[str, int], ...], bool]] = {}
+        local: dict[str, tuple[pb.JournalSpec, int, bool]] = {}
         prefix = f"{self.ks.root}/assign/"
         for kv in self.ks.prefixed(prefix):
             a = ks_mod.parse_assignment_key(self.ks.root, kv.key)
@@ -192,11 +187,10 @@ class Resolver:
             item = self.ks.search(self._item_key(a.item))
             if item is None or item.value is None:
                 continue
-            revs = tuple((x.key, x.mod_revision) for x in self.ks.prefixed(self._assign_prefix(a.item)))
-            local[a.item] = (item.value, item.create_revision, revs, a.slot == 0)
+            local[a.item] = (item.value, item.create_revision, a.slot == 0)
 
         next_replicas: dict[str, Replica] = {}
-        for name, (spec, create_rev, revs, primary) in local.items():
+        for name, (spec, create_rev, primary) in local.items():
             replica = self.replicas.get(name)
             if replica is None or self._create_revs.get(name) != create_rev:
                 if replica is not None:
@@ -208,23 +202,13 @@ class Resolver:
                 replica.spec = spec
             replica.set_primary(primary)
             next_replicas[name] = replica
-            signal = self._signals.get(name)
-            if signal is None or signal[1] != revs:
-                if signal is not None:
-                    signal[0].set()  # wake RPCs blocked on the old assignments
-                self._signals[name] = (asyncio.Event(), revs)
 
         for name, replica in self.replicas.items():
             if name not in next_replicas:
                 log.info("stopping local journal replica", extra={"journal": name})
                 replica.cancel()
                 self._create_revs.pop(name, None)
-                sig = self._signals.pop(name, None)
-                if sig is not None:
-                    sig[0].set()
         self.replicas = next_replicas
-        for cb in self.on_replicas_changed:
-            cb()
 
     def stop_serving(self) -> None:
         if self.replicas is not None:

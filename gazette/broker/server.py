@@ -66,12 +66,6 @@ class BrokerConfig:
     etcd_lease: float = 20.0
     advertise_host: str | None = None
 
-    @property
-    def etcd_target(self) -> tuple[str, int]:
-        addr = self.etcd_address.split("://", 1)[-1].rstrip("/")
-        host, _, port = addr.rpartition(":")
-        return host or "127.0.0.1", int(port)
-
 
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
@@ -90,7 +84,6 @@ class Broker:
         self._announcement: Announcement | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._stop = asyncio.Event()
-        self._drained = asyncio.Event()
 
     # -- wiring ------------------------------------------------------------------------
 
@@ -207,7 +200,6 @@ class Broker:
             async with replica.pipeline:  # in-flight appends finish first
                 replica.complete_spool()
         await self.persister.finish()
-        self._drained.set()
 
     async def _advertise_routes(self) -> None:
         """As primary, write each journal's current Route into all its assignment values.
