@@ -15,6 +15,11 @@ Invariants:
 * :class:`FileStore` writes under a ``.partial-`` name in the target directory and renames it into
   place, so a listed fragment is always complete; listings skip dot-files and names that do not
   parse, and come back in offset order. Every path is checked to stay under the file root.
+* ``s3://`` URLs resolve to :class:`~gazette.broker.fragment.s3store.S3Store`, imported on first
+  use so that the base install (without boto3, the ``s3`` extra) works for ``file://`` stores;
+  without boto3 an ``s3://`` store is an :class:`UnsupportedStoreError` naming the extra.
+* ``sign_url`` of a file store is ``file://{path}`` (the path below the file root), as Gazette's:
+  readers sharing the file root (e.g. a NAS mount) may read it directly.
 * Blocking file work runs in worker threads (``asyncio.to_thread``); nothing here blocks the
   event loop for more than a chunk.
 """
@@ -153,7 +158,8 @@ async def walk_all_stores(journal: str, urls: Iterable[str], stores: Stores) -> 
 def _rewriter(url: str) -> tuple[str, str, str]:
     """``(prefix, find, replace)`` of a store URL, refusing unknown query arguments."""
     parts = urlsplit(url)
-    args = parse_qs(parts.query, keep_blank_values=True)
+    # Gazette's URL argument decoder matches names case-insensitively.
+    args = {k.lower(): v for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
     unknown = set(args) - {"find", "replace"}
     if unknown:
         raise StoreError(f"unknown argument(s) {sorted(unknown)} of fragment store {url!r}")
@@ -338,18 +344,35 @@ class FileStore:
                 raise StoreError(f"health check of {self._url!r} read back other content")
 
 
+    async def check_delete(self, prefix: str = "") -> None:
+        """Gazette's delete probe: write a file under ``prefix`` and remove it."""
+
+        def probe() -> None:
+            path = self._fs_path(self._prefix + prefix + ".gazette-delete-probe")
+            self._put(path, lambda out: out.write(b"gazette-delete-probe\n"))
+            try:
+                os.remove(path)
+            except PermissionError as err:
+                raise StoreAuthError(f"removing {path!r}: {err}") from err
+
+        await asyncio.to_thread(probe)
+
+
 def _persisted(f: Fragment, url: str, mtime: float) -> Fragment:
     return Fragment(f.journal, f.begin, f.end, f.sum, f.codec, url, int(mtime), f.path_postfix)
 
 
-def _unsupported(scheme: str) -> StoreFactory:
-    def factory(url: str, file_root: str | None) -> FragmentStore:
+def _s3_store(url: str, file_root: str | None) -> FragmentStore:
+    """Builds an S3Store, importing boto3 only when an ``s3://`` store is first used."""
+    try:
+        from gazette.broker.fragment.s3store import S3Store
+    except ImportError as err:
         raise UnsupportedStoreError(
-            f"{scheme}:// fragment stores are not implemented yet ({url!r})"
-        )
-
-    return factory
+            f"s3:// fragment stores need boto3, which is not installed ({err}); "
+            f"install the 's3' extra: pip install 'gazette[s3]' (store {url!r})"
+        ) from err
+    return S3Store(url, file_root)
 
 
 register_store("file", FileStore)
-register_store("s3", _unsupported("s3"))
+register_store("s3", _s3_store)
