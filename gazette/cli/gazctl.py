@@ -1,4 +1,5 @@
-"""gazctl: command-line tool for journals on a gazette (or Gazette) broker cluster.
+"""gazctl: command-line tool for journals on a gazette (or Gazette) broker cluster, and
+``attach-uuids`` (which needs no broker) for preparing records to append.
 
 Invariants:
 - Flags and output follow Gazette's gazctl (see ``gazctl journals <cmd> --help``).
@@ -14,12 +15,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import configparser
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from gazette.cli import gazctl_attach_uuids as attach_uuids
 from gazette.cli.gazctl_journals import COMMANDS, CommandError, Context
 from gazette.cli.gazctl_output import LEVELS, Log
 from gazette.client.errors import ClientError
@@ -55,8 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gazctl", parents=[common],
         description="gazctl is a tool for interacting with Gazette brokers and consumer "
                     "applications.")
-    groups = parser.add_subparsers(dest="group", metavar="{journals}")
+    groups = parser.add_subparsers(dest="group", metavar="{attach-uuids,journals}")
     groups.required = True
+    attach = groups.add_parser(
+        "attach-uuids", parents=[common], help="Generate and attach UUIDs to text input records",
+        description=attach_uuids.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    attach_uuids.add_flags(attach)
     journals = groups.add_parser("journals", parents=[common],
                                  help="Interact with broker journals")
     cmds = journals.add_subparsers(dest="command", metavar="<command>")
@@ -119,6 +127,11 @@ def main(argv: Sequence[str] | None = None, *, stdin: IO[bytes] | None = None,
         err_stream.write(f"gazctl: {exc}\n")
         return 1
 
+    out_stream = stdout if stdout is not None else sys.stdout.buffer
+    if ns.group == "attach-uuids":
+        return run_attach_uuids(ns, log, stdin if stdin is not None else sys.stdin.buffer,
+                                out_stream)
+
     ini = read_ini(environ.get("HOME"))
     address = resolve_address(ns, environ, ini)
     try:
@@ -133,7 +146,7 @@ def main(argv: Sequence[str] | None = None, *, stdin: IO[bytes] | None = None,
         args=ns, log=log, address=address, cache_size=cache_size,
         zone=getattr(ns, "zone", None) or environ.get("ZONE", ""),
         stdin=stdin if stdin is not None else sys.stdin.buffer,
-        stdout=stdout if stdout is not None else sys.stdout.buffer,
+        stdout=out_stream,
         env=environ,
     )
     run = COMMANDS[ns.command][3]
@@ -147,6 +160,45 @@ def main(argv: Sequence[str] | None = None, *, stdin: IO[bytes] | None = None,
         return 1
     except KeyboardInterrupt:
         return 130
+    return 0
+
+
+def run_attach_uuids(ns: argparse.Namespace, log: Log, stdin: IO[bytes],
+                     stdout: IO[bytes]) -> int:
+    """``gazctl attach-uuids``: needs no broker. Returns the exit status."""
+    try:
+        template = attach_uuids.Template.parse(ns.template)
+    except attach_uuids.TemplateError as exc:
+        log.fatal("failed to parse --template", err=str(exc))
+        return 1
+    if ns.max_length <= 0:
+        log.fatal("--max-length must be positive", max_length=ns.max_length)
+        return 1
+    inputs: list[IO[bytes]] = []
+    try:
+        for path in ns.paths:  # All are opened before any output, as Gazette's.
+            inputs.append(open(path, "rb"))  # noqa: SIM115 - closed below
+        try:
+            attach_uuids.attach(template, inputs or [stdin], stdout,
+                                max_length=ns.max_length, skip_header=ns.skip_header)
+        except attach_uuids.LineTooLong as exc:
+            log.fatal("failed to read input", err=str(exc))
+            return 1
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly, as a Go process would on
+        # SIGPIPE, and keep the interpreter's final flush from failing too.
+        if stdout is sys.stdout.buffer:
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as exc:
+        log.fatal("attach-uuids failed", err=str(exc))
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for f in inputs:
+            f.close()
     return 0
 
 

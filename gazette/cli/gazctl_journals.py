@@ -15,22 +15,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import json
 import os
-import random
 import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from google.protobuf import text_format
 
+from gazette.cli.gazctl_append import (
+    FRAMINGS,
+    MAPPINGS,
+    Mapped,
+    RecordMapper,
+    check_flags,
+    router,
+    splitter,
+)
 from gazette.cli.gazctl_output import (
     Log,
     go_json,
@@ -49,6 +56,7 @@ from gazette.client.errors import (
 from gazette.client.journal_client import JournalClient
 from gazette.client.listing import PolledList, parse_selector
 from gazette.client.reader import Reader, RetryReader
+from gazette.message.errors import MappingError
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol.errors import GazetteError
 
@@ -474,30 +482,25 @@ def _append_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-l", "--selector", required=True,
                    help="Label selector of journals to append to")
     p.add_argument("-i", "--input", default="-", help="Input file path. Use '-' for stdin")
-    p.add_argument("-f", "--framing", default="none", choices=["none", "lines"],
+    p.add_argument("-f", "--framing", default="none", choices=FRAMINGS,
                    help="Framing of records in input, if any")
-    p.add_argument("-m", "--mapping", default="random", choices=["random", "modulo", "direct"],
+    p.add_argument("-m", "--mapping", default="random", choices=MAPPINGS,
                    help="Mapping function of records to journals")
     p.add_argument("--base64", action="store_true",
                    help="Partition keys under 'lines' framing are interpreted as base64")
+    # How often the selector is listed again while appending (Gazette watches it).
+    p.add_argument("--interval", type=float, default=10.0, help=argparse.SUPPRESS)
 
 
 _READ_BLOCK = 1 << 20
 
 
-def fnv1a32(data: bytes) -> int:
-    h = 0x811C9DC5
-    for b in data:  # Keys are short; this runs once per record, not per content byte.
-        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
-    return h
-
-
 async def cmd_append(ctx: Context) -> None:
     a = ctx.args
-    if a.framing == "none" and a.mapping != "random":
-        raise CommandError("'none' --framing may only be used with 'random' --mapping")
-    if a.base64 and (a.framing != "lines" or a.mapping == "random"):
-        raise CommandError("--base64 requires --framing 'lines' and not --mapping 'random'")
+    problem = check_flags(a.framing, a.mapping, a.base64)
+    if problem is not None:
+        raise CommandError(problem)
+    selector = _selector(a.selector)
     try:
         fin: IO[bytes] = (ctx.stdin if a.input == "-"
                           else await asyncio.to_thread(open, a.input, "rb"))
@@ -506,20 +509,37 @@ async def cmd_append(ctx: Context) -> None:
     read = getattr(fin, "read1", fin.read)
 
     async def block() -> bytes:
+        # read1: a streamed input (a pipe fed a record at a time) is appended as it arrives.
         data: bytes = await asyncio.to_thread(read, _READ_BLOCK)
         return data
 
     try:
         async with ctx.client() as client:
-            resp = await _list(client, a.selector, "failed to resolve label selector to journals")
-            journals = [j.spec.name for j in resp.journals]
-            if not journals:
-                raise CommandError("mapping to journal", err="no journals were matched by the "
-                                   "selector", selector=a.selector)
-            if a.framing == "none":
-                await _append_all(ctx, client, random.choice(journals), block)
-            else:
-                await _append_lines(ctx, client, journals, block)
+            polled = PolledList(client, selector, interval=a.interval,
+                                on_error=lambda err: ctx.log.warn(
+                                    "listing journals failed (will retry)", err=str(err)))
+            try:
+                await polled.start()
+            except ClientError as err:
+                raise CommandError("failed to resolve label selector to journals",
+                                   err=str(err)) from None
+
+            def partitions() -> pb.ListResponse:
+                assert polled.list is not None  # Set by start().
+                return polled.list
+
+            try:
+                if a.framing == "none":
+                    try:
+                        journal = router("random", partitions)(None)
+                    except MappingError as err:
+                        raise CommandError("mapping to journal", err=str(err),
+                                           selector=a.selector) from None
+                    await _append_all(ctx, client, journal, block)
+                else:
+                    await _append_records(ctx, client, partitions, block)
+            finally:
+                await polled.stop()
     finally:
         if fin is not ctx.stdin:
             fin.close()
@@ -542,60 +562,66 @@ async def _append_all(ctx: Context, client: JournalClient, journal: str,
         resp.commit, as_one_line=True), broker=resp.header.process_id.suffix)
 
 
-async def _append_lines(ctx: Context, client: JournalClient, journals: list[str],
-                        block: Callable[[], Awaitable[bytes]]) -> None:
+async def _append_records(ctx: Context, client: JournalClient,
+                          partitions: Callable[[], pb.ListResponse],
+                          block: Callable[[], Awaitable[bytes]]) -> None:
+    """Appends each block's whole records, grouped per journal, before reading the next:
+    records mapped to one journal keep their input order."""
     a = ctx.args
-    known = set(journals)
+    split = splitter(a.framing, a.base64)
+    keyed = a.mapping != "random"
+
+    def on_mapped(journal: str, key: bytes) -> None:
+        ctx.log.debug("mapped partition key to journal", journal=journal,
+                      key=key.decode(errors="replace"))
+
+    mapper = RecordMapper(split, router(a.mapping, partitions), keyed,
+                          on_mapped if ctx.log.enabled(10) else None)
     rest = b""
-    key: bytes | None = None  # A partition key awaiting its record.
     eof = False
     while not eof:
         data = await block()
         eof = not data
-        buf = rest + data
-        cut = len(buf) if eof else buf.rfind(b"\n") + 1
-        rest, buf = buf[cut:], buf[:cut]
-        if not buf:
-            continue
-        if a.mapping == "random" and len(journals) == 1:
-            batches = {journals[0]: [buf]}  # Whole lines, one journal: a single append.
+        buf = rest + data if rest else data
+        records, used, err = split.split(buf)
+        if err is None and eof:
+            err = split.end_error(buf[used:])
+        rest = buf[used:]
+        listing = partitions()
+        if not keyed and len(listing.journals) == 1:
+            # One journal: the block's whole records go as they are, in one append.
+            mapped = Mapped(batches={listing.journals[0].spec.name: [buf[:used]]}
+                            if used else {})
         else:
-            batches = {}
-            for line in buf.splitlines(keepends=True):
-                if a.mapping == "random":
-                    batches.setdefault(random.choice(journals), []).append(line)
-                    continue
-                if key is None:
-                    key = line.rstrip(b"\r\n")
-                    if a.base64:
-                        try:
-                            key = base64.b64decode(key, validate=True)
-                        except ValueError as err:
-                            raise CommandError("unpacking partition key", err=str(err)) from None
-                    continue
-                if a.mapping == "direct":
-                    target = key.decode(errors="replace")
-                    if target not in known:
-                        raise CommandError("mapping partition key to journal",
-                                           err=f"journal {target!r} not found")
-                else:
-                    target = journals[fnv1a32(key) % len(journals)]
-                ctx.log.debug("mapped partition key to journal", journal=target,
-                              key=key.decode(errors="replace"))
-                batches.setdefault(target, []).append(line)
-                key = None
-        await _append_batches(client, batches)
+            mapped = mapper.feed(records)
+        await _append_batches(client, mapped.batches)
+        if mapped.error is not None:
+            raise CommandError("failed to process record stream",
+                               err=f"{mapped.stage}: {mapped.error}")
+        if err is not None:
+            what = "unpacking partition key" if keyed and mapper.pending_key is None \
+                else "unpacking record"
+            raise CommandError("failed to process record stream", err=f"{what}: {err}")
+    if mapper.pending_key is not None:
+        ctx.log.warn("input ended with a partition key but no record; nothing appended for it",
+                     key=mapper.pending_key.decode(errors="replace"))
 
 
 async def _append_batches(client: JournalClient, batches: dict[str, list[bytes]]) -> None:
-    async def one(journal: str, lines: Iterable[bytes]) -> None:
+    async def one(journal: str, records: list[bytes]) -> None:
         try:
-            await append(client, journal, b"".join(lines))
+            await append(client, journal, records[0] if len(records) == 1
+                         else b"".join(records))
         except ClientError as err:
             raise CommandError("failed to process record stream", err=str(err),
                                journal=journal) from None
 
-    await asyncio.gather(*(one(j, lines) for j, lines in batches.items()))
+    # Every append finishes (or fails) before an error is raised: none is left running.
+    results = await asyncio.gather(*(one(j, r) for j, r in batches.items()),
+                                   return_exceptions=True)
+    for res in results:
+        if isinstance(res, BaseException):
+            raise res
 
 
 # --- fragments / prune --------------------------------------------------------------------
@@ -807,12 +833,30 @@ COMMANDS: dict[str, Command] = {
     "append": ("Append journal content", """\
 Append content to one or more journals.
 
-A label --selector is required, and determines the set of journals which are appended.
-If --framing 'none', the whole input is atomically appended to a random journal of the
-selector (use --selector name=my/journal to pick one). If --framing 'lines', records are
-read line by line, each mapped to a journal and appended atomically; the order of records
-mapped to one journal is preserved. With --mapping 'modulo' or 'direct', each record is
-preceded by a partition-key line (a journal name for 'direct').
+A label --selector is required, and determines the set of journals which are appended
+(it is listed again every few seconds while appending, so journals may come and go).
+
+If --framing 'none', then --mapping must be 'random' and the whole input is atomically
+appended to a random journal of the selector (--selector name=my/journal picks one).
+
+If --framing 'lines', records are read from the input line by line; each is mapped to a
+journal and appended atomically, and records mapped to one journal keep their relative
+order. --framing 'fixed' works alike with records delimited by a leading fixed-framing
+header. Newlines and fixed-framing headers are kept in the appended records.
+
+If --mapping 'random', each record goes to a random journal. If --mapping 'modulo' or
+'rendezvous', each record is preceded by its partition key written with the same framing
+(for 'lines': 'A-Partition-Key\\nA-Record\\n'); the key maps the record that follows
+(FNV-1a modulo the journal count, or highest-random-weight hashing). Give binary keys
+under 'lines' base64-encoded, with --base64. If --mapping 'direct', each record is
+preceded by the name of its journal, which must be a current journal of the selector.
+
+Use --log.level=debug to see each mapping decision.
+
+Examples:
+  gazctl journals append -l name=my/journal -i ./fizzbuzz
+  gazctl attach-uuids rides.csv | awk -F, '{print $13}{print}' \\
+    | gazctl journals append -l my-label --framing lines --mapping modulo
 """, _append_flags, cmd_append),
     "apply": ("Apply journal specifications", """\
 Apply a collection of JournalSpec creations, updates, or deletions, given as a YAML
