@@ -343,23 +343,41 @@ class _ReadSession:
         self.out = out
         self.offsets: dict[str, int] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
-        self.finished: set[str] = set()
+        self.finished: set[str] = set()  # Read to the write head (non-blocking reads).
+        self.dropped: set[str] = set()  # Cancelled because the selector no longer matches.
+        self.wanted: set[str] = set()  # Matched by the latest listing.
         self.lock = asyncio.Lock()  # Held while one journal copies a fragment span.
         self.changed = asyncio.Event()
 
     def reconcile(self, resp: pb.ListResponse) -> None:
         wanted = {j.spec.name for j in resp.journals if not _suspended_fully(j)}
+        self.wanted = wanted
+        # A journal matched again after it stopped matching resumes from its last offset.
+        self.finished &= wanted
         for name in sorted(wanted):
-            if name in self.tasks or name in self.finished:
-                continue
-            a = self.ctx.args
-            offset = self.offsets.get(name, -1 if a.tail else a.offset)
-            self.ctx.log.info("read started", journal=name, offset=offset)
-            self.tasks[name] = asyncio.get_running_loop().create_task(self.pump(name, offset))
+            if name not in self.tasks and name not in self.finished:
+                self.start(name)
         for name, task in self.tasks.items():
             if name not in wanted:
+                self.dropped.add(name)
                 task.cancel()
         self.changed.set()
+
+    def start(self, name: str) -> None:
+        a = self.ctx.args
+        offset = self.offsets.get(name, -1 if a.tail else a.offset)
+        self.ctx.log.info("read started", journal=name, offset=offset)
+        self.tasks[name] = asyncio.get_running_loop().create_task(self.pump(name, offset))
+
+    def reap(self, name: str) -> None:
+        """Account for the ended read of ``name``."""
+        del self.tasks[name]
+        if name not in self.dropped:
+            self.finished.add(name)
+            return
+        self.dropped.discard(name)
+        if name in self.wanted:  # Matched again while its cancelled read was ending.
+            self.start(name)
 
     async def pump(self, journal: str, offset: int) -> None:
         a = self.ctx.args
@@ -453,9 +471,10 @@ async def cmd_read(ctx: Context) -> None:
                     changed.cancel()
                     for name, task in list(session.tasks.items()):
                         if task.done():
-                            del session.tasks[name]
-                            session.finished.add(name)
-                            if not task.cancelled() and task.exception() is not None:
+                            dropped = name in session.dropped  # Its errors don't matter.
+                            session.reap(name)
+                            if not dropped and not task.cancelled() \
+                                    and task.exception() is not None:
                                 exc = task.exception()
                                 raise CommandError("error reading journal", journal=name,
                                                    err=str(exc)) from None
@@ -885,8 +904,23 @@ Delete fragments of matching journals from their stores once older than the jour
 fragment retention.
 """, _prune_flags, cmd_prune),
     "read": ("Read journal contents", """\
-Read the contents of one or more journals, multiplexed into the output in whole-fragment
-spans. Reads end at the write head unless --block; --tail starts there.
+Read the contents of one or more journals.
+
+A label --selector is required, and determines the set of journals which are read.
+Matched journals are read concurrently and their content is multiplexed into the output
+(or stdout) in whole-fragment spans: so long as appends hold whole messages, so does the
+merged output (no record is cut by another journal's content).
+
+The selector is listed again periodically: reads start for journals that come to match
+it and stop for those that no longer do (a journal matching again resumes where it
+stopped). Reads end at the write head, or go on waiting for new content with --block,
+until Ctrl-C or SIGTERM. --tail starts reads of journals not in --offsets at the write
+head. --offsets gives initial offsets (a JSON object of journal to offset), and
+--offsets-out receives the final ones on exit.
+
+Examples:
+  gazctl journals read -l name=my/journal
+  gazctl journals read -l my-label --block --tail
 """, _read_flags, cmd_read),
     "reset-head": ("Reset journal append offset (disaster recovery)", """\
 Jump the append offset of journals forward to the largest offset of their fragment index,
