@@ -1,0 +1,238 @@
+"""StoreHealth: cached per-store health, Gazette's retry schedule, append gating, sweeping."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gazette.broker.fragment.errors import StoreError
+from gazette.broker.fragment.health import (
+    FIRST_CHECK_PENDING,
+    LAST_CHECK,
+    RETRY_INTERVALS,
+    RETRY_INTERVALS_ENV,
+    StoreHealth,
+    check_delete,
+    default_retry_intervals,
+)
+from gazette.broker.fragment.store import FragmentStore, Stores
+from gazette.protocol import protocol_pb2 as pb
+
+URL = "fake://store/"
+
+
+class FakeStore:
+    """A store whose health checks follow a script of outcomes (True: pass)."""
+
+    def __init__(self, outcomes: list[bool] | None = None, default: bool = True) -> None:
+        self.outcomes = list(outcomes or [])
+        self.default = default
+        self.calls = 0
+        self.block = asyncio.Event()
+        self.block.set()
+        self.changed = asyncio.Event()
+
+    async def health_check(self) -> None:
+        self.calls += 1
+        self.changed.set()
+        await self.block.wait()
+        ok = self.outcomes.pop(0) if self.outcomes else self.default
+        if not ok:
+            raise StoreError(f"check {self.calls} failed")
+
+
+class FakeStores(Stores):
+    def __init__(self, stores: dict[str, object], file_root: str | None = None) -> None:
+        super().__init__(file_root)
+        self.fakes = stores
+
+    def get(self, url: str) -> FragmentStore:
+        fake = self.fakes.get(url)
+        if fake is not None:
+            return fake  # type: ignore[return-value]
+        return super().get(url)
+
+
+def spec(*stores: str) -> pb.JournalSpec:
+    s = pb.JournalSpec(name="a/journal")
+    s.fragment.stores.extend(stores)
+    return s
+
+
+@contextlib.asynccontextmanager
+async def running(health: StoreHealth) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(health.run())
+    await asyncio.wait_for(health.started.wait(), 10)
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def monitor(stores: Stores, **kw: object) -> StoreHealth:
+    kw.setdefault("rand", lambda: 0.5)  # No jitter.
+    kw.setdefault("retry_intervals", (0.0,))
+    return StoreHealth(stores, **kw)  # type: ignore[arg-type]
+
+
+async def test_first_check_pending_then_cached() -> None:
+    fake = FakeStore()
+    health = monitor(FakeStores({URL: fake}))
+    assert health.status(URL) == (False, FIRST_CHECK_PENDING)
+    assert health.append_status(spec(URL)) == pb.FRAGMENT_STORE_UNHEALTHY
+    assert health.append_status(spec()) == pb.OK  # No stores: nothing to gate on.
+    async with running(health):
+        assert await health.await_status(URL) == (True, "")
+        assert health.status(URL) == (True, "")
+        assert health.append_status(spec(URL, "fake://other/")) == pb.OK
+        assert health.append_error(spec(URL)) == ""
+        calls = fake.calls
+        # Cached: asking again runs no check (the next is ok_interval away).
+        for _ in range(10):
+            health.status(URL)
+        assert await health.await_status(URL) == (True, "")
+        assert fake.calls == calls
+
+
+async def test_failures_retry_on_schedule_then_recover() -> None:
+    fake = FakeStore([False, False, False], default=True)
+    health = monitor(FakeStores({URL: fake}), retry_intervals=(0.0, 0.01))
+    async with running(health):
+        assert await health.await_status(URL) == (False, "check 1 failed")
+        if not health.status(URL)[0]:  # (The retries may have run on already.)
+            assert health.append_status(spec(URL)) == pb.FRAGMENT_STORE_UNHEALTHY
+            assert re.fullmatch(rf"fragment store {URL} unhealthy: check \d failed",
+                                health.append_error(spec(URL)))
+        # The retries run by themselves until one passes.
+        assert await health.await_append_status(spec(URL)) == (pb.OK, "")
+        assert fake.calls == 4
+        assert health.status(URL) == (True, "")
+
+
+def test_interval_schedule_and_jitter() -> None:
+    for r, factor in [(0.5, 1.0), (0.0, 0.8), (1.0, 1.2)]:
+        health = StoreHealth(FakeStores({}), ok_interval=1800, retry_intervals=RETRY_INTERVALS,
+                             rand=lambda r=r: r)  # type: ignore[misc]
+        e = health._entry(URL)
+        e.ok = True
+        assert health._interval(e) == pytest.approx(1800 * factor)
+        e.ok = False
+        got = []
+        for failures in range(1, 10):
+            e.failures = failures
+            got.append(health._interval(e))
+        assert got == pytest.approx([x * factor for x in (0, 0.1, 1, 1, 10, 10, 100, 100, 100)])
+
+
+async def test_append_refused_after_gazettes_retries() -> None:
+    fake = FakeStore(default=False)
+    health = monitor(FakeStores({URL: fake}), append_retries=5)
+    async with running(health):
+        status, error = await health.await_append_status(spec(URL))
+        assert status == pb.FRAGMENT_STORE_UNHEALTHY
+        assert error.startswith(f"fragment store {URL} unhealthy: check ")
+        # The first check, then append_retries + 2 more awaited by the append.
+        assert fake.calls >= 7
+
+
+async def test_check_now_runs_a_fresh_check() -> None:
+    fake = FakeStore([True, False])
+    health = monitor(FakeStores({URL: fake}))
+    async with running(health):
+        assert await health.await_status(URL) == (True, "")
+        assert fake.calls == 1
+        assert await health.check_now(URL) == (False, "check 2 failed")
+        assert fake.calls == 2
+
+
+async def test_check_now_during_a_check_waits_for_the_next_one() -> None:
+    fake = FakeStore([True, False])
+    fake.block.clear()
+    health = monitor(FakeStores({URL: fake}))
+    async with running(health):
+        health.watch(URL)
+        await asyncio.wait_for(fake.changed.wait(), 10)  # The first check is in flight.
+        waiter = asyncio.create_task(health.check_now(URL))
+        await asyncio.sleep(0)
+        fake.block.set()
+        assert await asyncio.wait_for(waiter, 10) == (False, "check 2 failed")
+
+
+async def test_inline_checks_without_run() -> None:
+    fake = FakeStore([False, True])
+    health = monitor(FakeStores({URL: fake}))
+    assert await health.await_status(URL) == (False, "check 1 failed")
+    assert await health.await_append_status(spec(URL)) == (pb.OK, "")
+    assert fake.calls == 2
+    assert await health.check_now(URL) == (True, "")
+    assert fake.calls == 3
+    # Concurrent waiters share one inline check.
+    results = await asyncio.gather(*(health.check_now(URL) for _ in range(5)))
+    assert results == [(True, "")] * 5
+    assert fake.calls == 4
+
+
+async def test_check_timeout_and_unbuildable_store() -> None:
+    fake = FakeStore()
+    fake.block.clear()  # Never completes.
+    health = monitor(FakeStores({URL: fake}), timeout=0.05)
+    ok, error = await health.await_status(URL)
+    assert not ok and "did not complete within 0.05s" in error
+
+    ok, error = await health.await_status("s3://bucket/prefix/?bogus=1")
+    assert not ok and "unknown argument 'bogus'" in error
+    ok, error = await health.await_status("gopher://x/")
+    assert not ok and "unsupported fragment store scheme 'gopher'" in error
+
+
+async def test_sweep_stops_unused_stores() -> None:
+    fake = FakeStore(default=False)
+    health = monitor(FakeStores({URL: fake, "fake://used/": FakeStore()}), retry_intervals=(60.0,))
+    async with running(health):
+        await health.await_status(URL)
+        await health.await_status("fake://used/")
+        waiter = asyncio.create_task(health.await_append_status(spec(URL)))
+        await asyncio.sleep(0)
+        assert health.sweep() == 0  # Both were asked about since the last sweep.
+        health.status("fake://used/")
+        assert health.sweep() == 1
+        assert await asyncio.wait_for(waiter, 10) == (
+            pb.FRAGMENT_STORE_UNHEALTHY, f"fragment store {URL} unhealthy: {LAST_CHECK}",
+        )  # fmt: skip
+        assert health.status("fake://used/") == (True, "")
+        # A swept store asked about again starts over.
+        assert health.status(URL) == (False, FIRST_CHECK_PENDING)
+
+
+async def test_file_stores_through_the_monitor(tmp_path: Path) -> None:
+    stores = Stores(str(tmp_path))
+    health = monitor(stores)
+    async with running(health):
+        assert await health.await_status("file:///") == (True, "")
+        ok, error = await health.await_status("file:///missing/")
+        assert not ok and "invalid file store directory" in error
+        (tmp_path / "missing").mkdir()
+        assert await health.check_now("file:///missing/") == (True, "")
+    await check_delete(stores, "file:///", "some/prefix/")
+    assert not (tmp_path / "some/prefix/.gazette-delete-probe").exists()
+    with pytest.raises(StoreError, match="does not support"):
+        await check_delete(FakeStores({URL: FakeStore()}), URL)
+
+
+def test_retry_intervals_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(RETRY_INTERVALS_ENV, raising=False)
+    assert default_retry_intervals() == RETRY_INTERVALS
+    monkeypatch.setenv(RETRY_INTERVALS_ENV, "0, 0.05,1")
+    assert default_retry_intervals() == (0.0, 0.05, 1.0)
+    assert StoreHealth(Stores()).retry_intervals == (0.0, 0.05, 1.0)
+    for bad in ["x", "1,,2", "-1"]:
+        monkeypatch.setenv(RETRY_INTERVALS_ENV, bad)
+        with pytest.raises(ValueError, match=RETRY_INTERVALS_ENV):
+            default_retry_intervals()
