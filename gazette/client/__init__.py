@@ -8,6 +8,12 @@ The async API (grpc.aio) is the primary one; ``SyncJournalClient`` wraps it for 
             ...
 """
 
+from gazette.client.append_service import (
+    AppendService,
+    AppendServiceClosed,
+    AsyncAppend,
+    DependencyFailed,
+)
 from gazette.client.appender import Appender, append
 from gazette.client.errors import (
     AppendError,
@@ -38,11 +44,15 @@ from gazette.client.sync import SyncJournalClient
 __all__ = [
     "DEFAULT_ADDRESS",
     "AppendError",
+    "AppendService",
+    "AppendServiceClosed",
     "Appender",
     "ApplyError",
+    "AsyncAppend",
     "BrokerStatusError",
     "ClientError",
     "CodecUnavailable",
+    "DependencyFailed",
     "FragmentFetchError",
     "FragmentsError",
     "JournalClient",
