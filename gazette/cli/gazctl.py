@@ -116,7 +116,8 @@ def main(argv: Sequence[str] | None = None, *, stdin: IO[bytes] | None = None,
     environ: Any = env if env is not None else os.environ
     parser = build_parser()
     try:
-        ns = parser.parse_args(argv)
+        with contextlib.redirect_stderr(err_stream):  # Usage errors go where logs go.
+            ns = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
 

@@ -6,9 +6,10 @@ Invariants:
   time at most every 100 ms. UUIDs are flagged ``OUTSIDE_TXN`` (committed: readers
   process them at once), so within a run every UUID is distinct and their clocks strictly
   increase in output order.
-- Lines are read like Go's ``bufio.Scanner``: the terminating ``\\n`` (and one ``\\r``
-  before it) is not part of ``.Line``; a last line without a newline still counts; a line
-  of ``--max-length`` bytes or more (terminator included) is an error.
+- Lines are read like Go's ``bufio.Scanner``: the terminating ``\\n`` and one ``\\r``
+  before it are not part of ``.Line``; a last line without a newline still counts (less a
+  trailing ``\\r``); a line longer than ``--max-length`` bytes with its ``\\n``, or of
+  ``--max-length`` bytes or more without one, is an error.
 - ``--template`` is the subset of Go's text/template that attach-uuids needs: literal
   text, ``{{.UUID}}`` and ``{{.Line}}`` (spaces allowed), ``{{- `` / `` -}}`` trim
   markers and ``{{/* comments */}}``. Anything else is refused before input is read.
@@ -148,8 +149,8 @@ def scan_lines(f: IO[bytes], max_length: int) -> Iterator[bytes]:
                               f"({max_length} bytes)")
         if raw.endswith(b"\n"):
             raw = raw[:-1]
-            if raw.endswith(b"\r"):
-                raw = raw[:-1]
+        if raw.endswith(b"\r"):  # ScanLines drops one CR, also from a last unended line.
+            raw = raw[:-1]
         yield raw
 
 
