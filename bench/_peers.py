@@ -161,29 +161,38 @@ class Peers:
     # -- gazette --------------------------------------------------------------------------
 
     def start_broker(self, etcd_url: str, *, profile_out: str | None = None,
-                     timeout: float = 60.0) -> tuple[int, ChildProcess]:
+                     timeout: float = 60.0, broker_id: str = "bench-broker",
+                     zone: str | None = None,
+                     extra_args: Sequence[str] = ()) -> tuple[int, ChildProcess]:
         """Starts ``gazette serve`` on a free loopback port; returns (port, process).
 
         With ``profile_out`` the broker runs under this module's ``profile-broker`` entry point:
-        `start_profiling` begins the profile, and stopping the process writes it.
+        `start_profiling` begins the profile, and stopping the process writes it. Brokers of one
+        `Peers` share the fragment root (one ``file:///`` store, as on a shared filesystem) and
+        each has a scratch directory of its own.
         """
         port = free_port()
         file_root = self.root / "fragments"
-        tmp = self.root / "broker-tmp"  # its spool directory and gRPC socket land here
+        # Its spool directory and gRPC socket land here.
+        tmp = self.root / ("broker-tmp" if broker_id == "bench-broker" else f"tmp-{broker_id}")
         file_root.mkdir(exist_ok=True)
         tmp.mkdir(exist_ok=True)
         args = [
             "serve", "--broker.host", "127.0.0.1", "--broker.port", str(port),
-            "--broker.id", "bench-broker", "--broker.file-root", str(file_root),
+            "--broker.id", broker_id, "--broker.file-root", str(file_root),
             "--etcd.address", etcd_url, "--etcd.prefix", "/bench", "--log.level", "warn",
         ]
+        if zone is not None:
+            args += ["--broker.zone", zone]
+        args += list(extra_args)
         if profile_out:
             argv = [sys.executable, str(Path(__file__).resolve()), "profile-broker", profile_out,
                     *args]
         else:
             argv = [sys.executable, "-m", "gazette.cli.serve", *args]
         env = dict(os.environ, TMPDIR=str(tmp))
-        child = ChildProcess("gazette broker", argv, self.root / "broker.log", env=env)
+        log_name = "broker.log" if broker_id == "bench-broker" else f"broker-{broker_id}.log"
+        child = ChildProcess(f"gazette broker {broker_id}", argv, self.root / log_name, env=env)
         child.stop_signal = signal.SIGUSR2 if profile_out else signal.SIGTERM
         # Grace for SIGTERM is short: a lone broker holding journals never completes its drain.
         self._children.append((child, 60.0 if profile_out else 3.0))
@@ -241,6 +250,43 @@ class Peers:
         self._children.append((child, 10.0))
         child.wait_until(f"http://127.0.0.1:{monitor}/healthz?js-enabled-only=true", timeout)
         return port
+
+    def start_nats_cluster(self, size: int = 3, *, max_payload: int = 8 << 20,
+                           timeout: float = 60.0) -> list[int]:
+        """Starts a JetStream cluster of ``size`` nats-servers on loopback; returns client ports.
+
+        Each server has its own file store and routes to every other; readiness is each
+        server's ``/healthz?js-enabled-only=true``. Streams may still need a moment for the
+        cluster's meta leader: callers retry stream creation.
+        """
+        if not os.access(NATS_SERVER, os.X_OK):
+            raise PeerStartError(f"nats-server not found at {NATS_SERVER}")
+        ports = [free_port() for _ in range(size)]
+        monitors = [free_port() for _ in range(size)]
+        routes = [free_port() for _ in range(size)]
+        route_urls = ", ".join(f"nats-route://127.0.0.1:{r}" for r in routes)
+        children: list[tuple[ChildProcess, int]] = []
+        for i in range(size):
+            store = self.root / f"jetstream-{i}"
+            store.mkdir(exist_ok=True)
+            conf = self.root / f"nats-{i}.conf"
+            conf.write_text(
+                f"server_name: n{i}\n"
+                f"listen: 127.0.0.1:{ports[i]}\n"
+                f"http: 127.0.0.1:{monitors[i]}\n"
+                f"max_payload: {max_payload}\n"
+                f"max_pending: {max(64 << 20, 4 * max_payload)}\n"
+                f"jetstream {{\n  store_dir: {str(store)!r}\n}}\n"
+                f"cluster {{\n  name: bench\n  listen: 127.0.0.1:{routes[i]}\n"
+                f"  routes: [{route_urls}]\n}}\n"
+            )
+            child = ChildProcess(f"nats-server n{i}", [NATS_SERVER, "-c", str(conf)],
+                                 self.root / f"nats-{i}.log")
+            self._children.append((child, 10.0))
+            children.append((child, monitors[i]))
+        for child, monitor in children:
+            child.wait_until(f"http://127.0.0.1:{monitor}/healthz?js-enabled-only=true", timeout)
+        return ports
 
     # -- teardown -------------------------------------------------------------------------
 
