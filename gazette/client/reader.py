@@ -466,6 +466,7 @@ async def _fetch(url: str, file_root: str | None,
         raise FragmentFetchError(f"unsupported fragment URL scheme in {url!r}")
 
     import aiohttp
+    import yarl
 
     headers = {}
     if codec == pb.GZIP_OFFLOAD_DECOMPRESSION:
@@ -474,7 +475,10 @@ async def _fetch(url: str, file_root: str | None,
         headers["Accept-Encoding"] = "gzip"
     try:
         async with aiohttp.ClientSession(auto_decompress=False) as session:
-            async with session.get(url, headers=headers) as resp:
+            # encoded=True: send the URL byte for byte. A presigned URL is signed over its
+            # exact path and query; re-quoting them (e.g. %3D to = in "date=..." postfixes)
+            # breaks the signature.
+            async with session.get(yarl.URL(url, encoded=True), headers=headers) as resp:
                 if resp.status != 200:
                     raise FragmentFetchError(f"!OK fetching ({resp.status} {resp.reason}, {url!r})")
                 effective = codec

@@ -110,10 +110,7 @@ def parse_s3_url(url: str) -> tuple[str, str, S3StoreArgs]:
         raise StoreError(f"s3:// store URL {url!r} path must end in '/'")
     if parts.fragment:
         raise StoreError(f"s3:// store URL {url!r} must not have a fragment")
-    try:
-        raw = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-    except ValueError as err:
-        raise StoreError(f"parsing query of fragment store {url!r}: {err}") from None
+    raw = parse_qs(parts.query, keep_blank_values=True)
     values: dict[str, str] = {}
     for key, vals in raw.items():
         name = key.lower()
