@@ -1,0 +1,210 @@
+"""Flow control of Append RPCs: a minimum client data rate and optional maximum journal rates.
+
+The pipeline of a journal is exclusively held by one Append at a time, so a slow or stalled
+client holds up every other appender. Gazette polices this with two rates, both in bytes per
+second and evaluated in whole milliseconds:
+
+* **min rate** (``--broker.min-append-rate``, default 64 KiB/s): a client must keep streaming
+  content at least this fast. ``spent`` starts at one second's worth of the min rate, drains by
+  the min rate as time passes and refills (capped at one second's worth) as chunks arrive; when it
+  reaches zero the RPC is aborted with :class:`FlowControlUnderflow`.
+* **max rate** (``JournalSpec.max_append_rate``, capped by ``--broker.max-append-rate``; zero is
+  no limit): ``balance`` accrues at the max rate up to ten seconds' worth (bursts after idle
+  periods), starts with one second's worth, and survives across the appends of one replica. A chunk
+  larger than the balance is held back until enough accrues. Bytes held back this way count as
+  sent for the min-rate check: a client is never aborted for the broker's own throttling.
+
+:class:`AppendFlowControl` is the pure accounting (deterministic, driven by explicit millisecond
+clocks, so it is property-tested); :func:`flow_controlled` applies it to a request stream with one
+timer per append (no per-chunk tasks): the timer fires at the moment ``spent`` would run dry and
+re-arms itself if chunks arrived meanwhile.
+
+Invariants: ``0 <= spent <= min_rate`` after every debit; ``0 <= balance <= bank_factor *
+max_rate`` when a max rate is set; a chunk is released only once its whole length was debited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
+
+__all__ = [
+    "AppendFlowControl",
+    "FlowControlUnderflow",
+    "flow_controlled",
+    "DEFAULT_MIN_APPEND_RATE",
+    "BANK_FACTOR",
+]
+
+DEFAULT_MIN_APPEND_RATE = 1 << 16
+"""Gazette's default minimum client append rate, bytes per second."""
+BANK_FACTOR = 10
+"""Seconds of unused max-rate credit that may be banked for a later burst."""
+BURST_SECONDS = 1
+"""Initial credit, in seconds of the max rate (balance) and of the min rate (spent)."""
+
+
+class FlowControlUnderflow(Exception):
+    """The client did not sustain the minimum append data rate."""
+
+    def __init__(self) -> None:
+        super().__init__("client stream didn't sustain the minimum append data rate")
+
+
+class AppendFlowControl:
+    """Byte accounting of one journal's appends (see the module docstring)."""
+
+    __slots__ = ("balance", "charge", "delayed_chunks", "last_millis", "max_rate", "min_rate",
+                 "spent", "total_chunks")
+
+    def __init__(self) -> None:
+        self.max_rate = 0
+        self.min_rate = 0
+        self.balance = 0
+        self.spent = 0
+        self.charge = 0
+        self.last_millis = 0
+        self.total_chunks = 0
+        self.delayed_chunks = 0
+
+    def reset(self, max_rate: int, min_rate: int, now_millis: int) -> None:
+        """Begins the accounting of a new Append, keeping the banked balance of earlier ones."""
+        first = self.last_millis == 0
+        self.max_rate = max_rate
+        self.charge = 0
+        self.total_chunks = self.delayed_chunks = 0
+        if first:
+            self.balance = max_rate * BURST_SECONDS
+            self.last_millis = now_millis
+        else:
+            self.min_rate = 0  # the previous append's min-rate budget is not carried over
+            self.spent = 0
+            self.on_tick(now_millis)
+        self.min_rate = min_rate
+        self.spent = min_rate * BURST_SECONDS
+
+    def on_tick(self, now_millis: int) -> bool:
+        """Accrues balance and drains ``spent`` up to ``now``; False once the client underflows."""
+        if now_millis < self.last_millis:
+            return True  # the clock stepped back: wait for it to catch up
+        elapsed = now_millis - self.last_millis
+        if self.max_rate:
+            self.balance = min(self.balance + self.max_rate * elapsed // 1000,
+                               self.max_rate * BANK_FACTOR)
+        self.spent -= min(self.min_rate * elapsed // 1000, self.spent)
+        self.last_millis = now_millis
+        self.debit()
+        return self.spent > 0 or self.min_rate == 0
+
+    def on_chunk(self, length: int) -> None:
+        """Charges a chunk of ``length`` content bytes; it may leave only once ``charge`` is 0."""
+        assert self.charge == 0, "a chunk is still being charged"
+        self.charge = length
+        self.debit()
+        if self.charge:
+            self.delayed_chunks += 1
+        self.total_chunks += 1
+
+    def invalidate(self) -> None:
+        """Lifts the max rate for the rest of this append (a route change must converge fast)."""
+        self.max_rate = 0
+        self.debit()
+
+    def debit(self) -> None:
+        if self.max_rate == 0:
+            self.spent = min(self.spent + self.charge, self.min_rate)
+            self.charge = 0
+            return
+        d = min(self.balance, self.charge)
+        self.balance -= d
+        self.charge -= d
+        # Bytes held back by our own throttle count as sent: never abort for that.
+        self.spent = min(self.spent + d + self.charge, self.min_rate)
+
+    def millis_until_underflow(self) -> float:
+        """Milliseconds until ``spent`` runs dry without further chunks (inf without a min rate)."""
+        if self.min_rate == 0:
+            return float("inf")
+        return self.spent * 1000 / self.min_rate
+
+    def millis_until_released(self) -> int:
+        """Milliseconds until the pending charge is covered by accruing balance."""
+        if self.charge == 0 or self.max_rate == 0:
+            return 0
+        return -(-(self.charge - self.balance) * 1000 // self.max_rate)
+
+
+T = TypeVar("T")
+
+
+def _now_millis() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+async def flow_controlled(
+    it: AsyncIterator[T],
+    fc: AppendFlowControl,
+    content_length: Callable[[T], int],
+    *,
+    max_rate: int,
+    min_rate: int,
+    clock: Callable[[], int] = _now_millis,
+) -> AsyncIterator[T]:
+    """Yields the items of ``it`` under ``fc``'s policy; raises FlowControlUnderflow on a stall.
+
+    The stall check is one timer per append, not a task per chunk: it fires when ``spent`` would
+    run dry, and if chunks arrived meanwhile it re-arms for the new moment.
+    """
+    fc.reset(max_rate, min_rate, clock())
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    underflowed = False
+    waiting = False  # only a stall of the client's stream may abort it, never our own work
+    handle: asyncio.TimerHandle | None = None
+
+    def arm() -> None:
+        nonlocal handle
+        wait = fc.millis_until_underflow()
+        if wait != float("inf"):
+            handle = loop.call_later(max(wait, 1.0) / 1000, check)
+
+    def check() -> None:
+        nonlocal underflowed
+        if fc.on_tick(clock()) or not waiting:
+            arm()
+        else:
+            underflowed = True
+            task.cancel()
+
+    def underflow() -> FlowControlUnderflow:
+        task.uncancel()
+        return FlowControlUnderflow()
+
+    arm()
+    try:
+        while True:
+            waiting = True
+            try:
+                item = await it.__anext__()
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if underflowed:
+                    raise underflow() from None
+                raise
+            finally:
+                waiting = False
+            n = content_length(item)
+            if n:
+                fc.on_tick(clock())
+                fc.on_chunk(n)
+                while fc.charge:  # throttled by the max rate
+                    await asyncio.sleep(fc.millis_until_released() / 1000)
+                    fc.on_tick(clock())
+            yield item
+    finally:
+        if handle is not None:
+            handle.cancel()
