@@ -65,6 +65,9 @@ class BrokerConfig:
     etcd_prefix: str = "/gazette/cluster"
     etcd_lease: float = 20.0
     advertise_host: str | None = None
+    # Append flow control, bytes per second (see broker/flow.py); max 0 is no limit.
+    max_append_rate: int = 0
+    min_append_rate: int = 1 << 16
 
 
 class Broker:
