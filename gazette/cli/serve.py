@@ -31,6 +31,11 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--broker.file-root", "BROKER_FILE_ROOT", "fragment-store", "Local path which roots file:// fragment stores"),
     ("--broker.limit", "BROKER_LIMIT", "1024", "Maximum number of journals the broker will allocate"),
     ("--broker.max-replication", "BROKER_MAX_REPLICATION", "9", "Maximum effective replication of any one journal"),
+    ("--broker.max-append-rate", "BROKER_MAX_APPEND_RATE", "0",
+     "Max rate (in bytes-per-sec) that any one journal may be appended to. If zero, there is no max rate"),
+    ("--broker.min-append-rate", "BROKER_MIN_APPEND_RATE", "65536",
+     "Min rate (in bytes-per-sec) at which a client may stream Append RPC content. "
+     "RPCs unable to sustain this rate are aborted"),
     ("--etcd.address", "ETCD_ADDRESS", "http://localhost:2379", "Etcd service address endpoint"),
     ("--etcd.prefix", "ETCD_PREFIX", "/gazette/cluster", "Etcd base prefix for broker state and coordination"),
     ("--etcd.lease", "ETCD_LEASE", "20s", "Time-to-live of the Etcd lease of the broker's announcement"),
@@ -102,6 +107,12 @@ def config_from_args(ns: argparse.Namespace) -> Any:
         except ValueError:
             raise SystemExit(f"gazette: invalid --{name} {get(name)!r} (expected an integer)") from None
 
+    def rate(name: str) -> int:
+        value = integer(name)
+        if value < 0:
+            raise SystemExit(f"gazette: invalid --{name} {value} (expected >= 0 bytes per second)")
+        return value
+
     try:
         lease = parse_duration(get("etcd.lease")).total_seconds()
     except ValueError as err:
@@ -123,6 +134,8 @@ def config_from_args(ns: argparse.Namespace) -> Any:
         file_root=get("broker.file-root"),
         limit=integer("broker.limit"),
         max_replication=integer("broker.max-replication"),
+        max_append_rate=rate("broker.max-append-rate"),
+        min_append_rate=rate("broker.min-append-rate"),
         etcd_address=get("etcd.address"),
         etcd_prefix=get("etcd.prefix").rstrip("/"),
         etcd_lease=lease,
