@@ -42,6 +42,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import grpc
 import nats
 from google.protobuf.duration_pb2 import Duration
@@ -167,13 +168,31 @@ async def run_writers(op: Callable[[], Awaitable[None]], writers: int, size: int
 class GazetteSide:
     """Raw grpc.aio client of one broker: one channel, every RPC multiplexed on it."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, http_base: str | None = None) -> None:
         self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self.stub = pb_grpc.JournalStub(self.channel)  # type: ignore[no-untyped-call]
         self.heads: dict[str, int] = {}
+        self.http_base = http_base
+        self._http: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
         await self.channel.close()
+        if self._http is not None:
+            await self._http.close()
+
+    def http_append_op(self, journal: str, payload: bytes) -> Callable[[], Awaitable[None]]:
+        """One HTTP PUT per append through the broker's gateway (keep-alive connections)."""
+        assert self.http_base is not None
+        if self._http is None:
+            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
+        session, url = self._http, f"{self.http_base}/{journal}"
+
+        async def op() -> None:
+            async with session.put(url, data=payload) as resp:
+                if resp.status != 204:
+                    raise BenchError(f"PUT {journal}: HTTP {resp.status} {await resp.text()}")
+
+        return op
 
     async def create(self, journal: str, codec: int) -> None:
         spec = pb.JournalSpec(name=journal, replication=1)
@@ -312,8 +331,8 @@ class JetStreamSide:
 
 
 async def bench(report: Report, plan: Plan, codecs: list[str], gazette_target: str | None,
-                nats_port: int | None, null_port: int | None) -> None:
-    gz = GazetteSide(gazette_target) if gazette_target else None
+                nats_port: int | None, null_port: int | None, http_base: str | None = None) -> None:
+    gz = GazetteSide(gazette_target, http_base) if gazette_target else None
     js = JetStreamSide() if nats_port else None
     null = GazetteSide(f"127.0.0.1:{null_port}") if null_port else None
     try:
@@ -348,6 +367,13 @@ async def bench(report: Report, plan: Plan, codecs: list[str], gazette_target: s
                                                      writers, size, plan)
                     report.rows.append(row)
                     print_row(row, null is not None, flush=True)
+                    if gz is not None and http_base is not None:
+                        row = Row(f"append {sname:>7} x{writers:<2}{tag} [http]", size=size)
+                        row.gazette = await run_writers(gz.http_append_op(journal, payload),
+                                                        writers, size, plan)
+                        row.jetstream = report.rows[-1].jetstream
+                        report.rows.append(row)
+                        print_row(row, null is not None, flush=True)
                 row = Row(f"read   {sname:>7} msgs{tag}", is_append=False, size=size)
                 if gz is not None:
                     row.gazette = await gz.read_all(journal, plan.read_seconds)
@@ -449,6 +475,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=None,
                     help="also time a grpcio server whose Append stores nothing: the ceiling of "
                          "one Append RPC per append here (default: on for full runs)")
+    ap.add_argument("--http", action="store_true",
+                    help="also append through the broker's HTTP gateway (PUT, aiohttp client, "
+                         "keep-alive): rows marked [http], beside the same JetStream figure")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
     return ap.parse_args(argv)
 
@@ -490,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     client_prof = cProfile.Profile() if args.profile_client else None
     with Peers(keep_dir=args.keep) as peers:
         target: str | None = None
+        http_base: str | None = None
         broker = None
         nats_port: int | None = None
         if run_gz:
@@ -497,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
             port, broker = peers.start_broker(
                 etcd_url, profile_out=os.path.abspath(args.profile_broker) if args.profile_broker else None)
             target = f"127.0.0.1:{port}"
+            if args.http:
+                http_base = f"http://127.0.0.1:{port}"
             if args.direct:
                 sock = peers.broker_grpc_socket()
                 if sock is None:
@@ -515,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         if broker is not None and args.profile_broker:
             peers.start_profiling(broker)
         try:
-            asyncio.run(bench(report, plan, codecs, target, nats_port, null_port))
+            asyncio.run(bench(report, plan, codecs, target, nats_port, null_port, http_base))
         finally:
             if client_prof is not None:
                 client_prof.disable()
