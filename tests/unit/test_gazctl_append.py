@@ -12,7 +12,7 @@ import base64
 import io
 import os
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -317,3 +317,38 @@ async def test_flag_and_selector_errors(broker: FakeBroker) -> None:
     assert r.code == 1 and "mapping partition key to journal" in r.err and "empty" in r.err
     r = await gazctl(broker, "journals", "append", "-l", "nope", "-f", "lines")
     assert r.code == 0, r.err
+
+
+async def test_journals_created_while_appending_are_mapped_to(broker: FakeBroker) -> None:
+    """The selector is listed again while appending (Gazette watches it)."""
+    r_fd, w_fd = os.pipe()
+    stdin, feed = os.fdopen(r_fd, "rb"), os.fdopen(w_fd, "wb")
+    out, err = io.BytesIO(), io.StringIO()
+    env = {"HOME": "/nonexistent", "BROKER_ADDRESS": broker.endpoint}
+    run = asyncio.create_task(asyncio.to_thread(
+        main, ["journals", "append", "-l", "prefix=foobar/", "-f", "lines", "-m", "direct",
+               "--interval", "0.01"], stdin=stdin, stdout=out, stderr=err, env=env))
+    try:
+        feed.write(b"foobar/part-001\nbefore\n")
+        feed.flush()
+        await wait_for(lambda: content(broker, "foobar/part-001") == b"before\n")
+        broker.cluster.create("foobar/part-new", {})
+        lists = sum(1 for c in broker.calls if c[0] == "List")
+        # Two more listings: at least one began after the journal was created.
+        await wait_for(lambda: sum(1 for c in broker.calls if c[0] == "List") >= lists + 2)
+        feed.write(b"foobar/part-new\nafter\n")
+        feed.close()
+        assert await run == 0, err.getvalue()
+    finally:
+        if not feed.closed:
+            feed.close()
+        await asyncio.gather(run, return_exceptions=True)
+        stdin.close()
+    assert content(broker, "foobar/part-new") == b"after\n"
+
+
+async def wait_for(cond: Callable[[], bool], within: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)  # Polling a condition under a deadline, not a sync sleep.
