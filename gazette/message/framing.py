@@ -139,6 +139,7 @@ class JSONFraming:
     def __init__(self) -> None:
         self._encoder = json.JSONEncoder(separators=(",", ":"))
         self._encode = self._encoder.encode
+        self._new_c_encoder()
         # The C scanner behind json.loads: parses one value starting at an index and
         # reports where it ended, which lets one call per message find both boundaries.
         self._scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
@@ -147,17 +148,35 @@ class JSONFraming:
         to_json = getattr(msg, "to_json", None)
         return to_json() if to_json is not None else msg
 
+    def _new_c_encoder(self) -> None:
+        # JSONEncoder.encode builds the C encoder anew at every call, which costs about as
+        # much as encoding a small message: build it once (with the encoder's settings). Its
+        # cycle-detection markers may be left dirty by a failed call, so a failure rebuilds it.
+        c_make = getattr(json.encoder, "c_make_encoder", None)
+        e = self._encoder
+        self._c_encode: Callable[[Any, int], Sequence[str]] | None = None if c_make is None \
+            else c_make({}, e.default, json.encoder.encode_basestring_ascii, None,
+                        e.key_separator, e.item_separator, e.sort_keys, e.skipkeys, e.allow_nan)
+
+    def _text(self, value: Any) -> str:
+        c_encode = self._c_encode
+        if c_encode is None:
+            return self._encode(value)
+        return "".join(c_encode(value, 0))
+
     def marshal(self, msg: Any) -> bytes:
         try:
-            text = self._encode(self._json_value(msg))
+            text = self._text(self._json_value(msg))
         except (TypeError, ValueError) as err:
+            self._new_c_encoder()
             raise FramingError(f"cannot encode {type(msg).__name__} as JSON: {err}") from err
-        return text.encode() + b"\n"
+        return (text + "\n").encode()
 
     def marshal_many(self, msgs: Iterable[Any]) -> bytes:
         try:
-            texts = [self._encode(self._json_value(m)) for m in msgs]
+            texts = [self._text(self._json_value(m)) for m in msgs]
         except (TypeError, ValueError) as err:
+            self._new_c_encoder()
             raise FramingError(f"cannot encode message as JSON: {err}") from err
         if not texts:
             return b""

@@ -20,21 +20,39 @@ Invariants:
   Publisher reach the appender in clock order. The appender must keep that order per
   journal (it is what readers rely on to sequence a producer's messages).
 * A message that fails validation, mapping or marshalling is not appended and leaves no
-  pending ACK intent.
+  pending ACK intent; for ``publish_*_many``, nothing of the call is appended then.
+* With a :class:`BufferedAppender` (the client's AppendService) a publish queues its frame
+  without suspending and returns the append's handle; it awaits only when the service
+  applies back-pressure. Nothing awaits a commit per message: callers await the handles
+  they care about (the last of each journal suffices, as a journal's appends commit in
+  order) or the service's ``flush``. ``publish_*_many`` frame the messages of each journal
+  in one call and queue them as one write.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol, runtime_checkable
 
 from .framing import Framing, framing_for_content_type
 from .mapping import MappingFunc
 from .message import Message
-from .uuid import ACK_TXN, CONTINUE_TXN, OUTSIDE_TXN, Clock, ProducerID, build_uuid, new_producer_id
+from .uuid import (
+    ACK_TXN,
+    CONTINUE_TXN,
+    G1582_NS100,
+    OUTSIDE_TXN,
+    Clock,
+    ProducerID,
+    build_uuid,
+    new_producer_id,
+    uuid_from_int,
+)
 
-__all__ = ["AckIntent", "Appender", "Publisher"]
+__all__ = ["AckIntent", "Appender", "BufferedAppender", "Publisher"]
+
+_U64: Final = (1 << 64) - 1
 
 
 class Appender(Protocol):
@@ -46,6 +64,26 @@ class Appender(Protocol):
         Appends to one journal must be ordered as the calls were made; an implementation
         must therefore enqueue before its first suspension point.
         """
+        ...
+
+
+@runtime_checkable
+class BufferedAppender(Protocol):
+    """An Appender that queues without suspending, and says when writers must wait
+    (:class:`gazette.client.AppendService`). The Publisher then awaits only for
+    back-pressure, not once per message."""
+
+    def append_nowait(self, journal: str, data: bytes) -> Any:
+        """Queue ``data`` for ``journal`` (ordered as called); returns a handle on it."""
+        ...
+
+    @property
+    def writable(self) -> bool:
+        """False once writers should await :meth:`wait_writable`."""
+        ...
+
+    async def wait_writable(self) -> None:
+        """Wait until more may be queued (giving the event loop a turn)."""
         ...
 
 
@@ -63,36 +101,56 @@ class Publisher:
 
     With no ``clock``, the Publisher keeps its own, updated from the wall time at each
     publish. A shared ``clock`` the caller updates now and then saves those time calls.
+
+    With a :class:`BufferedAppender` (the AppendService), ``publish_*`` return the append's
+    handle (an ``AsyncAppend``: await it for the commit) without suspending unless the
+    service applies back-pressure; publish many, then await the last handle of each journal
+    (or the service's ``flush``).
     """
 
     def __init__(
         self,
-        appender: Appender,
+        appender: Appender | BufferedAppender,
         clock: Clock | None = None,
         producer: ProducerID | None = None,
     ) -> None:
         self._appender = appender
+        self._buffered = appender if isinstance(appender, BufferedAppender) else None
         self._auto_update = clock is None
         self.clock = clock if clock is not None else Clock()
         self.producer = producer if producer is not None else new_producer_id()
+        self._node = int.from_bytes(self.producer, "big")
         # Journals published to uncommitted since the last intents, in first-publish
         # order: the acknowledgement message to send each, and its framing.
         self._intents: dict[str, tuple[Message, Framing]] = {}
 
     async def publish_committed(self, mapping: MappingFunc, msg: Message) -> Any:
         """Publish ``msg`` for immediate processing; returns the appender's handle."""
-        _, _, handle = await self._publish(mapping, msg, OUTSIDE_TXN)
-        return handle
+        journal, _, data = self._stamp(mapping, msg, _OUTSIDE)
+        return await self._append(journal, data)
 
     async def publish_uncommitted(self, mapping: MappingFunc, msg: Message) -> Any:
         """Publish ``msg`` within the open transaction; returns the appender's handle.
 
         Not for concurrent use: await each call before building intents.
         """
-        journal, framing, handle = await self._publish(mapping, msg, CONTINUE_TXN)
+        journal, framing, data = self._stamp(mapping, msg, _CONTINUE)
         if journal not in self._intents:
             self._intents[journal] = (msg.new_acknowledgement(journal), framing)
-        return handle
+        return await self._append(journal, data)
+
+    async def publish_committed_many(self, mapping: MappingFunc, msgs: Any) -> dict[str, Any]:
+        """Publish each message of the iterable ``msgs`` as :meth:`publish_committed` would,
+        framing the messages of each journal together; returns the last handle per journal.
+
+        The messages of one journal are appended in iteration order, as one write.
+        """
+        return await self._publish_many(mapping, msgs, _OUTSIDE)
+
+    async def publish_uncommitted_many(self, mapping: MappingFunc, msgs: Any) -> dict[str, Any]:
+        """:meth:`publish_uncommitted` of each message of ``msgs``, framed per journal;
+        returns the last handle per journal."""
+        return await self._publish_many(mapping, msgs, _CONTINUE)
 
     def build_ack_intents(self) -> list[AckIntent]:
         """The ACK intents committing every message published uncommitted since the last
@@ -105,11 +163,26 @@ class Publisher:
         self._intents.clear()
         return out
 
-    async def _publish(
-        self, mapping: MappingFunc, msg: Message, flags: int
-    ) -> tuple[str, Framing, Any]:
+    async def _append(self, journal: str, data: bytes) -> Any:
+        svc = self._buffered
+        if svc is None:
+            return await self._appender.append(journal, data)  # type: ignore[union-attr]
+        handle = svc.append_nowait(journal, data)
+        if not svc.writable:
+            await svc.wait_writable()
+        return handle
+
+    def _update_clock(self) -> None:
+        # Clock.update(time.time_ns()) inlined: it runs once per message.
+        nxt = ((time.time_ns() // 100 + G1582_NS100) << 4) & _U64
+        clock = self.clock
+        if nxt > clock.value:
+            clock.value = nxt
+
+    def _stamp(self, mapping: MappingFunc, msg: Message, flags: int) -> tuple[str, Framing, bytes]:
+        """Validate, map, stamp and frame ``msg``; nothing is appended."""
         if self._auto_update:
-            self.clock.update(time.time_ns())
+            self._update_clock()
         validate = getattr(msg, "validate", None)
         if validate is not None:
             validate()
@@ -117,6 +190,46 @@ class Publisher:
         # journal is known, as its clock orders the message within that journal.
         journal, content_type = mapping(msg)
         framing = framing_for_content_type(content_type)
-        msg.set_uuid(build_uuid(self.producer, self.clock.tick(), flags))
-        data = framing.marshal(msg)
-        return journal, framing, await self._appender.append(journal, data)
+        msg.set_uuid(uuid_from_int(_uuid_int(self._node, self.clock.tick(), flags)))
+        return journal, framing, framing.marshal(msg)
+
+    async def _publish_many(self, mapping: MappingFunc, msgs: Any, flags: int) -> dict[str, Any]:
+        if self._auto_update:
+            self._update_clock()
+        node, tick = self._node, self.clock.tick
+        groups: dict[str, tuple[Framing, list[Any]]] = {}
+        for msg in msgs:
+            validate = getattr(msg, "validate", None)
+            if validate is not None:
+                validate()
+            journal, content_type = mapping(msg)
+            group = groups.get(journal)
+            if group is None:
+                group = groups[journal] = (framing_for_content_type(content_type), [])
+            msg.set_uuid(uuid_from_int(_uuid_int(node, tick(), flags)))
+            group[1].append(msg)
+        # Framed, and intents noted, only once every message is stamped and framed: a
+        # failure appends nothing and leaves no intent.
+        framed = [(j, f.marshal_many(batch)) for j, (f, batch) in groups.items()]
+        if flags == _CONTINUE:
+            for journal, (framing, batch) in groups.items():
+                if journal not in self._intents:
+                    self._intents[journal] = (batch[0].new_acknowledgement(journal), framing)
+        return {journal: await self._append(journal, data) for journal, data in framed}
+
+
+_OUTSIDE: Final = int(OUTSIDE_TXN)
+_CONTINUE: Final = int(CONTINUE_TXN)
+
+
+def _uuid_int(node: int, clock: int, flags: int) -> int:
+    """The 128-bit integer of ``build_uuid(producer, clock, flags)`` for trusted arguments
+    (``node`` the producer's 48-bit integer, ``flags`` a plain int below 0x400)."""
+    clock &= _U64
+    return (
+        (((clock >> 4) & 0xFFFFFFFF) << 96)
+        | (((clock >> 36) & 0xFFFF) << 80)
+        | ((((clock >> 52) & 0xFFFF) | 0x1000) << 64)
+        | ((((clock << 10) & 0x3C00) | flags | 0x8000) << 48)
+        | node
+    )

@@ -1,4 +1,5 @@
-"""AppendService: batching, ordering, spilling, rollback, retries, dependencies, back-pressure.
+"""AppendService: batching, ordering, spilling, rollback, retries, dependencies, back-pressure;
+and the Publisher on top of it.
 
 Most cases run against an in-memory Append RPC whose calls a test can hold in flight (so
 which writes share a batch is decided by the test, not by timing) and script to fail before
@@ -28,6 +29,19 @@ from gazette.client import (
     TransportError,
 )
 from gazette.client.appender import Content
+from gazette.message import (
+    CONTENT_TYPE_JSON_LINES,
+    Clock,
+    FramingError,
+    JSONFraming,
+    JSONMessage,
+    Publisher,
+    build_uuid,
+    get_clock,
+    get_producer_id,
+    new_producer_id,
+)
+from gazette.message.mapping import MappingFunc
 from gazette.protocol import protocol_pb2 as pb
 
 # What the next RPC does: commit, fail before committing, or commit and then fail (the
@@ -457,3 +471,71 @@ async def test_rpc_path_unknown_journal_is_permanent(broker: FakeBroker) -> None
         with pytest.raises(AppendError, match="JOURNAL_NOT_FOUND"):
             await svc.append_nowait("no/such/journal", b"x")
         await svc.abort()
+
+
+# --- the Publisher on an AppendService ------------------------------------------------------
+
+
+def _to(journal: str) -> MappingFunc:
+    return lambda msg: (journal, CONTENT_TYPE_JSON_LINES)
+
+
+async def test_publisher_queues_without_awaiting_commits() -> None:
+    mem = MemoryJournals()
+    async with service(mem) as svc:
+        mem.gate.clear()
+        pub = Publisher(svc, clock=Clock())
+        handles = [await pub.publish_committed(_to("a/journal"), JSONMessage(n=i))
+                   for i in range(500)]
+        assert not any(h.done() for h in handles)  # Nothing waited for a commit.
+        mem.gate.set()
+        await handles[-1]
+    msgs = JSONMessage.from_json_many(JSONFraming().decode(bytes(mem.content["a/journal"])).values)
+    assert [m["n"] for m in msgs] == list(range(500))
+    assert [get_clock(m.get_uuid()) for m in msgs] == [160 * (i + 1) for i in range(500)]
+    assert all(get_producer_id(m.get_uuid()) == pub.producer for m in msgs)
+    assert len(mem.calls) <= 3  # Coalesced.
+
+
+async def test_publish_many_matches_publishing_one_by_one() -> None:
+    producer = new_producer_id()
+
+    async def run(many: bool) -> dict[str, bytes]:
+        mem = MemoryJournals()
+        async with service(mem) as svc:
+            pub = Publisher(svc, clock=Clock(1 << 60), producer=producer)
+            msgs = [JSONMessage(n=i) for i in range(20)]
+
+            def mapping(msg: JSONMessage) -> tuple[str, str]:
+                return f"j/{msg['n'] % 3}", CONTENT_TYPE_JSON_LINES
+
+            if many:
+                await pub.publish_uncommitted_many(mapping, msgs)
+            else:
+                for msg in msgs:
+                    await pub.publish_uncommitted(mapping, msg)
+            for intent in pub.build_ack_intents():
+                svc.append_nowait(intent.journal, intent.intent)
+        return {j: bytes(c) for j, c in mem.content.items()}
+
+    assert await run(True) == await run(False)
+
+
+async def test_publish_many_failing_midway_appends_nothing() -> None:
+    mem = MemoryJournals()
+    async with service(mem) as svc:
+        pub = Publisher(svc, clock=Clock())
+        msgs = [JSONMessage(n=1), JSONMessage(n=object())]
+        with pytest.raises(FramingError):
+            await pub.publish_uncommitted_many(_to("a/journal"), msgs)
+        assert pub.build_ack_intents() == []
+    assert mem.calls == []
+
+
+@given(clock=st.integers(0, (1 << 64) - 1), flags=st.sampled_from([0, 1, 2]),
+       producer=st.binary(min_size=6, max_size=6))
+def test_publisher_uuids_are_gazettes(clock: int, flags: int, producer: bytes) -> None:
+    from gazette.message.publisher import _uuid_int
+
+    assert _uuid_int(int.from_bytes(producer, "big"), clock, flags) == \
+        build_uuid(producer, clock, flags).int
