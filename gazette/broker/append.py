@@ -1,26 +1,48 @@
-"""The Append RPC: atomic, serialized appends to a journal through its primary.
+"""The Append RPC: atomic, serialized, replicated appends through a journal's primary.
 
-Flow (Gazette's append state machine, for the local pipeline):
+Each append runs Gazette's append state machine (broker/append_fsm.go):
 
-    resolve → (proxy to the primary | acquire the replica's pipeline)
-    → validate preconditions (registers, offsets, suspension)
-    → maybe roll the spool → stream content chunks into the spool
-    → on the client's empty "commit" chunk followed by end-of-stream:
-      propose spool.next() with updated registers → respond with the commit.
+    RESOLVE → ACQUIRE_PIPELINE → START_PIPELINE → [SEND_SYNC ⇄ RECV_SYNC] → UPDATE_ASSIGNMENTS
+      → AWAIT_DESIRED_REPLICAS → VALIDATE_PRECONDITIONS → (UPDATE_SUSPEND) → stream content
+      → commit (or roll back) → read acknowledgements, in turn
+    (or PROXY to the primary, or a refusal Status)
 
-Invariants:
-* One append holds a replica's pipeline at a time, so appends never interleave.
-* Content is applied to the spool uncommitted; readers see it only after the
-  commit proposal is applied. Any other ending (the client disconnects, sends
-  a bad chunk, the RPC is cancelled, the journal refuses writes) proposes the
-  spool's current fragment, rolling the pending content back, before the
-  pipeline is released. A journal offset is never assigned twice.
-* The response's ``commit`` places exactly this append's bytes: begin/end
-  offsets and the SHA1 of the client's content.
+* RESOLVE reads through any etcd revision the request (or an earlier step) names, and
+  resolves the journal; a broker that is not primary proxies (AWAIT_DESIRED_REPLICAS first).
+* ACQUIRE_PIPELINE takes the replica's send side (``send_lock``); START_PIPELINE keeps the
+  current pipeline if it serves the resolved route and is unbroken, else retires it and
+  builds one over the spool (``spool_lock``) with a Replicate stream to each peer.
+* A new pipeline is synchronised: the spool's fragment is proposed to every peer; a peer
+  holding a greater offset (or an empty fragment it cannot extend ours from) makes every
+  member roll to an empty fragment at the largest offset seen, taking that peer's
+  registers; a peer knowing a different route at a later revision sends us back to
+  RESOLVE through that revision. Only then is the route advertised as consistent in the
+  assignments' values (UPDATE_ASSIGNMENTS), which is what lets the allocator move
+  replicas. Before advertising a route of several members, spools closed by the
+  synchronisation are persisted, so whichever member becomes primary next finds them.
+* VALIDATE_PRECONDITIONS: registers, suspension, the expected offset, and
+  INDEX_HAS_GREATER_OFFSET when the stores hold content beyond the synchronised spool
+  (an explicit ``offset`` equal to the index's end, as ``gazctl journals reset-head`` sends,
+  re-synchronises the pipeline there instead). With a route of one member only, a spool
+  that never held content starts after what the stores hold (there is no peer to ask).
+* Content chunks are scattered to the peers and the local spool as they arrive; the
+  client's empty chunk and end of stream commit with ``spool.next()`` (and the updated
+  registers); any other ending rolls the pending content back everywhere.
+* The commit or rollback is the append's last send: it then takes the pipeline's read
+  barrier, releases the send side (the next append may stream at once), and reads its
+  acknowledgements when its turn comes. So a commit costs one round trip and appends are
+  pipelined. That last phase runs shielded from the caller's cancellation, so responses
+  on the streams are always read by their owner.
+* A failed peer fails the append (UNAVAILABLE at the RPC edge): the pipeline is marked
+  broken, and the next append (or pulse) tears it down and builds a new one. A commit that
+  some replicas applied before the failure stays in their spools and is kept by the next
+  synchronisation (Gazette's at-least-once edge); a failure before the commit rolls back
+  everywhere. A journal offset is never assigned twice.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -28,15 +50,24 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from gazette import labels
+from gazette.allocator import desired_replication
 from gazette.broker import metrics
 from gazette.broker.fragment import Fragment, sum_to_proto
+from gazette.broker.pipeline import Pipeline, ReplicationError
+from gazette.broker.replica import acquire_unless, wait_unless
 from gazette.protocol import protocol_pb2 as pb
 
 if TYPE_CHECKING:
     from gazette.broker.replica import Replica
+    from gazette.broker.resolver import Resolution
     from gazette.broker.server import Broker
 
 log = logging.getLogger(__name__)
+
+MAX_SYNC_ROUNDS = 16
+"""Synchronisation rounds of one pipeline before giving up (each round rolls forward)."""
+DEFAULT_FLUSH_INTERVAL = 24 * 3600
+"""Seconds: a journal's index counts as clean once all of it was remote this long."""
 
 
 class AppendStreamError(Exception):
@@ -78,151 +109,489 @@ def _response(status: int, header: pb.Header) -> pb.AppendResponse:
     return resp
 
 
-async def append(broker: Broker, first: pb.AppendRequest, rest: AsyncIterator[pb.AppendRequest]) -> pb.AppendResponse:
-    """Serves one Append; ``rest`` yields the content chunks after ``first``."""
-    min_rev = first.min_etcd_revision
-    while True:
-        res = await broker.resolver.resolve(
-            first.journal,
-            may_proxy=not first.do_not_proxy,
-            require_primary=True,
-            min_etcd_revision=min_rev,
-            proxy_header=first.header if first.HasField("header") else None,
-        )
-        if res.status == pb.SUSPENDED and first.suspend == pb.AppendRequest.SUSPEND_RESUME:
-            assert res.spec is not None
-            min_rev = await broker.update_suspend(res, pb.JournalSpec.Suspend.NONE, res.spec.suspend.offset)
-            continue
-        if res.status != pb.OK:
-            return _response(res.status, res.header)
-        assert res.spec is not None
-        if not res.is_local:
-            return await _proxy(broker, first, rest, res.header)
-        n, desired = len(res.route.members), res.spec.replication
-        if n > desired:  # allocator will shrink the route: wait for it
-            min_rev = res.header.etcd.revision + 1
-            continue
-        if n < desired:
-            return _response(pb.INSUFFICIENT_JOURNAL_BROKERS, res.header)
-        if res.replica is None:
-            min_rev = res.header.etcd.revision + 1
-            continue
-        break
+def _routes_equivalent(a: pb.Route, b: pb.Route) -> bool:
+    return a.primary == b.primary and list(a.members) == list(b.members)
 
-    replica = res.replica
-    await replica.wait_first_refresh()
-    await replica.wait_primary_ready()
-    async with replica.pipeline:
-        status, roll_to = _preconditions(replica, first, res.spec)
-        if status == pb.SUSPENDED and first.suspend == pb.AppendRequest.SUSPEND_RESUME:
-            status = pb.OK
+
+def route_matches_assignments(route: pb.Route, res: Resolution) -> bool:
+    """Every assignment of the journal advertises ``route`` (Gazette's
+    JournalRouteMatchesAssignments): the journal is consistent."""
+    for kv in res.assignments:
+        v = kv.value
+        if not isinstance(v, pb.Route) or not _routes_equivalent(route, v):
+            return False
+    return True
+
+
+# States.
+RESOLVE = "resolve"
+ACQUIRE_PIPELINE = "acquire pipeline"
+START_PIPELINE = "start pipeline"
+SEND_SYNC = "send pipeline sync"
+RECV_SYNC = "recv pipeline sync"
+UPDATE_ASSIGNMENTS = "update assignments"
+AWAIT_DESIRED_REPLICAS = "await desired replicas"
+VALIDATE_PRECONDITIONS = "validate preconditions"
+UPDATE_SUSPEND = "update suspend"
+STREAM_CONTENT = "stream content"
+ERROR = "error"
+PROXY = "proxy"
+
+
+class AppendFSM:
+    """One append's walk through the state machine (see the module docstring)."""
+
+    def __init__(self, broker: Broker, req: pb.AppendRequest) -> None:
+        self.broker = broker
+        self.req = req
+        self.state = RESOLVE
+        self.res: Resolution | None = None
+        self.replica: Replica | None = None  # whose send side we own, if any
+        self.pln: Pipeline | None = None
+        self.pln_header = False
+        self.read_through = req.min_etcd_revision
+        self.roll_to = 0
+        self.registers = pb.LabelSet()
+        self.next_suspend: pb.JournalSpec.Suspend | None = None
+        self.status: int = pb.OK
+        self.err: BaseException | None = None
+        self.sync_rounds = 0
+
+    # -- ownership ------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Returns the send side, if owned."""
+        replica, self.replica = self.replica, None
+        if replica is not None:
+            replica.send_lock.release()
+
+    def _retire(self, expect_err: bool) -> None:
+        """Detaches and tears down our pipeline (we own the send side)."""
+        pln, self.pln = self.pln, None
+        if pln is None:
+            return
+        assert self.replica is not None
+        if self.replica.pln is pln:
+            self.replica.pln = None
+        self.replica.retire_pipeline(pln, expect_err)
+        if expect_err:
+            self.replica.request_pulse()
+
+    # -- driver ---------------------------------------------------------------------------
+
+    async def run_to_stream(self) -> None:
+        """Runs until STREAM_CONTENT or a terminal state (ERROR, PROXY)."""
+        steps = {
+            RESOLVE: self._on_resolve,
+            ACQUIRE_PIPELINE: self._on_acquire_pipeline,
+            START_PIPELINE: self._on_start_pipeline,
+            SEND_SYNC: self._on_send_sync,
+            RECV_SYNC: self._on_recv_sync,
+            UPDATE_ASSIGNMENTS: self._on_update_assignments,
+            AWAIT_DESIRED_REPLICAS: self._on_await_desired_replicas,
+            VALIDATE_PRECONDITIONS: self._on_validate_preconditions,
+            UPDATE_SUSPEND: self._on_update_suspend,
+        }
+        try:
+            while self.state not in (STREAM_CONTENT, ERROR, PROXY):
+                await steps[self.state]()
+        except BaseException:
+            # Interrupted mid-step (cancelled, etcd failed, ...): a pipeline in the middle of
+            # its synchronisation is in an unknown state.
+            if self.state in (SEND_SYNC, RECV_SYNC) and self.pln is not None:
+                self._retire(expect_err=True)
+            raise
+
+    async def _on_resolve(self) -> None:
+        req = self.req
+        res = await self.broker.resolver.resolve(
+            req.journal,
+            may_proxy=not req.do_not_proxy,
+            require_primary=True,
+            min_etcd_revision=self.read_through,
+            proxy_header=req.header if req.HasField("header") else None,
+        )
+        self.res = res
+        if res.status == pb.SUSPENDED and req.suspend == pb.AppendRequest.SUSPEND_RESUME:
+            assert res.spec is not None
+            self.next_suspend = pb.JournalSpec.Suspend(level=pb.JournalSpec.Suspend.NONE, offset=res.spec.suspend.offset)
+            self.state = UPDATE_SUSPEND
+        elif res.status != pb.OK:
+            self.status = res.status
+            self.state = ERROR
+        elif not res.is_local:
+            self.release()  # no longer primary: give back a pipeline held from before
+            self.state = AWAIT_DESIRED_REPLICAS
+        elif self.replica is not None and self.replica is res.replica:
+            self.state = START_PIPELINE
+        else:
+            self.release()
+            self.state = ACQUIRE_PIPELINE
+
+    async def _on_acquire_pipeline(self) -> None:
+        res = self.res
+        assert res is not None
+        replica = res.replica
+        if replica is None or replica.cancelled:
+            # Assigned at this revision, but the replica is not serving yet (or any more).
+            self.read_through = res.header.etcd.revision + 1
+            self.state = RESOLVE
+            return
+        if not await acquire_unless(replica.send_lock, res.signal):
+            self.state = RESOLVE
+            return
+        self.replica = replica
+        self.pln = replica.pln
+        # As in Gazette, confirm the resolution still holds now that we own the pipeline.
+        self.state = RESOLVE if (res.signal is not None and res.signal.is_set()) else START_PIPELINE
+
+    async def _on_start_pipeline(self) -> None:
+        res, replica = self.res, self.replica
+        assert res is not None and replica is not None
+        self.pln = replica.pln
+        pln = self.pln
+        if pln is not None and not pln.broken and _routes_equivalent(pln.route, res.route):
+            self.registers = pln.spool.registers
+            self.state = UPDATE_ASSIGNMENTS
+            return
+        if pln is not None:
+            self._retire(expect_err=pln.broken)
+
+        if not await acquire_unless(replica.spool_lock, res.signal):
+            self.state = RESOLVE
+            return
+        if replica.cancelled:
+            replica.spool_lock.release()
+            self.state = RESOLVE
+            return
+        self.registers = replica.spool.registers
+        route = res.route
+        streams = [None if i == route.primary else self.broker.dial_replicate(route, i)
+                   for i in range(len(route.members))]
+        self.pln = replica.pln = Pipeline(res.header, replica.spool, replica.spool_lock.release, streams)
+        self.pln_header = True
+        self.sync_rounds = 0
+        self.state = SEND_SYNC
+
+    async def _on_send_sync(self) -> None:
+        res, pln = self.res, self.pln
+        assert res is not None and res.spec is not None and pln is not None
+        spool = pln.spool
+        proposal = maybe_roll(spool.fragment, spool.first_append_time, self.roll_to, res.spec.fragment, time.time())
+        req = pb.ReplicateRequest(proposal=proposal.to_proto(), registers=self.registers, acknowledge=True)
+        if self.pln_header:
+            req.header.CopyFrom(pln.header)
+            req.deprecated_journal = spool.journal
+            self.pln_header = False
+        await pln.scatter(req)
+        self.state = RECV_SYNC
+
+    async def _on_recv_sync(self) -> None:
+        pln = self.pln
+        assert pln is not None
+        # Earlier appends may still await acknowledgements on this pipeline: read in turn.
+        wait_for, close_after = pln.barrier()
+        try:
+            await wait_for
+            roll_to, roll_regs, read_through = await pln.gather_sync()
+        finally:
+            close_after.set_result(None)
+        err = pln.recv_err() or pln.send_err()
+        self.sync_rounds += 1
+        if err is None and roll_to and self.sync_rounds >= MAX_SYNC_ROUNDS:
+            err = ReplicationError(f"pipeline did not synchronise in {MAX_SYNC_ROUNDS} rounds")
+        if err is not None:
+            self._retire(expect_err=True)
+            self.err = err
+            self.state = ERROR
+        elif roll_to:
+            # A peer holds a larger offset, or cannot extend our fragment: propose that
+            # everyone roll forward to roll_to. This time all peers should agree.
+            self.roll_to = roll_to
+            if roll_regs is not None:
+                self.registers = roll_regs
+            self.state = SEND_SYNC
+        elif read_through:
+            # A peer knows a different route at a later revision: catch up, then rebuild.
+            self._retire(expect_err=False)
+            self.read_through = read_through
+            self.state = RESOLVE
+        else:
+            self.state = UPDATE_ASSIGNMENTS
+
+    async def _on_update_assignments(self) -> None:
+        res, replica = self.res, self.replica
+        assert res is not None and replica is not None
+        if route_matches_assignments(res.route, res):
+            self.state = AWAIT_DESIRED_REPLICAS
+            return
+        rev = await self.broker.update_assignments(replica, res)
+        self.read_through = rev
+        self.state = RESOLVE
+
+    async def _on_await_desired_replicas(self) -> None:
+        res = self.res
+        assert res is not None and res.spec is not None
+        n, desired = len(res.route.members), desired_replication(res.spec)
+        if n > desired:
+            # The allocator over-subscribed the journal and is about to remove members
+            # (maybe the primary): wait for that rather than append to n > desired.
+            self.read_through = res.header.etcd.revision + 1
+            self.state = RESOLVE
+        elif n < desired:
+            self.status = pb.INSUFFICIENT_JOURNAL_BROKERS
+            self.state = ERROR
+        elif not res.is_local:
+            self.state = PROXY
+        else:
+            self.state = VALIDATE_PRECONDITIONS
+
+    async def _on_validate_preconditions(self) -> None:
+        res, replica, pln = self.res, self.replica, self.pln
+        assert res is not None and res.spec is not None and replica is not None and pln is not None
+        if not await wait_unless(replica.index.first_refresh, res.signal):
+            self.state = RESOLVE
+            return
+        if not await wait_unless(replica.primary_refreshed, res.signal):
+            self.state = RESOLVE
+            return
+        req, spec, spool = self.req, res.spec, pln.spool
+        if len(res.route.members) == 1 and (fresh := replica.fresh_roll_offset()) > spool.fragment.end:
+            self.roll_to = fresh
+            self.state = SEND_SYNC
+            return
+
+        index_min, index_max, index_mod = replica.index.summary()
+        interval = spec.fragment.flush_interval.seconds or DEFAULT_FLUSH_INTERVAL
+        index_dirty = index_mod == 0 or index_mod > time.time() - interval
+        end = spool.fragment.end
+        max_offset = max(end, index_max)
+        suspend = spec.suspend
+
+        if req.HasField("check_registers") and len(self.registers.labels) != 0:
+            sel = labels.LabelSelector.from_proto(req.check_registers)
+            if not sel.matches(labels.LabelSet.from_proto(self.registers)):
+                self.status = pb.REGISTER_MISMATCH
+                self.state = ERROR
+                return
+        if end < suspend.offset:  # roll forward to the journal's resumption offset
+            self.roll_to = suspend.offset
+            self.state = SEND_SYNC
+            return
+        if end != max_offset and req.offset == 0 and may_write(spec):
+            self.status = pb.INDEX_HAS_GREATER_OFFSET
+            self.state = ERROR
+            return
+        if req.offset != 0 and req.offset != max_offset:
+            self.status = pb.WRONG_APPEND_OFFSET
+            self.state = ERROR
+            return
+        if req.offset != 0 and end != max_offset:
+            # The explicit offset confirms the index's end: re-synchronise there.
+            self.roll_to = max_offset
+            self.state = SEND_SYNC
+            return
+
+        level = suspend.level
+        if req.suspend == pb.AppendRequest.SUSPEND_RESUME:
+            if level != pb.JournalSpec.Suspend.NONE:
+                self.next_suspend = pb.JournalSpec.Suspend(level=pb.JournalSpec.Suspend.NONE, offset=end)
+                self.state = UPDATE_SUSPEND
+                return
+        elif req.suspend == pb.AppendRequest.SUSPEND_NO_RESUME:
+            if level != pb.JournalSpec.Suspend.NONE:
+                self.status = pb.SUSPENDED
+                self.state = ERROR
+                return
+        elif req.suspend in (pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW):
+            if level != pb.JournalSpec.Suspend.FULL and index_min == index_max:
+                self.next_suspend = pb.JournalSpec.Suspend(level=pb.JournalSpec.Suspend.FULL, offset=end)
+                self.state = UPDATE_SUSPEND
+                return
+            if level == pb.JournalSpec.Suspend.NONE and (not index_dirty or req.suspend == pb.AppendRequest.SUSPEND_NOW):
+                self.next_suspend = pb.JournalSpec.Suspend(level=pb.JournalSpec.Suspend.PARTIAL, offset=end)
+                self.state = UPDATE_SUSPEND
+                # The replication factor drops, but we likely stay primary: roll the spool
+                # so its content is persisted.
+                self.roll_to = end
+                return
+            if level == pb.JournalSpec.Suspend.PARTIAL:
+                self.status = pb.SUSPENDED
+        self.state = STREAM_CONTENT
+
+    async def _on_update_suspend(self) -> None:
+        res = self.res
+        assert res is not None and self.next_suspend is not None
+        self.read_through = await self.broker.update_suspend(res, self.next_suspend.level, self.next_suspend.offset)
+        log.info("updated journal suspension", extra={
+            "journal": self.req.journal, "revision": self.read_through,
+            "suspend": pb.JournalSpec.Suspend.Level.Name(self.next_suspend.level)})
+        self.state = RESOLVE
+
+    # -- streaming ------------------------------------------------------------------------
+
+    async def stream(self, rest: AsyncIterator[pb.AppendRequest]) -> pb.AppendResponse:
+        """STREAM_CONTENT through the acknowledgements; returns the response (or raises)."""
+        res, pln = self.res, self.pln
+        assert res is not None and res.spec is not None and pln is not None
+        spool = pln.spool
+        spec = res.spec
+        proposal = maybe_roll(spool.fragment, spool.first_append_time, self.roll_to, spec.fragment, time.time())
+        if proposal != spool.fragment:
+            # The pipeline is synchronised: every peer takes this roll, unacknowledged.
+            await pln.scatter(pb.ReplicateRequest(proposal=proposal.to_proto(), registers=self.registers))
+
+        begin = spool.fragment.end
+        started = time.monotonic()
+        summer = hashlib.sha1()
+        delta = 0
+        chunks = 0
+        committed = False
+        status = self.status
+        writable = may_write(spec)
+        content_allowed = self.req.suspend not in (
+            pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW, pb.AppendRequest.SUSPEND_KEEP)
+        err: BaseException | None = None
+        local_only = not pln.peers
+        try:
+            async for req in rest:
+                if req.journal:
+                    raise AppendStreamError("expected Content chunk")
+                if committed:
+                    raise AppendStreamError("expected EOF after empty Content chunk")
+                content = req.content  # each access of a bytes field copies it: read it once
+                if not content:
+                    committed = True
+                    continue
+                if not writable or not content_allowed:
+                    status = pb.NOT_ALLOWED
+                    break
+                if local_only:
+                    spool._apply_content(content, delta)  # noqa: SLF001 - no peers: apply directly
+                else:
+                    await pln.scatter_content(content, delta)
+                    if pln.send_err() is not None:
+                        break
+                summer.update(content)
+                delta += len(content)
+                chunks += 1
+            if status == pb.OK and not committed and pln.send_err() is None:
+                raise AppendStreamError("unexpected EOF before the commit chunk")
+            if (status == pb.OK and delta == 0
+                    and (self.req.HasField("union_registers") or self.req.HasField("subtract_registers"))):
+                raise AppendStreamError("register modification requires non-empty Append")
+        except BaseException as e:  # noqa: BLE001 - including cancellation: roll back, then re-raise
+            err = e
+
+        regs = self.registers
+        if err is None and status == pb.OK and pln.send_err() is None:
+            proposal_pb = spool.next()
+            if self.req.HasField("subtract_registers") or self.req.HasField("union_registers"):
+                ls = labels.LabelSet.from_proto(regs)
+                if self.req.HasField("subtract_registers"):
+                    ls = ls.subtract(labels.LabelSet.from_proto(self.req.subtract_registers))
+                if self.req.HasField("union_registers"):
+                    ls = labels.LabelSet.from_proto(self.req.union_registers).union(ls)
+                regs = ls.to_proto()
+            commit = True
+        else:
+            proposal_pb = spool.fragment.to_proto()  # roll back the pending content
+            commit = False
+        final = pb.ReplicateRequest(proposal=proposal_pb, registers=regs, acknowledge=True)
+
+        if local_only:
+            await self._finish(final)
+        else:
+            # Shielded: the acknowledgements on the streams must be read by us, in turn,
+            # whatever happens to the client's RPC meanwhile.
+            finishing = asyncio.ensure_future(self._finish(final))
+            try:
+                await asyncio.shield(finishing)
+            except asyncio.CancelledError:
+                if not finishing.done():
+                    finishing.add_done_callback(_consume)
+                raise
+        if err is not None:
+            raise err
+        if self.err is not None:
+            raise self.err
         if status != pb.OK:
             return _response(status, res.header)
-        resp = await _stream(replica, first, rest, res.spec, roll_to, res.header)
+        assert commit
+        metrics.APPEND_BYTES.inc(delta)
+        metrics.COMMIT_SECONDS.observe(time.monotonic() - started)
+        resp = _response(pb.OK, res.header)
+        c = resp.commit
+        c.journal = spool.journal
+        c.begin = begin
+        c.end = begin + delta
+        c.sum.CopyFrom(sum_to_proto(summer.digest()))
+        c.compression_codec = proposal_pb.compression_codec
+        resp.registers.CopyFrom(regs)
+        resp.total_chunks = chunks
+        return resp
+
+    async def _finish(self, final: pb.ReplicateRequest) -> None:
+        """Scatter the commit (or rollback), hand the send side on, read our acks in turn."""
+        pln, replica = self.pln, self.replica
+        assert pln is not None and replica is not None
+        if not pln.broken:
+            await pln.scatter(final)
+        send_err = pln.send_err()
+        wait_for, close_after = pln.barrier()
+        if send_err is not None:
+            self._retire(expect_err=True)  # close_send now; our shutdown reads after us
+        self.release()
+        try:
+            await wait_for
+            await pln.gather_ok()
+            if send_err is not None:
+                await pln.gather_eof()
+        finally:
+            close_after.set_result(None)
+        self.err = pln.recv_err() or send_err
+        if self.err is not None:
+            replica.request_pulse()  # the pipeline is broken: rebuild it without waiting
+
+
+def _consume(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def append(broker: Broker, first: pb.AppendRequest, rest: AsyncIterator[pb.AppendRequest]) -> pb.AppendResponse:
+    """Serves one Append; ``rest`` yields the content chunks after ``first``."""
+    fsm = AppendFSM(broker, first)
+    try:
+        await fsm.run_to_stream()
+        res = fsm.res
+        assert res is not None
+        if fsm.state == PROXY:
+            return await _proxy(broker, first, rest, res.header)
+        if fsm.state == ERROR:
+            if fsm.err is not None:
+                raise fsm.err
+            return _response(fsm.status, res.header)
+        resp = await fsm.stream(rest)
+    finally:
+        fsm.release()
     metrics.APPENDS.labels(pb.Status.Name(resp.status)).inc()
     return resp
 
 
-def _preconditions(replica: Replica, first: pb.AppendRequest, spec: pb.JournalSpec) -> tuple[int, int]:
-    spool = replica.spool
-    registers = spool.registers
-    fresh = replica.fresh_roll_offset()
-    if fresh:
-        replica.apply(pb.ReplicateRequest(proposal=pb.Fragment(journal=replica.journal, begin=fresh, end=fresh,
-                                                                compression_codec=spec.fragment.compression_codec),
-                                          registers=registers))
-    if first.HasField("check_registers") and len(registers.labels) != 0:
-        sel = labels.LabelSelector.from_proto(first.check_registers)
-        if not sel.matches(labels.LabelSet.from_proto(registers)):
-            return pb.REGISTER_MISMATCH, 0
-    index_max = replica.index.end_offset
-    end = spool.fragment.end
-    max_offset = max(end, index_max)
-    if end < spec.suspend.offset:
-        return pb.OK, spec.suspend.offset
-    if end != max_offset and first.offset == 0 and may_write(spec):
-        return pb.INDEX_HAS_GREATER_OFFSET, 0
-    if first.offset != 0 and first.offset != max_offset:
-        return pb.WRONG_APPEND_OFFSET, 0
-    if first.suspend == pb.AppendRequest.SUSPEND_NO_RESUME and spec.suspend.level != pb.JournalSpec.Suspend.NONE:
-        return pb.SUSPENDED, 0
-    if first.offset != 0 and end != max_offset:
-        return pb.OK, max_offset
-    return pb.OK, 0
+async def pulse(broker: Broker, replica: Replica) -> None:
+    """A zero-byte append as primary: builds and synchronises the pipeline, advertises the
+    route, and rolls the spool if its flush interval passed (Gazette's pulse daemon)."""
+    req = pb.AppendRequest(journal=replica.journal, do_not_proxy=True, suspend=pb.AppendRequest.SUSPEND_NO_RESUME)
 
+    async def commit() -> AsyncIterator[pb.AppendRequest]:
+        yield pb.AppendRequest()
 
-async def _stream(
-    replica: Replica,
-    first: pb.AppendRequest,
-    rest: AsyncIterator[pb.AppendRequest],
-    spec: pb.JournalSpec,
-    roll_to: int,
-    header: pb.Header,
-) -> pb.AppendResponse:
-    spool = replica.spool
-    proposal = maybe_roll(spool.fragment, spool.first_append_time, roll_to, spec.fragment, time.time())
-    if proposal != spool.fragment:
-        replica.apply(pb.ReplicateRequest(proposal=proposal.to_proto(), registers=spool.registers))
-
-    begin = spool.fragment.end
-    started = time.monotonic()
-    summer = hashlib.sha1()
-    delta = 0
-    chunks = 0
-    committed = False
-    status = pb.OK
-    writable = may_write(spec)
-    try:
-        async for req in rest:
-            if req.journal:
-                raise AppendStreamError("expected Content chunk")
-            if committed:
-                raise AppendStreamError("expected EOF after empty Content chunk")
-            content = req.content  # each access of a bytes field copies it: read it once
-            if not content:
-                committed = True
-                continue
-            if not writable:
-                status = pb.NOT_ALLOWED
-                break
-            if first.suspend in (pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW, pb.AppendRequest.SUSPEND_KEEP):
-                status = pb.NOT_ALLOWED
-                break
-            replica.apply_content(content, delta)
-            summer.update(content)
-            delta += len(content)
-            chunks += 1
-        if status == pb.OK and not committed:
-            raise AppendStreamError("unexpected EOF before the commit chunk")
-        if status == pb.OK and delta == 0 and (first.HasField("union_registers") or first.HasField("subtract_registers")):
-            raise AppendStreamError("register modification requires non-empty Append")
-    except BaseException:  # including cancellation: roll back before releasing the pipeline
-        replica.rollback()
-        raise
-    if status != pb.OK:
-        replica.rollback()
-        return _response(status, header)
-
-    regs = labels.LabelSet.from_proto(spool.registers)
-    if first.HasField("subtract_registers"):
-        regs = regs.subtract(labels.LabelSet.from_proto(first.subtract_registers))
-    if first.HasField("union_registers"):
-        regs = labels.LabelSet.from_proto(first.union_registers).union(regs)
-    new_regs = regs.to_proto()
-    nxt = spool.next()
-    replica.apply(pb.ReplicateRequest(proposal=nxt, registers=new_regs, acknowledge=True))
-    metrics.APPEND_BYTES.inc(delta)
-    metrics.COMMIT_SECONDS.observe(time.monotonic() - started)
-
-    resp = _response(pb.OK, header)
-    resp.commit.journal = replica.journal
-    resp.commit.begin = begin
-    resp.commit.end = begin + delta
-    resp.commit.sum.CopyFrom(sum_to_proto(summer.digest()))
-    resp.commit.compression_codec = spool.fragment.codec
-    resp.registers.CopyFrom(new_regs)
-    resp.total_chunks = chunks
-    return resp
+    resp = await append(broker, req, commit())
+    if resp.status not in (pb.OK, pb.NOT_JOURNAL_PRIMARY_BROKER, pb.NO_JOURNAL_PRIMARY_BROKER,
+                           pb.JOURNAL_NOT_FOUND, pb.SUSPENDED):
+        log.warning("journal pulse failed (will retry)",
+                    extra={"journal": replica.journal, "status": pb.Status.Name(resp.status)})
 
 
 async def _proxy(broker: Broker, first: pb.AppendRequest, rest: AsyncIterator[pb.AppendRequest], header: pb.Header) -> pb.AppendResponse:

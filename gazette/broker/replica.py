@@ -1,19 +1,30 @@
-"""A journal replica: the local spool, the fragment index and the append pipeline.
+"""A journal replica: the local spool, the fragment index, the pipeline and the pulse.
 
 A Replica exists while this broker is assigned its journal (see ``resolver``).
 Invariants:
 
-* Only the holder of ``pipeline`` applies requests to the spool, so appends
-  are serialized; every apply is synchronous, so a commit and its index update
-  happen in one step of the event loop.
-* The index holds every committed local fragment (``on_commit``) and, after the
-  first refresh, every fragment listed by the journal's stores; the refresh
-  repeats every ``fragment.refresh_interval``. Appends wait for the first
-  refresh so they can tell whether the stores hold content beyond the spool.
-* Spools completed by the primary are queued to the persister, which uploads
-  them to the journal's first store and then adds them to the index as remote.
-* ``cancel()`` stops the maintenance task and wakes blocked reads; the spool
-  file is released once no reader holds it.
+* The spool is owned by one holder at a time, through ``spool_lock``: the primary's
+  replication pipeline (from its construction until its ``close_send``), or a peer's
+  Replicate RPC (for the life of the stream). Nothing else applies requests to it, except
+  ``complete_spool`` by a holder of the lock.
+* The send side of the pipeline is owned by one append at a time, through ``send_lock``;
+  ``pln`` (the current pipeline, or None) is read and replaced only by its holder. Receive
+  sides are ordered by the pipeline's read barrier (see ``pipeline``).
+* The index holds every committed local fragment (``on_commit``) and, after the first
+  refresh, every fragment listed by the journal's stores; the refresh repeats every
+  ``fragment.refresh_interval``. Appends wait for the first refresh so they can tell whether
+  the stores hold content beyond the spool; a new primary also waits for a refresh begun
+  after it became primary, so it sees what its predecessor persisted.
+* Every completed spool goes to the persister: a primary's (or one closed by a pipeline
+  synchronisation) at once, a replica's after the persister's replica delay.
+* ``route_signal`` is set (and replaced) whenever the journal's assignments change, waking
+  RPCs which wait for the spool or the pipeline under a resolution that is now stale.
+* While primary, a *pulse* (a zero-byte append) runs on becoming primary, on each route
+  change, when the spool's flush interval passes, after a pipeline broke, and every
+  ``HEALTH_INTERVAL``: it builds and synchronises the pipeline and advertises the route's
+  consistency, without waiting for a client's append.
+* ``cancel()`` stops the replica's tasks, wakes blocked reads and RPCs, and retires it in
+  the background: the pipeline is torn down, then the spool is completed (and so persisted).
 """
 
 from __future__ import annotations
@@ -21,15 +32,77 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from gazette.broker.fragment import Fragment, Index, Persister, Spool, SpoolSnapshot, Stores
 from gazette.broker.fragment.store import walk_all_stores
 from gazette.protocol import protocol_pb2 as pb
 
+if TYPE_CHECKING:
+    from gazette.broker.pipeline import Pipeline
+
 log = logging.getLogger(__name__)
 
 DEFAULT_REFRESH = 300.0
-PULSE_INTERVAL = 1.0
+MAINTAIN_TICK = 1.0
+"""Seconds between checks of the spool's flush interval."""
+HEALTH_INTERVAL = 60.0
+"""Seconds between periodic pulses of a primary (Gazette's health-check interval)."""
+PULSE_TIMEOUT = 60.0
+"""A pulse still unfinished after this long is abandoned (and retried)."""
+
+PulseFn = Callable[["Replica"], Awaitable[None]]
+
+
+async def acquire_unless(lock: asyncio.Lock, signal: asyncio.Event | None) -> bool:
+    """Acquires ``lock``, unless ``signal`` is set first (then returns False, not holding it)."""
+    if not lock.locked() or signal is None:
+        await lock.acquire()
+        return True
+    if signal.is_set():
+        return False
+    acq = asyncio.ensure_future(lock.acquire())
+    sig = asyncio.ensure_future(signal.wait())
+    try:
+        await asyncio.wait((acq, sig), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        sig.cancel()
+        if await _settle(acq):
+            lock.release()
+        raise
+    sig.cancel()
+    return await _settle(acq)
+
+
+async def _settle(acq: asyncio.Future[Any]) -> bool:
+    """Cancels a pending acquisition; True if it holds the lock (it won the race)."""
+    if not acq.done():
+        acq.cancel()
+    try:
+        await acq
+    except asyncio.CancelledError:
+        return False
+    return True
+
+
+async def wait_unless(event: asyncio.Event, signal: asyncio.Event | None) -> bool:
+    """Waits for ``event``; False if ``signal`` is set first."""
+    if event.is_set():
+        return True
+    if signal is None:
+        await event.wait()
+        return True
+    if signal.is_set():
+        return False
+    ev = asyncio.ensure_future(event.wait())
+    sig = asyncio.ensure_future(signal.wait())
+    try:
+        await asyncio.wait((ev, sig), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        ev.cancel()
+        sig.cancel()
+    return event.is_set()
 
 
 class Replica:
@@ -41,6 +114,7 @@ class Replica:
         stores: Stores,
         persister: Persister,
         tg: asyncio.TaskGroup,
+        pulse: PulseFn | None = None,
     ) -> None:
         self.journal = journal
         self.spec = spec
@@ -48,12 +122,22 @@ class Replica:
         self.persister = persister
         self.index = Index(signer=self._sign)
         self.spool = Spool(journal, directory=spool_dir, on_commit=self.index.spool_commit, on_complete=self._on_complete)
-        self.pipeline = asyncio.Lock()
+        self.spool_lock = asyncio.Lock()
+        self.send_lock = asyncio.Lock()
+        self.pln: Pipeline | None = None
         self.primary = False
+        self.cancelled = False
+        self.route_signal = asyncio.Event()
+        self.assignments_sig: tuple[tuple[str, int], ...] = ()
+        self.retired: asyncio.Task[None] | None = None
+        self._pulse_fn = pulse
+        self._pulse_now = asyncio.Event()
         # Set by a refresh that began after this replica last became primary.
         self._primary_refreshed = asyncio.Event()
         self._refresh_now = asyncio.Event()
+        self._bg: set[asyncio.Task[None]] = set()
         self._task = tg.create_task(self._maintain(), name=f"replica:{journal}")
+        self._pulse_task = tg.create_task(self._pulse_loop(), name=f"pulse:{journal}")
 
     def _sign(self, fragment: Fragment, ttl: float) -> str | None:
         try:
@@ -61,22 +145,8 @@ class Replica:
         except Exception:  # noqa: BLE001 - no signed URL: the broker serves the read itself
             return None
 
-    def apply(self, req: pb.ReplicateRequest) -> pb.ReplicateResponse:
-        resp = self.spool.apply(req, primary=True)
-        if req.HasField("proposal") and resp.status != pb.OK:
-            raise AssertionError(f"local spool of {self.journal} refused {req.proposal}: {resp}")
-        return resp
-
-    def apply_content(self, content: bytes, delta: int) -> None:
-        """Applies a content chunk without wrapping it in a ReplicateRequest (which copies it)."""
-        self.spool._apply_content(content, delta)
-
-    def rollback(self) -> None:
-        """Discards pending (uncommitted) content of the spool."""
-        self.spool.must_apply(pb.ReplicateRequest(proposal=self.spool.fragment.to_proto(), registers=self.spool.registers), True)
-
     def complete_spool(self) -> None:
-        """Rolls the spool so its content is handed to the persister (used when draining)."""
+        """Rolls the spool so its content is handed to the persister (caller owns the spool)."""
         f = self.spool.fragment
         if f.content_length == 0:
             return
@@ -84,8 +154,10 @@ class Replica:
         self.spool.must_apply(pb.ReplicateRequest(proposal=nxt, registers=self.spool.registers), True)
 
     def _on_complete(self, snap: SpoolSnapshot) -> None:
-        if snap.primary and self.spec.fragment.stores:
+        if self.spec.fragment.stores:
             self.persister.spool_complete(snap)
+
+    # -- routing --------------------------------------------------------------------------
 
     def set_primary(self, primary: bool) -> None:
         """Called by the resolver on each assignment change."""
@@ -93,37 +165,117 @@ class Replica:
             # A new primary must see what the previous one persisted before it appends.
             self._primary_refreshed.clear()
             self._refresh_now.set()
+            self.request_pulse()
+        elif self.primary and not primary:
+            self.spawn(self._drop_pipeline(), "demoted")
         self.primary = primary
+
+    def signal_route_change(self) -> None:
+        """Wakes RPCs waiting under a now-stale resolution, and pulses a primary.
+
+        A replica whose spool was rolled forward by a synchronisation past content it never
+        held also refreshes its index now: the primary persisted that content before it
+        advertised the route, so readers of this replica need not wait a refresh interval.
+        """
+        self.route_signal.set()
+        self.route_signal = asyncio.Event()
+        self.request_pulse()
+        if self._missing_below_spool():
+            self._refresh_now.set()
+
+    def _missing_below_spool(self) -> bool:
+        begin = self.spool.fragment.begin
+        if begin == 0:
+            return False
+        _, found = self.index.fragments().longest_overlapping(begin - 1)
+        return not found
+
+    def request_pulse(self) -> None:
+        self._pulse_now.set()
 
     async def wait_primary_ready(self) -> None:
         """Waits for an index refresh begun after this replica became primary."""
         await self._primary_refreshed.wait()
 
+    @property
+    def primary_refreshed(self) -> asyncio.Event:
+        return self._primary_refreshed
+
     def fresh_roll_offset(self) -> int:
         """Offset a never-written spool should start at: the end of what the stores hold.
 
-        Without a replication pipeline to synchronise a new primary's spool, a replica that
-        has never held content starts after everything its predecessor persisted (the
-        predecessor persists before it advertises the route that lets the allocator move
-        the primary, see ``Broker._advertise_routes``).
+        Only for routes of one member (replication 1): with no peer to synchronise with, a
+        replica that never held content starts after everything its predecessor persisted
+        (the predecessor persists before it advertises the route that lets the allocator move
+        the primary). With peers, the write head comes from the pipeline's synchronisation.
         """
         f = self.spool.fragment
         if f.content_length == 0 and self.spool.first_append_time is None and self.index.end_offset > f.end:
             return self.index.end_offset
         return 0
 
-    async def flush(self, persist: bool) -> None:
-        """Completes the spool under the pipeline and, if asked, waits until it is persisted."""
-        async with self.pipeline:
-            self.complete_spool()
-            if persist:
-                await self.persister.persist_all_and_wait()
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def spawn(self, coro: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
+        """Runs ``coro`` in the background, logging (never raising) its failure."""
+
+        async def guarded() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - a background step of one journal
+                log.warning("replica task failed", extra={"journal": self.journal, "task": what, "err": str(err)})
+
+        task = asyncio.ensure_future(guarded())
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+        return task
+
+    def retire_pipeline(self, pln: Pipeline, expect_err: bool) -> None:
+        """Shuts ``pln`` down in the background (caller owns the send side and has already
+        detached it from ``self.pln``)."""
+        pln.close_send()
+        self.spawn(pln.shutdown(expect_err), "pipeline shutdown")
+
+    async def _drop_pipeline(self) -> None:
+        async with self.send_lock:
+            pln, self.pln = self.pln, None
+            if pln is not None:
+                await pln.shutdown(False)
 
     def cancel(self) -> None:
+        """The journal is no longer assigned here: stop, and retire in the background."""
+        if self.cancelled:
+            return
+        self.cancelled = True
         self._task.cancel()
-        if not self.pipeline.locked():
-            self.complete_spool()  # hand the content to the persister before letting go
+        self._pulse_task.cancel()
+        self.primary = False
         self.index.close()
+        self.signal_route_change()
+        self.retired = self.spawn(self._retire(), "retire")
+
+    async def _retire(self) -> None:
+        await self._drop_pipeline()
+        async with self.spool_lock:
+            self.complete_spool()  # hand the content to the persister before letting go
+
+    async def shutdown(self, timeout: float) -> None:  # noqa: ASYNC109 - bounded drain step
+        """Tears the pipeline down and completes the spool, waiting at most ``timeout``;
+        past it the spool is completed regardless (the broker is leaving)."""
+        self.cancel()
+        assert self.retired is not None
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(self.retired)
+        except TimeoutError:
+            log.warning("replica did not retire in time; completing its spool", extra={"journal": self.journal})
+            if self.pln is not None:
+                self.pln.cancel()
+            self.complete_spool()
+
+    # -- maintenance ----------------------------------------------------------------------
 
     async def wait_first_refresh(self) -> None:
         await self.index.first_refresh.wait()
@@ -133,7 +285,7 @@ class Replica:
         self.index.replace_remote(cover)
 
     async def _maintain(self) -> None:
-        """Refreshes the index from the stores, and rolls spools whose flush interval passed."""
+        """Refreshes the index from the stores, and pulses once the flush interval passed."""
         next_refresh = 0.0
         attempt = 0
         while True:
@@ -152,24 +304,38 @@ class Replica:
                     attempt += 1
                     log.warning("refreshing fragment index failed", extra={"journal": self.journal, "err": str(err)})
                     next_refresh = time.monotonic() + min(30.0, 0.5 * 2**attempt)
-            await self._maybe_flush()
-            timeout = min(PULSE_INTERVAL, max(0.0, next_refresh - time.monotonic()))
+            self._maybe_flush()
+            timeout = min(MAINTAIN_TICK, max(0.0, next_refresh - time.monotonic()))
             try:
                 async with asyncio.timeout(timeout):
                     await self._refresh_now.wait()
             except TimeoutError:
                 pass
 
-    async def _maybe_flush(self) -> None:
-        """Rolls the spool once its flush interval has passed, as an append would."""
+    def _maybe_flush(self) -> None:
+        """Once the spool's flush interval has passed, a primary pulses: the pulse's append
+        rolls the spool through the pipeline, as a client's append would."""
         interval = self.spec.fragment.flush_interval.seconds
         first = self.spool.first_append_time
-        if interval <= 0 or first is None or self.spool.fragment.content_length == 0:
+        if not self.primary or interval <= 0 or first is None or self.spool.fragment.content_length == 0:
             return
-        if int(first) // interval == int(time.time()) // interval:
-            return
-        if self.pipeline.locked():
-            return  # the next append rolls it
-        async with self.pipeline:
-            if self.spool.first_append_time == first:
-                self.complete_spool()
+        if int(first) // interval != int(time.time()) // interval:
+            self.request_pulse()
+
+    async def _pulse_loop(self) -> None:
+        while True:
+            try:
+                async with asyncio.timeout(HEALTH_INTERVAL):
+                    await self._pulse_now.wait()
+            except TimeoutError:
+                pass
+            self._pulse_now.clear()
+            if not self.primary or self._pulse_fn is None:
+                continue
+            try:
+                async with asyncio.timeout(PULSE_TIMEOUT):
+                    await self._pulse_fn(self)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - retried at the next pulse
+                log.warning("journal pulse failed (will retry)", extra={"journal": self.journal, "err": str(err)})

@@ -11,14 +11,19 @@ Gazette's key layout) at one revision and answers, for a journal:
 
 Invariants: a resolution is computed under one keyspace revision and carries
 it in its Header; a request that names a later revision waits for the
-keyspace to reach it first. The set of local replicas is updated by a
-keyspace observer, in revision order, so a replica exists exactly while the
-local broker holds an assignment of its journal (and its item's create
-revision is unchanged: a journal deleted and re-created is a new replica).
+keyspace to reach it first. A request proxied by a peer must come from the
+same etcd cluster and be addressed to this broker (its header's process ID).
+The set of local replicas is updated by a keyspace observer, in revision
+order, so a replica exists exactly while the local broker holds an assignment
+of its journal (and its item's create revision is unchanged: a journal
+deleted and re-created is a new replica). Whenever a journal's assignments
+change (keys or values), its replica's route signal fires, so RPCs waiting
+under the older resolution (its ``signal``) resolve again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +49,7 @@ class Resolution:
     item_create_revision: int = 0
     replica: Replica | None = None
     assignments: list[ks_mod.KeyValue] = field(default_factory=list)
+    signal: asyncio.Event | None = None  # set once this resolution's assignments change
 
     @property
     def route(self) -> pb.Route:
@@ -70,6 +76,7 @@ class Resolver:
         self._new_replica = new_replica
         self.replicas: dict[str, Replica] | None = {}
         self._create_revs: dict[str, int] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
         keyspace.observers.append(self.update_replicas)
 
     # Key helpers over Gazette's layout.
@@ -125,6 +132,13 @@ class Resolver:
                     f"request Etcd ClusterId doesn't match our own ({hdr_etcd.cluster_id} vs {own.cluster_id})"
                 )
             min_etcd_revision = max(min_etcd_revision, hdr_etcd.revision)
+        if proxy_header is not None and proxy_header.HasField("process_id"):
+            pid = proxy_header.process_id
+            if (pid.zone or pid.suffix) and _id_key(pid) != _id_key(self.local_id):
+                raise ValueError(
+                    f"request ProcessId doesn't match our own ({pid.zone}#{pid.suffix} vs "
+                    f"{self.local_id.zone}#{self.local_id.suffix})"
+                )
         if min_etcd_revision > self.ks.revision:
             await self.ks.wait_for_revision(min_etcd_revision)
 
@@ -159,6 +173,7 @@ class Resolver:
             raise ResolverStopped("resolver has stopped serving local replicas")
         if self.replicas is not None and journal in self.replicas:
             res.replica = self.replicas[journal]
+            res.signal = res.replica.route_signal
 
         if spec is None:
             res.status = pb.JOURNAL_NOT_FOUND
@@ -175,13 +190,16 @@ class Resolver:
         return res
 
     def update_replicas(self) -> None:
-        """Keyspace observer: start replicas of newly-assigned journals, stop revoked ones."""
+        """Keyspace observer: start replicas of newly-assigned journals, stop revoked ones,
+        and signal replicas whose journal's assignments changed."""
         if self.replicas is None:
             return
         local: dict[str, tuple[pb.JournalSpec, int, bool]] = {}
+        sigs: dict[str, list[tuple[str, int]]] = {}
         prefix = f"{self.ks.root}/assign/"
         for kv in self.ks.prefixed(prefix):
             a = ks_mod.parse_assignment_key(self.ks.root, kv.key)
+            sigs.setdefault(a.item, []).append((kv.key, kv.mod_revision))
             if (a.zone, a.suffix) != _id_key(self.local_id):
                 continue
             item = self.ks.search(self._item_key(a.item))
@@ -194,24 +212,40 @@ class Resolver:
             replica = self.replicas.get(name)
             if replica is None or self._create_revs.get(name) != create_rev:
                 if replica is not None:
-                    replica.cancel()
-                log.info("starting local journal replica", extra={"journal": name})
+                    self._cancel(replica)
+                log.info("starting local journal replica", extra={"journal": name, "primary": primary})
                 replica = self._new_replica(name, spec)
                 self._create_revs[name] = create_rev
             else:
                 replica.spec = spec
             replica.set_primary(primary)
+            sig = tuple(sigs.get(name, ()))
+            if sig != replica.assignments_sig:
+                replica.assignments_sig = sig
+                replica.signal_route_change()
             next_replicas[name] = replica
 
         for name, replica in self.replicas.items():
             if name not in next_replicas:
                 log.info("stopping local journal replica", extra={"journal": name})
-                replica.cancel()
+                self._cancel(replica)
                 self._create_revs.pop(name, None)
         self.replicas = next_replicas
+
+    def _cancel(self, replica: Replica) -> None:
+        replica.cancel()
+        task = replica.retired
+        if task is not None and not task.done():
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    async def wait_retired(self, timeout: float) -> None:  # noqa: ASYNC109 - a bounded drain step
+        """Waits (at most ``timeout``) for stopped replicas to finish retiring."""
+        if self._retiring:
+            await asyncio.wait(list(self._retiring), timeout=timeout)
 
     def stop_serving(self) -> None:
         if self.replicas is not None:
             for r in self.replicas.values():
-                r.cancel()
+                self._cancel(r)
         self.replicas = None

@@ -6,10 +6,17 @@ the keyspace watch, the allocator, the fragment persister and the servers
 The broker announces its BrokerSpec under an etcd lease only after its
 public port is bound, so the endpoint it advertises always answers.
 
+Journal consistency is advertised by primaries, from their append pipelines
+(see ``append``): once a pipeline is synchronised with its route, the route is
+written into every assignment value of the journal (``update_assignments``),
+and each replica's pulse makes that happen without waiting for client appends.
+
 Shutdown (``drain()``, on SIGTERM): the announcement is updated to
 ``exiting`` with zero capacity, so the allocator hands every local journal to
 other brokers; once none remains assigned, closed spools are persisted, the
 servers stop accepting, in-flight RPCs finish, and the lease is revoked.
+Journals nobody else can take are retired here: pipelines torn down, spools
+completed and persisted.
 """
 
 from __future__ import annotations
@@ -31,18 +38,28 @@ from aiohttp import web
 from gazette import keyspace as ks_mod
 from gazette import labels
 from gazette.allocator import Announcement, allocate, announce, journal_is_consistent
+from gazette.broker import append as append_mod
 from gazette.broker.fragment import Fragment, Persister, Stores
 from gazette.broker.http_gateway import Gateway
 from gazette.broker.metrics import metrics_app_routes
 from gazette.broker.mux import Multiplexer
+from gazette.broker.pipeline import PeerStream
 from gazette.broker.replica import Replica
-from gazette.broker.resolver import Resolver
+from gazette.broker.replicate import FailedPeerStream, GrpcPeerStream, raw_request
+from gazette.broker.resolver import Resolution, Resolver
 from gazette.broker.service import JournalService
 from gazette.etcd import connect as etcd_connect
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+
+PERSIST_BEFORE_ADVERTISE_TIMEOUT = 30.0
+"""Seconds a primary waits for closed spools to persist before advertising a grown route."""
+RETIRE_TIMEOUT = 30.0
+"""Seconds a draining broker waits for each replica to tear down its pipeline."""
+
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 _ADJECTIVES = ("busy", "calm", "eager", "fuzzy", "gentle", "happy", "jolly", "lively", "merry", "proud", "quiet", "swift")
 _ANIMALS = ("walrus", "otter", "badger", "heron", "lynx", "marmot", "osprey", "puffin", "tapir", "wombat", "yak", "zebu")
@@ -83,6 +100,7 @@ class Broker:
         self.bound_port = 0
         self._spool_dir = tempfile.mkdtemp(prefix="gazette-spool-")
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._replicate_calls: dict[str, Any] = {}
         self._etcd: aetcd.Client | None = None
         self._announcement: Announcement | None = None
         self._tg: asyncio.TaskGroup | None = None
@@ -97,7 +115,10 @@ class Broker:
 
     def _new_replica(self, journal: str, spec: pb.JournalSpec) -> Replica:
         assert self._tg is not None
-        return Replica(journal, spec, self._spool_dir, self.stores, self.persister, self._tg)
+        return Replica(journal, spec, self._spool_dir, self.stores, self.persister, self._tg, pulse=self._pulse)
+
+    async def _pulse(self, replica: Replica) -> None:
+        await append_mod.pulse(self, replica)
 
     def _spec_for(self, journal: str) -> pb.JournalSpec | None:
         kv = self.keyspace.search(ks_mod.items_key(self.keyspace.root, journal))
@@ -108,16 +129,30 @@ class Broker:
         if replica is not None:
             replica.index.add_remote(fragment)
 
-    def peer_stub(self, endpoint: str) -> pb_grpc.JournalStub:
+    def _channel(self, endpoint: str) -> tuple[str, grpc.aio.Channel]:
         target = endpoint.split("://", 1)[-1].rstrip("/")
         ch = self._channels.get(target)
         if ch is None:
-            ch = grpc.aio.insecure_channel(
-                target,
-                options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)],
-            )
+            ch = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
             self._channels[target] = ch
-        return pb_grpc.JournalStub(ch)  # type: ignore[no-untyped-call]
+        return target, ch
+
+    def peer_stub(self, endpoint: str) -> pb_grpc.JournalStub:
+        return pb_grpc.JournalStub(self._channel(endpoint)[1])  # type: ignore[no-untyped-call]
+
+    def dial_replicate(self, route: pb.Route, i: int) -> PeerStream:
+        """Opens a Replicate stream to member ``i`` of ``route`` (requests go pre-serialized)."""
+        endpoint = route.endpoints[i] if i < len(route.endpoints) else ""
+        if not endpoint:
+            m = route.members[i]
+            return FailedPeerStream(ConnectionError(f"no endpoint for broker {m.zone}#{m.suffix}"))
+        target, ch = self._channel(endpoint)
+        mc = self._replicate_calls.get(target)
+        if mc is None:
+            mc = ch.stream_stream("/protocol.Journal/Replicate", request_serializer=raw_request,
+                                  response_deserializer=pb.ReplicateResponse.FromString)
+            self._replicate_calls[target] = mc
+        return GrpcPeerStream(mc())
 
     def broker_spec(self, exiting: bool = False) -> pb.BrokerSpec:
         spec = pb.BrokerSpec(journal_limit=0 if exiting else self.config.limit, exiting=exiting)
@@ -129,10 +164,8 @@ class Broker:
         """Runs the broker until ``stop()``; then drains and returns."""
         self._etcd = await etcd_connect(self.config.etcd_address)
         grpc_sock = os.path.join(self._spool_dir, "grpc.sock")
-        grpc_server = grpc.aio.server(
-            options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-        )
-        pb_grpc.add_JournalServicer_to_server(JournalService(self), grpc_server)  # type: ignore[no-untyped-call]
+        grpc_server = grpc.aio.server(options=_CHANNEL_OPTIONS)
+        _add_journal_service(JournalService(self), grpc_server)
         grpc_server.add_insecure_port(f"unix:{grpc_sock}")
 
         app = web.Application(client_max_size=0)
@@ -164,7 +197,6 @@ class Broker:
                 alloc_task = tg.create_task(
                     allocate(self.etcd, self.keyspace, member_key, journal_is_consistent), name="allocator"
                 )
-                tg.create_task(self._advertise_routes(), name="advertise-routes")
                 log.info(
                     "broker started",
                     extra={"id": f"{self.local_id.zone}#{self.local_id.suffix}", "endpoint": self.endpoint},
@@ -198,54 +230,58 @@ class Broker:
             await self.keyspace.wait_for_update()
         alloc_task.cancel()
         # Journals still held (no other broker could take them) are released here: their
-        # spools complete and are persisted below, so a later primary starts after them.
-        for replica in list((self.resolver.replicas or {}).values()):
-            async with replica.pipeline:  # in-flight appends finish first
-                replica.complete_spool()
+        # pipelines are torn down (in-flight appends finish first) and their spools completed
+        # and persisted below, so a later primary starts after them.
+        held = list((self.resolver.replicas or {}).values())
+        await asyncio.gather(*(r.shutdown(RETIRE_TIMEOUT) for r in held))
+        await self.resolver.wait_retired(RETIRE_TIMEOUT)
         await self.persister.finish()
 
-    async def _advertise_routes(self) -> None:
-        """As primary, write each journal's current Route into all its assignment values.
+    async def update_assignments(self, replica: Replica, res: Resolution) -> int:
+        """Advertises ``res.route`` (synchronised by the caller's pipeline) in every assignment
+        value of the journal, in one transaction checked against their mod revisions
+        (Gazette's updateAssignments). Returns the revision to read through: the
+        transaction's, or (if it lost a race) the next one under our root.
 
-        The allocator treats a journal as consistent only when every assignment advertises the
-        Route its assignments imply; that is what lets it add or remove replicas safely.
-        Writes are revision-checked against every assignment of the journal.
+        Before advertising a route of several members which some member joined, spools
+        closed by the synchronisation are persisted (bounded by a timeout): the allocator may
+        then move the primary to the new member, which never held the older content and must
+        find it in the store.
         """
         from aetcd.rpc import rpc_pb2 as etcd_rpc
 
-        while True:
-            rev = self.keyspace.revision
-            for name, _ in list((self.resolver.replicas or {}).items()):
-                assignments = list(self.keyspace.prefixed(ks_mod.item_assignments_prefix(self.keyspace.root, name)))
-                route = self.resolver.route_of(assignments)
-                if route.primary == -1:
-                    continue
-                primary = route.members[route.primary]
-                if (primary.zone, primary.suffix) != (self.local_id.zone, self.local_id.suffix):
-                    continue
-                del route.endpoints[:]
-                if all(isinstance(kv.value, pb.Route) and kv.value.primary == route.primary
-                       and list(kv.value.members) == list(route.members) for kv in assignments):
-                    continue
-                replica = (self.resolver.replicas or {}).get(name)
-                if replica is not None and len(route.members) > 1 and replica.spec.fragment.stores:
-                    # The route grows: persist what we hold, so that whichever member becomes
-                    # primary next starts after it (no replication pipeline syncs spools yet).
-                    await replica.flush(persist=True)
-                value = route.SerializeToString()
-                compare = [etcd_rpc.Compare(key=kv.key.encode(), target=etcd_rpc.Compare.MOD,
-                                            result=etcd_rpc.Compare.EQUAL, mod_revision=kv.mod_revision)
-                           for kv in assignments]
-                success = [etcd_rpc.RequestOp(request_put=etcd_rpc.PutRequest(
-                    key=kv.key.encode(), value=value, ignore_lease=True)) for kv in assignments]
-                try:
-                    await self.etcd.kvstub.Txn(etcd_rpc.TxnRequest(compare=compare, success=success),
-                                               metadata=self.etcd.metadata)
-                except grpc.aio.AioRpcError as err:
-                    log.warning("advertising route failed", extra={"journal": name, "err": str(err)})
-            await self.keyspace.wait_for_update()
-            if self.keyspace.revision == rev:
-                continue
+        route = pb.Route()
+        route.CopyFrom(res.route)
+        del route.endpoints[:]
+        advertised = {(m.zone, m.suffix) for kv in res.assignments if isinstance(kv.value, pb.Route)
+                      for m in kv.value.members}
+        joined = any((m.zone, m.suffix) not in advertised for m in route.members)
+        if len(route.members) > 1 and joined and replica.spec.fragment.stores:
+            try:
+                async with asyncio.timeout(PERSIST_BEFORE_ADVERTISE_TIMEOUT):
+                    await self.persister.persist_all_and_wait()
+            except TimeoutError:
+                log.warning("advertising route before closed spools were persisted", extra={"journal": replica.journal})
+        value = route.SerializeToString()
+        compare = []
+        success = []
+        for kv in res.assignments:
+            compare.append(etcd_rpc.Compare(key=kv.key.encode(), target=etcd_rpc.Compare.MOD,
+                                            result=etcd_rpc.Compare.EQUAL, mod_revision=kv.mod_revision))
+            v = kv.value
+            if not (isinstance(v, pb.Route) and v.primary == route.primary and list(v.members) == list(route.members)):
+                success.append(etcd_rpc.RequestOp(request_put=etcd_rpc.PutRequest(
+                    key=kv.key.encode(), value=value, ignore_lease=True)))
+        if not success:
+            return int(res.header.etcd.revision)
+        resp = await self.etcd.kvstub.Txn(etcd_rpc.TxnRequest(compare=compare, success=success),
+                                          metadata=self.etcd.metadata)
+        if not resp.succeeded:
+            # Lost a race (e.g. with the allocator): the winning write is under our root,
+            # after the resolution's revision. (etcd's header revision may be far beyond
+            # anything under our root, which the keyspace would never reach.)
+            return int(res.header.etcd.revision) + 1
+        return int(resp.header.revision)
 
     def _others_can_take_over(self) -> bool:
         """Whether another live broker has capacity to take this one's journals."""
@@ -279,10 +315,14 @@ class Broker:
             max_mod = max(max_mod, kv.mod_revision)
         return resp, (len(resp.journals), max_mod)
 
-    async def apply_journals(self, req: pb.ApplyRequest) -> pb.ApplyResponse:
+    async def apply_journals(self, req: pb.ApplyRequest,
+                             unchanged: list[tuple[str, int]] | None = None) -> pb.ApplyResponse:
+        """Applies journal spec changes in one etcd transaction; ``unchanged`` adds (key,
+        mod revision) comparisons (a suspension also requires the assignments unchanged)."""
         from aetcd.rpc import rpc_pb2 as etcd_rpc
 
-        compare = []
+        compare = [etcd_rpc.Compare(key=k.encode(), target=etcd_rpc.Compare.MOD, result=etcd_rpc.Compare.EQUAL,
+                                    mod_revision=rev) for k, rev in (unchanged or [])]
         success = []
         for change in req.changes:
             if change.HasField("upsert"):
@@ -312,9 +352,36 @@ class Broker:
         spec.suspend.offset = offset
         req = pb.ApplyRequest()
         req.changes.add(expect_mod_revision=res.item_mod_revision, upsert=spec)
-        out = await self.apply_journals(req)
+        out = await self.apply_journals(req, [(kv.key, kv.mod_revision) for kv in res.assignments])
+        if out.status != pb.OK:
+            # Lost a race: whatever changed is under our root, after the resolution's revision.
+            return int(res.header.etcd.revision) + 1
         return int(out.header.etcd.revision)
 
 
 class _Shutdown(Exception):
     pass
+
+
+def _add_journal_service(svc: JournalService, server: grpc.aio.Server) -> None:
+    """Registers the ``protocol.Journal`` service, as the generated code would, except that
+    Replicate receives its requests as raw bytes (decoded by ``replicate.decode_request``,
+    which reads content without copying it)."""
+    from google.protobuf import message_factory
+
+    desc = pb.DESCRIPTOR.services_by_name["Journal"]
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for m in desc.methods:
+        req_cls = message_factory.GetMessageClass(m.input_type)
+        resp_cls = message_factory.GetMessageClass(m.output_type)
+        deserializer = None if m.name == "Replicate" else req_cls.FromString
+        kind = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(m.client_streaming, m.server_streaming)]
+        handlers[m.name] = kind(getattr(svc, m.name), request_deserializer=deserializer,
+                                response_serializer=resp_cls.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name, handlers),))
+    server.add_registered_method_handlers(desc.full_name, handlers)

@@ -21,6 +21,9 @@ import grpc
 from gazette import labels
 from gazette.broker import append as append_mod
 from gazette.broker import read as read_mod
+from gazette.broker import replicate as replicate_mod
+from gazette.broker.pipeline import ReplicationError
+from gazette.broker.resolver import ResolverStopped
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.protocol import validate
@@ -123,6 +126,10 @@ class JournalService(pb_grpc.JournalServicer):
         except grpc.aio.AioRpcError as err:  # a proxied append failed: pass its status on
             await context.abort(err.code(), err.details() or "")
             raise AssertionError("unreachable") from err
+        except (ReplicationError, ResolverStopped) as err:  # transient: the client retries
+            log.info("append failed", extra={"journal": first.journal, "err": str(err)})
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+            raise AssertionError("unreachable") from err
 
     # -- Fragments --------------------------------------------------------------------
 
@@ -148,8 +155,15 @@ class JournalService(pb_grpc.JournalServicer):
         return resp
 
     async def Replicate(
-        self, request_iterator: AsyncIterator[pb.ReplicateRequest], context: Any
+        self, request_iterator: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[pb.ReplicateResponse]:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "replication is not yet served by this broker")
-        if False:  # pragma: no cover - makes this an async generator
-            yield pb.ReplicateResponse()
+        """A primary's pipeline stream: see ``replicate.serve``. Requests arrive as raw bytes
+        (see ``server._add_journal_service``) or, registered otherwise, as messages."""
+        try:
+            async for resp in replicate_mod.serve(self.broker, request_iterator.__aiter__()):
+                yield resp
+        except replicate_mod.ReplicateStreamError as err:
+            log.warning("served Replicate RPC failed", extra={"err": str(err), "peer": context.peer()})
+            await context.abort(err.code, str(err))
+        except ResolverStopped as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))

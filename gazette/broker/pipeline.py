@@ -1,0 +1,421 @@
+"""The primary's replication pipeline of a journal: Replicate streams to every peer of a route.
+
+A pipeline is built by the primary when it must append under a route it has not yet
+synchronised. It owns the replica's spool (the replica's ``spool_lock`` is held from
+construction until :meth:`Pipeline.close_send`) and one long-lived Replicate stream per peer
+of the route. It is Gazette's ``pipeline`` (broker/pipeline.go), carried over to asyncio:
+
+* **scatter**: every ReplicateRequest (content chunk or proposal) is written to each peer
+  whose stream has not failed, then applied to the local spool. Content is encoded once and
+  the same bytes are written to every peer; peer writes run concurrently, and for large
+  chunks the local ``pwrite`` + SHA1 runs while the peers' writes are in flight.
+* **full duplex**: the *send side* is owned by one append at a time (the replica's
+  ``send_lock``); the *receive side* is handed from append to append in send order by the
+  read barrier: :meth:`barrier` returns the future to wait for and the one to resolve after
+  reading, so the next append may stream content while earlier commits await their
+  acknowledgements, and each reads exactly its own responses, in order.
+* **errors**: the first error of each peer, on send and on receive, is kept (a broken peer
+  is not written to or read from again). A pipeline with any error is ``broken``: the next
+  append tears it down and builds a new one (a pipeline is never repaired in place).
+* **teardown**: :meth:`close_send` rolls the local spool back to its last commit, releases
+  the spool and half-closes every stream; :meth:`shutdown` then waits for its turn on the
+  receive side and reads each peer's end of stream. Peers roll their own spools back when
+  their stream ends, so nothing uncommitted survives a teardown anywhere.
+
+The local spool is applied with ``primary=True``: spools it completes are persisted at once.
+A local apply never answers anything but OK, since every proposal is derived from the local
+spool; anything else is a bug and raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from gazette.broker.fragment import Spool
+from gazette.protocol import protocol_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+OVERLAP_MIN = 64 * 1024
+"""Content chunks at least this long are applied locally while peer writes are in flight."""
+
+
+class PeerStream(Protocol):
+    """One Replicate stream to a peer (a gRPC stream-stream call, or a fake in tests)."""
+
+    async def write(self, data: bytes) -> None:
+        """Send one serialized ReplicateRequest."""
+
+    async def read(self) -> pb.ReplicateResponse | None:
+        """The next response; None at the end of the stream."""
+
+    async def done_writing(self) -> None:
+        """Half-close: no more requests."""
+
+    def cancel(self) -> None:
+        """Abort the stream."""
+
+
+class ReplicationError(Exception):
+    """A peer of the pipeline failed (send or receive), or answered unexpectedly."""
+
+
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def encode_content(content: bytes, delta: int) -> bytes:
+    """A content ReplicateRequest in wire form, built with a single copy of ``content``.
+
+    Fields in number order, as protobuf encoders write them: ``content`` (4), then
+    ``content_delta`` (5) when non-zero.
+    """
+    tail = b"\x28" + _varint(delta) if delta else b""
+    return b"".join((b"\x22", _varint(len(content)), content, tail))
+
+
+def _boxed(req: pb.ReplicateRequest, member: pb.ProcessSpec.ID) -> bytes:
+    """``req`` serialized with its header's process ID set to the addressed peer."""
+    out = pb.ReplicateRequest()
+    out.CopyFrom(req)
+    out.header.process_id.CopyFrom(member)
+    return out.SerializeToString()
+
+
+def _member(m: pb.ProcessSpec.ID) -> str:
+    return f"{m.zone}/{m.suffix}"
+
+
+class Pipeline:
+    """See the module docstring. Built with the replica's spool already owned."""
+
+    def __init__(
+        self,
+        header: pb.Header,
+        spool: Spool,
+        release_spool: Callable[[], None],
+        streams: Sequence[PeerStream | None],
+    ) -> None:
+        route = header.route
+        if route.primary == -1:
+            raise ValueError("a pipeline requires a route with a primary")
+        if len(streams) != len(route.members):
+            raise ValueError("a pipeline needs one stream slot per route member")
+        self.header = header
+        self.spool = spool
+        self._release_spool: Callable[[], None] | None = release_spool
+        self.streams = list(streams)
+        self.peers = [i for i, s in enumerate(self.streams) if s is not None]
+        n = len(self.streams)
+        self.send_errs: list[BaseException | None] = [None] * n
+        self.recv_errs: list[BaseException | None] = [None] * n
+        self.recv_resp: list[pb.ReplicateResponse | None] = [None] * n
+        self._barrier: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._barrier.set_result(None)
+        self._closed = False
+        self.broken = False  # set on any error: the next append rebuilds the pipeline
+
+    @property
+    def route(self) -> pb.Route:
+        return self.header.route
+
+    def __repr__(self) -> str:
+        members = ",".join(_member(m) for m in self.route.members)
+        return f"Pipeline(rev={self.header.etcd.revision}, route=[{members}], spool={self.spool!r})"
+
+    # -- send side ------------------------------------------------------------------------
+
+    async def _write(self, i: int, data: bytes) -> None:
+        stream = self.streams[i]
+        assert stream is not None
+        try:
+            await stream.write(data)
+        except asyncio.CancelledError:
+            self.send_errs[i] = ReplicationError("send was cancelled")
+            self.broken = True
+            raise
+        except Exception as err:  # noqa: BLE001 - kept as the peer's send error
+            self.send_errs[i] = err
+            self.broken = True
+
+    async def _send(self, data: bytes | list[bytes], local: Callable[[], None] | None, overlap: bool) -> None:
+        """Writes to every live peer (``data`` per route member when a list), and runs
+        ``local`` (the local spool apply), overlapping it with the writes if ``overlap``."""
+        live = [i for i in self.peers if self.send_errs[i] is None]
+        if not live:
+            if local is not None:
+                local()
+            return
+        if len(live) == 1 and not overlap:
+            i = live[0]
+            await self._write(i, data[i] if isinstance(data, list) else data)
+            if local is not None:
+                local()
+            return
+        tasks = [asyncio.ensure_future(self._write(i, data[i] if isinstance(data, list) else data)) for i in live]
+        try:
+            if overlap and local is not None:
+                await asyncio.sleep(0)  # let each write reach gRPC before the local apply blocks
+                local()
+                local = None
+            for t in tasks:
+                await t
+        except BaseException:
+            self.broken = True
+            for t in tasks:
+                t.cancel()
+            raise
+        if local is not None:
+            local()
+
+    def _local(self, fn: Callable[[], None]) -> Callable[[], None]:
+        i = self.route.primary
+
+        def run() -> None:
+            if self.send_errs[i] is not None:
+                return
+            try:
+                fn()
+            except Exception as err:  # noqa: BLE001 - e.g. a full disk: the append fails
+                self.send_errs[i] = err
+                self.broken = True
+
+        return run
+
+    async def scatter_content(self, content: bytes, delta: int) -> None:
+        """Sends a content chunk at ``delta`` to every peer and applies it locally."""
+        spool = self.spool
+
+        def local() -> None:
+            spool._apply_content(content, delta)  # noqa: SLF001 - the spool's content transition
+
+        if not self.peers:
+            self._local(local)()
+            return
+        await self._send(encode_content(content, delta), self._local(local), len(content) >= OVERLAP_MIN)
+
+    async def scatter(self, req: pb.ReplicateRequest) -> None:
+        """Sends a proposal to every peer (a header is re-addressed to each) and applies it
+        locally; a local refusal is a bug and raises AssertionError."""
+        spool = self.spool
+
+        def local() -> None:
+            resp = spool.apply(req, primary=True)
+            if resp.status != pb.OK:
+                raise AssertionError(f"local spool refused its own proposal {req.proposal}: {resp}")
+
+        apply_local = self._local(local)
+        if not self.peers:
+            apply_local()
+            return
+        data: bytes | list[bytes]
+        if req.HasField("header"):
+            data = [b"" if s is None else _boxed(req, self.route.members[i]) for i, s in enumerate(self.streams)]
+        else:
+            data = req.SerializeToString()
+        await self._send(data, apply_local, False)
+
+    def send_err(self) -> ReplicationError | None:
+        """The first send-side error (the local spool counts as a member), if any."""
+        for i, err in enumerate(self.send_errs):
+            if err is not None:
+                return _wrap("send to", self.route.members[i], err)
+        return None
+
+    def close_send(self) -> None:
+        """Rolls back uncommitted local content, releases the spool and half-closes every
+        stream. Idempotent. Must be called by the send-side owner."""
+        if self._closed:
+            return
+        self._closed = True
+        spool = self.spool
+        spool.must_apply(pb.ReplicateRequest(proposal=spool.fragment.to_proto(), registers=spool.registers), True)
+        release, self._release_spool = self._release_spool, None
+        if release is not None:
+            release()
+        for i in self.peers:
+            if self.send_errs[i] is None:
+                stream = self.streams[i]
+                assert stream is not None
+                self._bg_done_writing(i, stream)
+
+    def _bg_done_writing(self, i: int, stream: PeerStream) -> None:
+        async def run() -> None:
+            try:
+                await stream.done_writing()
+            except Exception as err:  # noqa: BLE001 - the stream is going away regardless
+                self.send_errs[i] = err
+
+        task = asyncio.ensure_future(run())
+        _BACKGROUND.add(task)
+        task.add_done_callback(_BACKGROUND.discard)
+
+    # -- receive side ---------------------------------------------------------------------
+
+    def barrier(self) -> tuple[asyncio.Future[None], asyncio.Future[None]]:
+        """Installs a new read barrier: returns (wait_for, close_after). The caller, after
+        its sends and before releasing the send side, takes the barrier; then waits for
+        ``wait_for``, reads its responses, and resolves ``close_after``."""
+        wait_for = self._barrier
+        self._barrier = close_after = asyncio.get_running_loop().create_future()
+        return wait_for, close_after
+
+    async def _read(self, i: int) -> pb.ReplicateResponse | None:
+        stream = self.streams[i]
+        assert stream is not None
+        try:
+            return await stream.read()
+        except asyncio.CancelledError:
+            self.recv_errs[i] = ReplicationError("receive was cancelled")
+            self.broken = True
+            raise
+        except Exception as err:  # noqa: BLE001 - kept as the peer's receive error
+            self.recv_errs[i] = err
+            self.broken = True
+            return None
+
+    async def gather(self) -> None:
+        """Receives one response from every peer (an end of stream is an error here)."""
+        for i in self.peers:
+            if self.recv_errs[i] is not None:
+                continue
+            resp = await self._read(i)
+            if resp is None:
+                if self.recv_errs[i] is None:
+                    self.recv_errs[i] = ReplicationError("unexpected end of stream")
+                    self.broken = True
+                continue
+            self.recv_resp[i] = resp
+
+    async def gather_ok(self) -> None:
+        """``gather``, treating any status but OK as the peer's error."""
+        await self.gather()
+        for i in self.peers:
+            resp = self.recv_resp[i]
+            if self.recv_errs[i] is None and resp is not None and resp.status != pb.OK:
+                self.recv_errs[i] = ReplicationError(f"unexpected !OK response: {_short(resp)}")
+                self.broken = True
+
+    async def gather_sync(self) -> tuple[int, pb.LabelSet | None, int]:
+        """Gathers the answers to a synchronising proposal: ``(roll_to, registers, read_through)``.
+
+        All zero when every peer agreed. Else the largest end offset beyond the local spool's
+        that a peer holds (with that peer's registers), or the local end when a peer holds
+        an empty fragment there (it cannot extend ours), or the etcd revision through which
+        a peer knows a different route. Any other answer is the peer's error.
+        """
+        await self.gather()
+        roll_to, roll_regs, read_through = 0, None, 0
+        end = self.spool.fragment.end
+        for i in self.peers:
+            resp = self.recv_resp[i]
+            if self.recv_errs[i] is not None or resp is None:
+                continue
+            if resp.status == pb.OK:
+                continue
+            if resp.status == pb.WRONG_ROUTE:
+                if (not _routes_equivalent(resp.header.route, self.route)
+                        and resp.header.etcd.revision > self.header.etcd.revision):
+                    read_through = max(read_through, resp.header.etcd.revision)
+                    continue
+                err = f"unexpected WRONG_ROUTE: {_short(resp)}"
+            elif resp.status == pb.PROPOSAL_MISMATCH:
+                f = resp.fragment
+                if f.end > end:
+                    if f.end > roll_to:
+                        roll_to = f.end
+                        roll_regs = pb.LabelSet()
+                        roll_regs.CopyFrom(resp.registers)
+                    continue
+                if f.end == end and f.end == f.begin:
+                    roll_to = max(roll_to, f.end)
+                    continue
+                err = f"unexpected PROPOSAL_MISMATCH: {_short(resp)}"
+            else:
+                err = f"unexpected status: {_short(resp)}"
+            self.recv_errs[i] = ReplicationError(err)
+            self.broken = True
+        return roll_to, roll_regs, read_through
+
+    async def gather_eof(self) -> None:
+        """Receives each live peer's end of stream; anything else is the peer's error."""
+        for i in self.peers:
+            if self.recv_errs[i] is not None:
+                continue
+            resp = await self._read(i)
+            if resp is not None:
+                self.recv_errs[i] = ReplicationError(f"unexpected response: {_short(resp)}")
+
+    def recv_err(self) -> ReplicationError | None:
+        """The first receive-side error, if any."""
+        for i, err in enumerate(self.recv_errs):
+            if err is not None:
+                return _wrap("recv from", self.route.members[i], err)
+        return None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def shutdown(self, expect_err: bool) -> None:
+        """Graceful teardown: close the send side, then, in turn, read every peer's EOF.
+        Must be called by the send-side owner (it releases the spool)."""
+        wait_for, close_after = self.barrier()
+        self.close_send()
+        if not expect_err and (err := self.send_err()) is not None:
+            log.warning("tearing down pipeline: failed to close send", extra={"err": str(err)})
+        try:
+            await wait_for
+            await self.gather_eof()
+            if not expect_err and (err := self.recv_err()) is not None:
+                log.warning("tearing down pipeline: failed to read EOF", extra={"err": str(err)})
+        finally:
+            if not close_after.done():
+                close_after.set_result(None)
+
+    def cancel(self) -> None:
+        """Aborts every stream (the replica is going away); readers fail promptly."""
+        self.broken = True
+        for i in self.peers:
+            stream = self.streams[i]
+            assert stream is not None
+            stream.cancel()
+
+
+def _routes_equivalent(a: pb.Route, b: pb.Route) -> bool:
+    return a.primary == b.primary and list(a.members) == list(b.members)
+
+
+def _short(resp: pb.ReplicateResponse) -> str:
+    parts = [pb.Status.Name(resp.status)]
+    if resp.HasField("fragment"):
+        f = resp.fragment
+        parts.append(f"fragment=[{f.begin}, {f.end})")
+    if resp.HasField("header"):
+        parts.append(f"revision={resp.header.etcd.revision}")
+    return " ".join(parts)
+
+
+def _wrap(what: str, member: pb.ProcessSpec.ID, err: BaseException) -> ReplicationError:
+    if isinstance(err, ReplicationError):
+        msg = str(err)
+    else:
+        import grpc
+
+        if isinstance(err, grpc.aio.AioRpcError):
+            msg = f"{err.code().name}: {err.details()}"
+        else:
+            msg = f"{type(err).__name__}: {err}"
+    return ReplicationError(f"{what} {_member(member)}: {msg}")
+
+
+_BACKGROUND: set[asyncio.Task[None]] = set()
+"""Strong references to fire-and-forget stream closes (asyncio keeps only weak ones)."""

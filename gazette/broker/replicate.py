@@ -1,0 +1,271 @@
+"""The Replicate RPC: a peer serving a primary's pipeline, and the primary's end of the stream.
+
+Peer side (:func:`serve`), Gazette's ``Replicate`` (broker/replicate_api.go):
+
+* The first request carries a header (route and etcd revision of the primary's resolution),
+  a proposal, registers and ``acknowledge``. The peer reads its keyspace through that
+  revision, then resolves the journal. If it is not a replica of that journal (any status
+  but OK), or its route is not the primary's, it answers that status (WRONG_ROUTE for a
+  different route) with its own header and ends the stream, so the primary can tell
+  whether to read through a later revision.
+* It then owns the replica's spool for the life of the stream (the replica's
+  ``spool_lock``): local appends and other Replicate streams wait. Waiting for the spool
+  is abandoned, and the journal re-resolved, if the journal's assignments change meanwhile.
+* Each request is applied to the spool in order; a response is sent only when
+  ``acknowledge`` is set (the first carries the peer's header). A proposal the spool cannot
+  take answers PROPOSAL_MISMATCH with the spool's fragment and registers; an unacknowledged
+  request that fails ends the stream with an error. When the stream ends, however it
+  ends, uncommitted content is rolled back and the spool is released.
+* Spools completed by acknowledged proposals (a pipeline's synchronisation closing a
+  fragment after a change of topology) are persisted at once rather than after the
+  persister's replica delay, so content that only this peer holds reaches the store soon.
+
+Content requests take a fast path: their wire form is parsed here, without building a
+message, and the spool is handed a view of the received bytes (no copy). Anything that is
+not a plain content request goes through the generated parser.
+
+Primary side: :class:`GrpcPeerStream` adapts a gRPC stream-stream call (whose requests are
+pre-serialized bytes) to the pipeline's ``PeerStream``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, cast
+
+import grpc
+
+from gazette.broker.fragment import Spool
+from gazette.broker.fragment.errors import SpoolError
+from gazette.broker.replica import acquire_unless
+from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol import validate
+from gazette.protocol.errors import ValidationError
+
+if TYPE_CHECKING:
+    from gazette.broker.server import Broker
+
+log = logging.getLogger(__name__)
+
+
+class ReplicateStreamError(Exception):
+    """The Replicate stream broke the protocol; ends the RPC with ``code``."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+Content = tuple[memoryview, int]
+"""A decoded content request: (content, content_delta)."""
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+
+
+def decode_request(data: bytes | pb.ReplicateRequest) -> pb.ReplicateRequest | Content:
+    """A received request: a content request as (view, delta), anything else as a message.
+
+    The fast path takes exactly ``content`` (field 4) optionally followed by
+    ``content_delta`` (field 5), as every encoder writes them; any other shape is parsed by
+    protobuf, so every valid encoding is accepted.
+    """
+    if not isinstance(data, bytes):
+        return data
+    if data[:1] == b"\x22":
+        try:
+            n, pos = _varint(data, 1)
+            end = pos + n
+            if end <= len(data):
+                delta = 0
+                if end < len(data) and data[end] == 0x28:
+                    delta, after = _varint(data, end + 1)
+                else:
+                    after = end
+                if after == len(data) and n > 0 and delta < (1 << 63):
+                    return memoryview(data)[pos:end], delta
+        except ValueError:
+            pass
+    return pb.ReplicateRequest.FromString(data)
+
+
+def _validate(req: pb.ReplicateRequest) -> None:
+    try:
+        validate.validate_replicate_request(req)
+    except ValidationError as err:
+        raise ReplicateStreamError(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
+
+
+def _routes_equivalent(a: pb.Route, b: pb.Route) -> bool:
+    return a.primary == b.primary and list(a.members) == list(b.members)
+
+
+def _status(status: int, header: pb.Header) -> pb.ReplicateResponse:
+    resp = pb.ReplicateResponse(status=status)  # type: ignore[arg-type]
+    resp.header.CopyFrom(header)
+    return resp
+
+
+async def serve(broker: Broker, requests: AsyncIterator[Any]) -> AsyncIterator[pb.ReplicateResponse]:
+    """Serves one Replicate stream (see the module docstring); ``requests`` yields raw bytes
+    or messages. Protocol violations raise ReplicateStreamError."""
+    try:
+        raw = await anext(requests)
+    except StopAsyncIteration:
+        raise ReplicateStreamError(grpc.StatusCode.INVALID_ARGUMENT, "expected an initial ReplicateRequest") from None
+    try:
+        first = decode_request(raw)
+    except Exception as err:  # noqa: BLE001 - undecodable bytes from the client
+        raise ReplicateStreamError(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ReplicateRequest: {err}") from None
+    if isinstance(first, tuple) or not first.HasField("proposal"):
+        raise ReplicateStreamError(grpc.StatusCode.INVALID_ARGUMENT, "expected first ReplicateRequest to have a proposal")
+    _validate(first)
+    if not first.HasField("header"):
+        raise ReplicateStreamError(grpc.StatusCode.INVALID_ARGUMENT, "expected first ReplicateRequest to have Header")
+
+    journal = first.proposal.journal
+    while True:
+        try:
+            res = await broker.resolver.resolve(
+                journal, may_proxy=False, require_primary=False, proxy_header=first.header
+            )
+        except ValueError as err:  # a different etcd cluster, or a request meant for another broker
+            raise ReplicateStreamError(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
+        if res.status != pb.OK:
+            yield _status(res.status, res.header)
+            return
+        if not _routes_equivalent(res.route, first.header.route):
+            yield _status(pb.WRONG_ROUTE, res.header)
+            return
+        replica = res.replica
+        if replica is None or replica.cancelled:
+            yield _status(pb.NOT_JOURNAL_BROKER, res.header)
+            return
+        if await acquire_unless(replica.spool_lock, replica.route_signal if res.signal is None else res.signal):
+            break  # else the assignments changed while we waited: resolve again
+
+    spool = replica.spool
+    try:
+        header: pb.Header | None = res.header
+        req: pb.ReplicateRequest | Content = first
+        async_iter = requests
+        while True:
+            if isinstance(req, tuple):
+                _apply_content(spool, req)
+            else:
+                resp = _apply(spool, req)
+                if req.acknowledge:
+                    if header is not None:
+                        resp.header.CopyFrom(header)
+                        header = None
+                    yield resp
+                elif resp.status != pb.OK:
+                    raise ReplicateStreamError(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"no acknowledgement requested but status != OK: {pb.Status.Name(resp.status)}",
+                    )
+            try:
+                raw = await anext(async_iter)
+            except StopAsyncIteration:
+                return
+            try:
+                req = decode_request(raw)
+            except Exception as err:  # noqa: BLE001
+                raise ReplicateStreamError(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ReplicateRequest: {err}") from None
+            if not isinstance(req, tuple):
+                _validate(req)
+                if req.HasField("header"):
+                    raise ReplicateStreamError(grpc.StatusCode.INVALID_ARGUMENT, "unexpected Header after the first request")
+    finally:
+        # Roll back uncommitted content and release the spool, however the stream ended.
+        spool.must_apply(pb.ReplicateRequest(proposal=spool.fragment.to_proto(), registers=spool.registers))
+        replica.spool_lock.release()
+
+
+def _apply_content(spool: Spool, req: Content) -> None:
+    content, delta = req
+    try:
+        # A memoryview works wherever the spool uses content (pwrite, sha1): no copy.
+        spool._apply_content(cast(bytes, content), delta)  # noqa: SLF001 - the content transition
+    except SpoolError as err:
+        raise ReplicateStreamError(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
+
+
+def _apply(spool: Spool, req: pb.ReplicateRequest) -> pb.ReplicateResponse:
+    if not req.HasField("proposal"):
+        content = req.content
+        _apply_content(spool, (memoryview(content), req.content_delta))
+        return pb.ReplicateResponse()
+    # Acknowledged proposals are synchronisations (or commits): a spool they complete is
+    # persisted at once, as a primary's would be (see the module docstring).
+    return spool.apply(req, primary=req.acknowledge)
+
+
+class GrpcPeerStream:
+    """A Replicate call to a peer whose request serializer passes bytes through."""
+
+    __slots__ = ("_call",)
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    async def write(self, data: bytes) -> None:
+        await self._call.write(data)
+
+    async def read(self) -> pb.ReplicateResponse | None:
+        resp = await self._call.read()
+        if resp is grpc.aio.EOF:
+            return None
+        return cast(pb.ReplicateResponse, resp)
+
+    async def done_writing(self) -> None:
+        await self._call.done_writing()
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class FailedPeerStream:
+    """Stands in for a peer that could not be dialed: every operation fails with ``err``."""
+
+    def __init__(self, err: BaseException) -> None:
+        self._err = err
+
+    async def write(self, data: bytes) -> None:
+        raise self._err
+
+    async def read(self) -> pb.ReplicateResponse | None:
+        raise self._err
+
+    async def done_writing(self) -> None:
+        return None
+
+    def cancel(self) -> None:
+        return None
+
+
+def raw_request(data: bytes) -> bytes:
+    """Request serializer of the primary's Replicate calls: requests are sent pre-serialized."""
+    return data
+
+
+__all__ = [
+    "FailedPeerStream",
+    "GrpcPeerStream",
+    "ReplicateStreamError",
+    "decode_request",
+    "raw_request",
+    "serve",
+]
