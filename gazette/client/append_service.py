@@ -518,8 +518,11 @@ class AppendService:
                 raise err
 
     async def close(self) -> None:
-        """Refuse new appends, wait for the queued ones (raising the first failure), stop."""
+        """Refuse new appends, wait for the queued ones (raising the first failure), stop.
+
+        A batch still held by a writer (started, not yet released) is waited for."""
         self._closing = True
+        self._open.clear()  # New appends go through start_append, which refuses them.
         try:
             await self.flush()
         finally:
@@ -555,6 +558,8 @@ class AppendService:
     # --- dispatch ----------------------------------------------------------------------------
 
     def _on_release(self, b: AsyncAppend) -> None:
+        if b._future.done():
+            return  # The service stopped while the writer held it: it failed already.
         j = self._journals[b.journal]
         if (j.queue[-1] is b and not b._closed and b._key is None
                 and b.size < self._batch_cutoff):

@@ -427,6 +427,33 @@ async def test_abort_fails_what_has_not_committed() -> None:
         svc.start_append("a/journal")
 
 
+async def test_a_writer_holding_a_batch_through_abort_fails_cleanly() -> None:
+    mem = MemoryJournals()
+    svc = service(mem)
+    aa = svc.start_append("a/journal")
+    aa.write(b"half")
+    await svc.abort()
+    aa.release()  # The writer finishes after the service stopped: nothing is sent.
+    with pytest.raises(AppendServiceClosed):
+        await aa
+    assert mem.calls == []
+
+
+async def test_close_refuses_appends_made_while_it_drains() -> None:
+    mem = MemoryJournals()
+    svc = service(mem)
+    mem.gate.clear()
+    first = svc.append_nowait("a/journal", b"first")
+    closing = asyncio.create_task(svc.close())
+    await until(lambda: mem.in_flight == 1)
+    with pytest.raises(AppendServiceClosed):
+        svc.append_nowait("a/journal", b"late")
+    mem.gate.set()
+    await closing
+    assert (await first).status == pb.OK
+    assert bytes(mem.content["a/journal"]) == b"first"
+
+
 async def test_cancelling_a_waiter_does_not_cancel_the_append() -> None:
     mem = MemoryJournals()
     async with service(mem) as svc:
