@@ -1,6 +1,7 @@
 """Exactly-once, end to end: publishers -> AppendService -> a real broker -> read-committed readers.
 
-Four ``application/x-ndjson`` journals on one broker. Concurrent producers publish through one
+Four ``application/x-ndjson`` journals, replicated on two brokers (the client routes appends to
+each journal's primary, learnt from response headers). Concurrent producers publish through one
 AppendService whose Append RPC loses requests and responses at random (a lost response has
 committed: its retry writes the same bytes again, so journals hold duplicates):
 
@@ -25,10 +26,11 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
+import pytest
 
 from gazette.client import AppendService, JournalClient, RetryReader, TransportError
 from gazette.client.append_service import send_append
@@ -112,7 +114,7 @@ async def eventually(cond: Any, what: str) -> None:
 async def create_journals(client: JournalClient) -> pb.ListResponse:
     changes = []
     for name in JOURNALS:
-        spec = pb.JournalSpec(name=name, replication=1)
+        spec = pb.JournalSpec(name=name, replication=2)
         spec.labels.labels.add(name=CONTENT_TYPE, value=CONTENT_TYPE_JSON_LINES)
         spec.fragment.length = 1 << 20
         spec.fragment.compression_codec = pb.SNAPPY
@@ -128,9 +130,9 @@ async def create_journals(client: JournalClient) -> pb.ListResponse:
         nonlocal listing
         listing = await client.list(selector)
         return len(listing.journals) == len(JOURNALS) and all(
-            len(j.route.members) > 0 and j.route.primary >= 0 for j in listing.journals)
+            len(j.route.members) == 2 and j.route.primary >= 0 for j in listing.journals)
 
-    await eventually(assigned, "every journal has a primary")
+    await eventually(assigned, "every journal has a primary and a replica")
     return listing
 
 
@@ -142,8 +144,11 @@ def doc_key(msg: JSONMessage) -> bytes:
 class Scenario:
     """The producers, and which message ids must (and must not) be read committed."""
 
-    def __init__(self, svc: AppendService, mapping: MappingFunc, seed: int) -> None:
+    def __init__(self, svc: AppendService, mapping: MappingFunc, seed: int,
+                 txns: int = TXNS) -> None:
         self.svc = svc
+        self.txns = txns
+        self.committed_at_fault = -1  # len(committed) when a fault was injected
         self.mapping = mapping
         self.rng = random.Random(seed)
         self.committed: set[str] = set()
@@ -159,7 +164,7 @@ class Scenario:
 
     async def transactional(self, name: str) -> None:
         pub = Publisher(self.svc)
-        for t in range(TXNS):
+        for t in range(self.txns):
             ids = [f"{name}/{t}/{i}" for i in range(TXN_SIZE)]
             for ident in ids:
                 await pub.publish_uncommitted(self.mapping, self.message(ident))
@@ -170,7 +175,7 @@ class Scenario:
     async def crashing(self, name: str) -> None:
         pub = Publisher(self.svc, clock=Clock.now())
         checkpoint: list[Any] = []
-        for t in range(TXNS):
+        for t in range(self.txns):
             ids = [f"{name}/{t}/{i}" for i in range(TXN_SIZE)]
             for ident in ids:
                 await pub.publish_uncommitted(self.mapping, self.message(ident))
@@ -199,7 +204,7 @@ class Scenario:
 
     async def outside(self, name: str) -> None:
         pub = Publisher(self.svc)
-        for t in range(TXNS):
+        for t in range(self.txns):
             handle = None
             for i in range(TXN_SIZE):
                 ident = f"{name}/{t}/{i}"
@@ -238,40 +243,73 @@ async def read_raw(client: JournalClient, journal: str) -> list[str]:
     return [env.message["id"] async for env in it if env.message.get("id")]
 
 
+async def run_scenario(client: JournalClient, listing: pb.ListResponse, *, txns: int = TXNS,
+                       fault: Callable[[Scenario], Awaitable[None]] | None = None) -> Scenario:
+    """Runs the producers (and ``fault`` beside them) and the readers; checks exactly-once."""
+    mapping = modulo_mapping(doc_key, lambda: listing)
+    lossy = LossyAppends(client, seed=7)
+    readers = [asyncio.create_task(read_committed(client, j, ring_size=8 + 24 * i))
+               for i, j in enumerate(JOURNALS)]
+    async with AppendService(client, rpc=lossy.rpc, backoff=lambda attempt: 0.01) as svc:
+        s = Scenario(svc, mapping, seed=11, txns=txns)
+        await asyncio.gather(
+            s.transactional("txn-a"), s.transactional("txn-b"), s.crashing("crash"),
+            s.abandoning("abandon"), s.outside("outside"), *([fault(s)] if fault else []))
+        sentinel = Publisher(svc)
+        for journal in JOURNALS:
+            await sentinel.publish_committed(lambda msg, j=journal: (  # type: ignore[misc]
+                j, CONTENT_TYPE_JSON_LINES), JSONMessage(sentinel=True))
+    read = await asyncio.gather(*readers)
+
+    # Each committed message read once, in exactly one journal; nothing uncommitted.
+    counts = Counter(ident for ids in read for ident in ids)
+    assert {i for i, n in counts.items() if n > 1} == set()
+    assert set(counts) & s.uncommitted == set()
+    assert set(counts) == s.committed
+    # Per producer, messages were read in publish order within each journal.
+    for ids in read:
+        for producer in {i.split("/")[0] for i in ids}:
+            seq = [tuple(int(x) for x in i.split("/")[1:]) for i in ids
+                   if i.startswith(producer + "/")]
+            assert seq == sorted(seq)
+
+    # The journals do hold duplicates and the uncommitted messages: readers filtered them.
+    raw = Counter([ident for j in JOURNALS for ident in await read_raw(client, j)])
+    assert lossy.lost_responses > 0 and lossy.lost_requests > 0
+    assert svc.retries >= lossy.lost_requests + lossy.lost_responses
+    assert any(raw[i] > 1 for i in s.committed)
+    assert s.uncommitted <= set(raw)
+    return s
+
+
 async def test_read_committed_sees_each_committed_message_exactly_once(cluster: Cluster) -> None:
     cluster.add_broker()
+    cluster.add_broker()
     async with asyncio.timeout(DEADLINE), JournalClient(cluster.address) as client:
+        await run_scenario(client, await create_journals(client))
+    for b in cluster.brokers:
+        assert "Traceback" not in b.log_text(), b.log_text()[-4000:]
+
+
+@pytest.mark.soak
+async def test_exactly_once_through_a_primary_killed_mid_run(cluster: Cluster) -> None:
+    """As above, with three brokers (short leases) and the primary of a journal SIGKILLed
+    while producers and readers run: appends in flight when it dies are retried elsewhere
+    once the journal is reassigned, and readers resume through other brokers."""
+    brokers = [cluster.add_broker(extra_args=("--etcd.lease", "2s")) for _ in range(3)]
+    async with asyncio.timeout(4 * DEADLINE), JournalClient(brokers[0].address) as client:
         listing = await create_journals(client)
-        mapping = modulo_mapping(doc_key, lambda: listing)
-        lossy = LossyAppends(client, seed=7)
-        readers = [asyncio.create_task(read_committed(client, j, ring_size=8 + 24 * i))
-                   for i, j in enumerate(JOURNALS)]
-        async with AppendService(client, rpc=lossy.rpc, backoff=lambda attempt: 0.01) as svc:
-            s = Scenario(svc, mapping, seed=11)
-            await asyncio.gather(
-                s.transactional("txn-a"), s.transactional("txn-b"), s.crashing("crash"),
-                s.abandoning("abandon"), s.outside("outside"))
-            sentinel = Publisher(svc)
-            for journal in JOURNALS:
-                await sentinel.publish_committed(lambda msg, j=journal: (  # type: ignore[misc]
-                    j, CONTENT_TYPE_JSON_LINES), JSONMessage(sentinel=True))
-        read = await asyncio.gather(*readers)
+        primaries = {j.route.endpoints[j.route.primary] for j in listing.journals}
+        # Not the client's default address: requests without a route fall back to it.
+        victim = next((b for b in brokers[1:] if b.address in primaries), brokers[1])
 
-        # Each committed message read once, in exactly one journal; nothing uncommitted.
-        counts = Counter(ident for ids in read for ident in ids)
-        assert {i for i, n in counts.items() if n > 1} == set()
-        assert set(counts) & s.uncommitted == set()
-        assert set(counts) == s.committed
-        # Per producer, messages were read in publish order within each journal.
-        for ids in read:
-            for producer in {i.split("/")[0] for i in ids}:
-                seq = [tuple(int(x) for x in i.split("/")[1:]) for i in ids
-                       if i.startswith(producer + "/")]
-                assert seq == sorted(seq)
+        async def kill_mid_run(s: Scenario) -> None:
+            async def far_enough() -> bool:
+                return len(s.committed) >= 6 * TXN_SIZE
 
-        # The journals do hold duplicates and the uncommitted messages: readers filtered them.
-        raw = Counter([ident for j in JOURNALS for ident in await read_raw(client, j)])
-        assert lossy.lost_responses > 0 and lossy.lost_requests > 0
-        assert svc.retries == lossy.lost_requests + lossy.lost_responses
-        assert any(raw[i] > 1 for i in s.committed)
-        assert s.uncommitted <= set(raw)
+            await eventually(far_enough, "a few transactions committed")
+            await asyncio.to_thread(victim.kill)
+            s.committed_at_fault = len(s.committed)
+
+        s = await run_scenario(client, listing, txns=4 * TXNS, fault=kill_mid_run)
+        assert 0 <= s.committed_at_fault < len(s.committed)  # Killed mid-run, indeed.
