@@ -23,8 +23,8 @@ published, >= 200k msgs/s read committed, per process). Figures are noisy on sha
 compare the ratios of one run, not absolute figures across runs. Every process it starts is stopped by PID
 on every exit path, Ctrl-C included.
 
-    python bench/publish_bench.py            # about 1.5 minutes
-    python bench/publish_bench.py --quick    # about 30 seconds
+    python bench/publish_bench.py            # about 3.5 minutes (JetStream cases dominate)
+    python bench/publish_bench.py --quick    # about 40 seconds
     python bench/publish_bench.py --systems gazette --profile-client client.prof
 """
 
@@ -437,7 +437,7 @@ def machine_line() -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="short run (about 30 s)")
+    ap.add_argument("--quick", action="store_true", help="short run (about 40 s)")
     ap.add_argument("--systems", choices=("both", "gazette", "jetstream"), default="both")
     ap.add_argument("--messages", type=int, default=0, help="messages per publish case")
     ap.add_argument("--runs", type=int, default=0, help="runs per case (the best is shown)")
