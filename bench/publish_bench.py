@@ -56,11 +56,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _peers import NATS_SERVER, Peers  # noqa: E402
 
-from gazette.client import AppendService, JournalClient, RetryReader  # noqa: E402
+from gazette.client import AppendService, JournalClient  # noqa: E402
 from gazette.message import (  # noqa: E402
     CONTENT_TYPE,
     CONTENT_TYPE_JSON_LINES,
-    Chunk,
     JSONFraming,
     JSONMessage,
     Publisher,
@@ -71,6 +70,7 @@ from gazette.message import (  # noqa: E402
     new_producer_id,
 )
 from gazette.message.mapping import MappingFunc  # noqa: E402
+from gazette.message.source import JournalSource  # noqa: E402
 from gazette.protocol import protocol_pb2 as pb  # noqa: E402
 
 MiB = 1 << 20
@@ -169,25 +169,6 @@ async def best_of(runs: int, once: Callable[[int], Awaitable[Result]]) -> Result
 
 
 # -- gazette ---------------------------------------------------------------------------------
-
-
-class JournalSource:
-    """ReadCommittedIter's ChunkSource over a RetryReader (non-blocking: ends at the head)."""
-
-    def __init__(self, client: JournalClient, journal: str, offset: int = 0,
-                 end_offset: int = 0) -> None:
-        self.reader = RetryReader(client, pb.ReadRequest(
-            journal=journal, offset=offset, end_offset=end_offset, block=False))
-
-    async def read(self) -> Chunk | None:
-        try:
-            data = await self.reader.__anext__()
-        except StopAsyncIteration:
-            return None
-        return Chunk(self.reader.journal, self.reader.offset - len(data), data)
-
-    async def aclose(self) -> None:
-        await self.reader.aclose()
 
 
 class GazetteSide:

@@ -35,14 +35,13 @@ from typing import Any
 import grpc
 import pytest
 
-from gazette.client import AppendService, JournalClient, RetryReader, TransportError
+from gazette.client import AppendService, JournalClient, TransportError
 from gazette.client.append_service import send_append
 from gazette.client.appender import Content
 from gazette.message import (
     ACK_TXN,
     CONTENT_TYPE,
     CONTENT_TYPE_JSON_LINES,
-    Chunk,
     Clock,
     JSONFraming,
     JSONMessage,
@@ -54,6 +53,7 @@ from gazette.message import (
     modulo_mapping,
 )
 from gazette.message.mapping import MappingFunc
+from gazette.message.source import JournalSource
 from gazette.protocol import protocol_pb2 as pb
 from gazette.testing.cluster import Cluster
 
@@ -62,25 +62,6 @@ TXNS = 8
 TXN_SIZE = 30
 DEADLINE = 60.0
 PATIENCE = 30.0
-
-
-class JournalSource:
-    """A ChunkSource (what the message iterators read) over the client's RetryReader."""
-
-    def __init__(self, client: JournalClient, journal: str, offset: int = 0,
-                 end_offset: int = 0, block: bool = False) -> None:
-        self.reader = RetryReader(client, pb.ReadRequest(
-            journal=journal, offset=offset, end_offset=end_offset, block=block))
-
-    async def read(self) -> Chunk | None:
-        try:
-            data = await self.reader.__anext__()
-        except StopAsyncIteration:
-            return None
-        return Chunk(self.reader.journal, self.reader.offset - len(data), data)
-
-    async def aclose(self) -> None:
-        await self.reader.aclose()
 
 
 class LossyAppends:
