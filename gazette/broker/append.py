@@ -109,20 +109,6 @@ def _response(status: int, header: pb.Header) -> pb.AppendResponse:
     return resp
 
 
-def _routes_equivalent(a: pb.Route, b: pb.Route) -> bool:
-    return a.primary == b.primary and list(a.members) == list(b.members)
-
-
-def route_matches_assignments(route: pb.Route, res: Resolution) -> bool:
-    """Every assignment of the journal advertises ``route`` (Gazette's
-    JournalRouteMatchesAssignments): the journal is consistent."""
-    for kv in res.assignments:
-        v = kv.value
-        if not isinstance(v, pb.Route) or not _routes_equivalent(route, v):
-            return False
-    return True
-
-
 # States.
 RESOLVE = "resolve"
 ACQUIRE_PIPELINE = "acquire pipeline"
@@ -250,7 +236,7 @@ class AppendFSM:
         assert res is not None and replica is not None
         self.pln = replica.pln
         pln = self.pln
-        if pln is not None and not pln.broken and _routes_equivalent(pln.route, res.route):
+        if pln is not None and not pln.broken and pln.route_key == res.route_key:
             self.registers = pln.spool.registers
             self.state = UPDATE_ASSIGNMENTS
             return
@@ -322,7 +308,7 @@ class AppendFSM:
     async def _on_update_assignments(self) -> None:
         res, replica = self.res, self.replica
         assert res is not None and replica is not None
-        if route_matches_assignments(res.route, res):
+        if res.advertised:
             self.state = AWAIT_DESIRED_REPLICAS
             return
         rev = await self.broker.update_assignments(replica, res)

@@ -5,10 +5,11 @@ synchronised. It owns the replica's spool (the replica's ``spool_lock`` is held 
 construction until :meth:`Pipeline.close_send`) and one long-lived Replicate stream per peer
 of the route. It is Gazette's ``pipeline`` (broker/pipeline.go), carried over to asyncio:
 
-* **scatter**: every ReplicateRequest (content chunk or proposal) is written to each peer
-  whose stream has not failed, then applied to the local spool. Content is encoded once and
-  the same bytes are written to every peer; peer writes run concurrently, and for large
-  chunks the local ``pwrite`` + SHA1 runs while the peers' writes are in flight.
+* **scatter**: every ReplicateRequest (content chunk or proposal) is queued to each peer
+  whose stream has not failed, then applied to the local spool. Each peer has a sender task
+  writing its queue in order, so a scatter does not wait for writes (unless a peer falls
+  ``MAX_QUEUED`` bytes behind); for large chunks the local ``pwrite`` + SHA1 runs while the
+  peers' writes are in flight. Content is encoded once; every peer is sent the same bytes.
 * **full duplex**: the *send side* is owned by one append at a time (the replica's
   ``send_lock``); the *receive side* is handed from append to append in send order by the
   read barrier: :meth:`barrier` returns the future to wait for and the one to resolve after
@@ -18,7 +19,8 @@ of the route. It is Gazette's ``pipeline`` (broker/pipeline.go), carried over to
   is not written to or read from again). A pipeline with any error is ``broken``: the next
   append tears it down and builds a new one (a pipeline is never repaired in place).
 * **teardown**: :meth:`close_send` rolls the local spool back to its last commit, releases
-  the spool and half-closes every stream; :meth:`shutdown` then waits for its turn on the
+  the spool and half-closes every stream after its queued requests (a failed stream is
+  aborted, so its peer lets go of its spool); :meth:`shutdown` then waits for its turn on the
   receive side and reads each peer's end of stream. Peers roll their own spools back when
   their stream ends, so nothing uncommitted survives a teardown anywhere.
 
@@ -31,8 +33,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
+
+import grpc
 
 from gazette.broker.fragment import Spool
 from gazette.protocol import protocol_pb2 as pb
@@ -41,6 +46,8 @@ log = logging.getLogger(__name__)
 
 OVERLAP_MIN = 64 * 1024
 """Content chunks at least this long are applied locally while peer writes are in flight."""
+MAX_QUEUED = 8 << 20
+"""Bytes queued to one peer beyond which a scatter waits for its writes (back-pressure)."""
 
 
 class PeerStream(Protocol):
@@ -112,6 +119,7 @@ class Pipeline:
         if len(streams) != len(route.members):
             raise ValueError("a pipeline needs one stream slot per route member")
         self.header = header
+        self.route_key = (int(route.primary), tuple((m.zone, m.suffix) for m in route.members))
         self.spool = spool
         self._release_spool: Callable[[], None] | None = release_spool
         self.streams = list(streams)
@@ -123,7 +131,10 @@ class Pipeline:
         self._barrier: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._barrier.set_result(None)
         self._closed = False
+        self._cancelled: set[int] = set()  # peers whose stream we aborted: nothing to read
         self.broken = False  # set on any error: the next append rebuilds the pipeline
+        self._senders: list[_Sender | None] = [
+            None if s is None else _Sender(self, i, s) for i, s in enumerate(self.streams)]
 
     @property
     def route(self) -> pb.Route:
@@ -135,62 +146,37 @@ class Pipeline:
 
     # -- send side ------------------------------------------------------------------------
 
-    async def _write(self, i: int, data: bytes) -> None:
-        stream = self.streams[i]
-        assert stream is not None
-        try:
-            await stream.write(data)
-        except asyncio.CancelledError:
-            self.send_errs[i] = ReplicationError("send was cancelled")
-            self.broken = True
-            raise
-        except Exception as err:  # noqa: BLE001 - kept as the peer's send error
+    def _fail_send(self, i: int, err: BaseException) -> None:
+        if self.send_errs[i] is None:
             self.send_errs[i] = err
-            self.broken = True
+        self.broken = True
 
-    async def _send(self, data: bytes | list[bytes], local: Callable[[], None] | None, overlap: bool) -> None:
-        """Writes to every live peer (``data`` per route member when a list), and runs
-        ``local`` (the local spool apply), overlapping it with the writes if ``overlap``."""
-        live = [i for i in self.peers if self.send_errs[i] is None]
-        if not live:
-            if local is not None:
-                local()
-            return
-        if len(live) == 1 and not overlap:
-            i = live[0]
-            await self._write(i, data[i] if isinstance(data, list) else data)
-            if local is not None:
-                local()
-            return
-        tasks = [asyncio.ensure_future(self._write(i, data[i] if isinstance(data, list) else data)) for i in live]
-        try:
-            if overlap and local is not None:
-                await asyncio.sleep(0)  # let each write reach gRPC before the local apply blocks
-                local()
-                local = None
-            for t in tasks:
-                await t
-        except BaseException:
-            self.broken = True
-            for t in tasks:
-                t.cancel()
-            raise
-        if local is not None:
-            local()
-
-    def _local(self, fn: Callable[[], None]) -> Callable[[], None]:
+    def _local(self, fn: Callable[[], None]) -> None:
         i = self.route.primary
+        if self.send_errs[i] is not None:
+            return
+        try:
+            fn()
+        except Exception as err:  # noqa: BLE001 - e.g. a full disk: the append fails
+            self._fail_send(i, err)
 
-        def run() -> None:
-            if self.send_errs[i] is not None:
-                return
-            try:
-                fn()
-            except Exception as err:  # noqa: BLE001 - e.g. a full disk: the append fails
-                self.send_errs[i] = err
-                self.broken = True
-
-        return run
+    async def _send(self, data: bytes | list[bytes], local: Callable[[], None], overlap: bool) -> None:
+        """Queues ``data`` (per route member when a list) to every live peer, then runs the
+        local apply; with ``overlap``, lets the peers' writes start first."""
+        wait = False
+        for i in self.peers:
+            sender = self._senders[i]
+            if self.send_errs[i] is None and sender is not None:
+                sender.put(data[i] if isinstance(data, list) else data)
+                wait = wait or sender.full()
+        if overlap:
+            await asyncio.sleep(0)  # each sender hands its write to gRPC before the local apply blocks
+        self._local(local)
+        if wait:
+            for i in self.peers:
+                sender = self._senders[i]
+                if sender is not None and self.send_errs[i] is None:
+                    await sender.wait_space()
 
     async def scatter_content(self, content: bytes, delta: int) -> None:
         """Sends a content chunk at ``delta`` to every peer and applies it locally."""
@@ -200,30 +186,32 @@ class Pipeline:
             spool._apply_content(content, delta)  # noqa: SLF001 - the spool's content transition
 
         if not self.peers:
-            self._local(local)()
+            self._local(local)
             return
-        await self._send(encode_content(content, delta), self._local(local), len(content) >= OVERLAP_MIN)
+        await self._send(encode_content(content, delta), local, len(content) >= OVERLAP_MIN)
 
     async def scatter(self, req: pb.ReplicateRequest) -> None:
         """Sends a proposal to every peer (a header is re-addressed to each) and applies it
         locally; a local refusal is a bug and raises AssertionError."""
         spool = self.spool
+        refused: list[pb.ReplicateResponse] = []
 
         def local() -> None:
             resp = spool.apply(req, primary=True)
             if resp.status != pb.OK:
-                raise AssertionError(f"local spool refused its own proposal {req.proposal}: {resp}")
+                refused.append(resp)
 
-        apply_local = self._local(local)
         if not self.peers:
-            apply_local()
-            return
-        data: bytes | list[bytes]
-        if req.HasField("header"):
-            data = [b"" if s is None else _boxed(req, self.route.members[i]) for i, s in enumerate(self.streams)]
+            self._local(local)
         else:
-            data = req.SerializeToString()
-        await self._send(data, apply_local, False)
+            data: bytes | list[bytes]
+            if req.HasField("header"):
+                data = [b"" if s is None else _boxed(req, self.route.members[i]) for i, s in enumerate(self.streams)]
+            else:
+                data = req.SerializeToString()
+            await self._send(data, local, False)
+        if refused:
+            raise AssertionError(f"local spool refused its own proposal {req.proposal}: {refused[0]}")
 
     def send_err(self) -> ReplicationError | None:
         """The first send-side error (the local spool counts as a member), if any."""
@@ -234,7 +222,8 @@ class Pipeline:
 
     def close_send(self) -> None:
         """Rolls back uncommitted local content, releases the spool and half-closes every
-        stream. Idempotent. Must be called by the send-side owner."""
+        stream (after its queued requests; a failed stream is cancelled). Idempotent. Must
+        be called by the send-side owner."""
         if self._closed:
             return
         self._closed = True
@@ -244,21 +233,13 @@ class Pipeline:
         if release is not None:
             release()
         for i in self.peers:
+            sender = self._senders[i]
+            assert sender is not None
             if self.send_errs[i] is None:
-                stream = self.streams[i]
-                assert stream is not None
-                self._bg_done_writing(i, stream)
-
-    def _bg_done_writing(self, i: int, stream: PeerStream) -> None:
-        async def run() -> None:
-            try:
-                await stream.done_writing()
-            except Exception as err:  # noqa: BLE001 - the stream is going away regardless
-                self.send_errs[i] = err
-
-        task = asyncio.ensure_future(run())
-        _BACKGROUND.add(task)
-        task.add_done_callback(_BACKGROUND.discard)
+                sender.close()
+            else:
+                self._cancelled.add(i)
+                sender.cancel()
 
     # -- receive side ---------------------------------------------------------------------
 
@@ -273,12 +254,18 @@ class Pipeline:
     async def _read(self, i: int) -> pb.ReplicateResponse | None:
         stream = self.streams[i]
         assert stream is not None
+        if i in self._cancelled:
+            self.recv_errs[i] = ReplicationError("stream was aborted")
+            return None
         try:
             return await stream.read()
         except asyncio.CancelledError:
             self.recv_errs[i] = ReplicationError("receive was cancelled")
             self.broken = True
-            raise
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            return None  # the gRPC call itself was cancelled (see `cancel`)
         except Exception as err:  # noqa: BLE001 - kept as the peer's receive error
             self.recv_errs[i] = err
             self.broken = True
@@ -385,9 +372,10 @@ class Pipeline:
         """Aborts every stream (the replica is going away); readers fail promptly."""
         self.broken = True
         for i in self.peers:
-            stream = self.streams[i]
-            assert stream is not None
-            stream.cancel()
+            sender = self._senders[i]
+            assert sender is not None
+            self._cancelled.add(i)
+            sender.cancel()
 
 
 def _routes_equivalent(a: pb.Route, b: pb.Route) -> bool:
@@ -407,15 +395,74 @@ def _short(resp: pb.ReplicateResponse) -> str:
 def _wrap(what: str, member: pb.ProcessSpec.ID, err: BaseException) -> ReplicationError:
     if isinstance(err, ReplicationError):
         msg = str(err)
+    elif isinstance(err, grpc.aio.AioRpcError):
+        msg = f"{err.code().name}: {err.details()}"
     else:
-        import grpc
-
-        if isinstance(err, grpc.aio.AioRpcError):
-            msg = f"{err.code().name}: {err.details()}"
-        else:
-            msg = f"{type(err).__name__}: {err}"
+        msg = f"{type(err).__name__}: {err}"
     return ReplicationError(f"{what} {_member(member)}: {msg}")
 
 
-_BACKGROUND: set[asyncio.Task[None]] = set()
-"""Strong references to fire-and-forget stream closes (asyncio keeps only weak ones)."""
+class _Sender:
+    """Writes one peer's requests in order, from a task of its own: a scatter only queues,
+    so appends never wait for a peer's write unless it falls ``MAX_QUEUED`` bytes behind.
+    A failed write is the peer's send error; later requests to it are dropped."""
+
+    __slots__ = ("_i", "_pln", "_queue", "_queued", "_space", "_stream", "_task", "_wake")
+
+    def __init__(self, pln: Pipeline, i: int, stream: PeerStream) -> None:
+        self._pln = pln
+        self._i = i
+        self._stream = stream
+        self._queue: deque[bytes | None] = deque()  # None: half-close
+        self._queued = 0
+        self._wake = asyncio.Event()
+        self._space = asyncio.Event()
+        self._space.set()
+        self._task = asyncio.ensure_future(self._run())
+
+    def put(self, data: bytes | None) -> None:
+        self._queue.append(data)
+        if data is not None:
+            self._queued += len(data)
+            if self._queued > MAX_QUEUED:
+                self._space.clear()
+        self._wake.set()
+
+    def full(self) -> bool:
+        return self._queued > MAX_QUEUED
+
+    async def wait_space(self) -> None:
+        await self._space.wait()
+
+    def close(self) -> None:
+        self.put(None)
+
+    def cancel(self) -> None:
+        self._task.cancel()
+        self._stream.cancel()
+        self._queue.clear()
+        self._space.set()
+
+    async def _run(self) -> None:
+        stream, queue = self._stream, self._queue
+        try:
+            while True:
+                while not queue:
+                    self._wake.clear()
+                    await self._wake.wait()
+                data = queue.popleft()
+                if data is None:
+                    await stream.done_writing()
+                    return
+                await stream.write(data)
+                self._queued -= len(data)
+                if self._queued <= MAX_QUEUED:
+                    self._space.set()
+        except asyncio.CancelledError:
+            self._pln._fail_send(self._i, ReplicationError("stream was aborted"))  # noqa: SLF001
+        except Exception as err:  # noqa: BLE001 - kept as the peer's send error
+            self._pln._fail_send(self._i, err)  # noqa: SLF001
+        finally:
+            queue.clear()
+            self._queued = 0
+            self._space.set()

@@ -10,7 +10,8 @@ Gazette's key layout) at one revision and answers, for a journal:
 * a Status per Gazette's rules for reads (any member) and appends (primary).
 
 Invariants: a resolution is computed under one keyspace revision and carries
-it in its Header; a request that names a later revision waits for the
+it in its Header; it is immutable, and cached until the revision or the set of
+local replicas changes (appends resolve their journal at every RPC); a request that names a later revision waits for the
 keyspace to reach it first. A request proxied by a peer must come from the
 same etcd cluster and be addressed to this broker (its header's process ID).
 The set of local replicas is updated by a keyspace observer, in revision
@@ -27,6 +28,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from gazette import keyspace as ks_mod
 from gazette.broker.replica import Replica
@@ -59,6 +61,22 @@ class Resolution:
     def is_local(self) -> bool:
         return self.header.process_id == self.local_id
 
+    @cached_property
+    def route_key(self) -> tuple[int, tuple[tuple[str, str], ...]]:
+        """The route's primary and members, comparable cheaply (endpoints aside)."""
+        return route_key(self.route)
+
+    @cached_property
+    def advertised(self) -> bool:
+        """Every assignment's value is this route (Gazette's
+        JournalRouteMatchesAssignments): the journal is consistent."""
+        key = self.route_key
+        return all(isinstance(kv.value, pb.Route) and route_key(kv.value) == key for kv in self.assignments)
+
+
+def route_key(route: pb.Route) -> tuple[int, tuple[tuple[str, str], ...]]:
+    return int(route.primary), tuple((m.zone, m.suffix) for m in route.members)
+
 
 def _id_key(pid: pb.ProcessSpec.ID) -> tuple[str, str]:
     return (pid.zone, pid.suffix)
@@ -77,6 +95,8 @@ class Resolver:
         self.replicas: dict[str, Replica] | None = {}
         self._create_revs: dict[str, int] = {}
         self._retiring: set[asyncio.Task[None]] = set()
+        self._cache: dict[tuple[str, bool, bool], Resolution] = {}
+        self._cache_rev = -1
         keyspace.observers.append(self.update_replicas)
 
     # Key helpers over Gazette's layout.
@@ -142,6 +162,15 @@ class Resolver:
         if min_etcd_revision > self.ks.revision:
             await self.ks.wait_for_revision(min_etcd_revision)
 
+        rev = self.ks.revision
+        if rev != self._cache_rev:
+            self._cache.clear()
+            self._cache_rev = rev
+        key = (journal, may_proxy, require_primary)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+
         assignments = list(self.ks.prefixed(self._assign_prefix(journal)))
         item = self.ks.search(self._item_key(journal))
         spec: pb.JournalSpec | None = item.value if item is not None else None
@@ -187,6 +216,7 @@ class Resolver:
             res.status = pb.NOT_JOURNAL_PRIMARY_BROKER if require_primary else pb.NOT_JOURNAL_BROKER
         if res.status != pb.OK:
             res.header.process_id.CopyFrom(self.local_id)
+        self._cache[key] = res
         return res
 
     def update_replicas(self) -> None:
@@ -194,6 +224,7 @@ class Resolver:
         and signal replicas whose journal's assignments changed."""
         if self.replicas is None:
             return
+        self._cache.clear()
         local: dict[str, tuple[pb.JournalSpec, int, bool]] = {}
         sigs: dict[str, list[tuple[str, int]]] = {}
         prefix = f"{self.ks.root}/assign/"
@@ -233,6 +264,7 @@ class Resolver:
         self.replicas = next_replicas
 
     def _cancel(self, replica: Replica) -> None:
+        self._cache.clear()
         replica.cancel()
         task = replica.retired
         if task is not None and not task.done():
@@ -245,6 +277,7 @@ class Resolver:
             await asyncio.wait(list(self._retiring), timeout=timeout)
 
     def stop_serving(self) -> None:
+        self._cache.clear()
         if self.replicas is not None:
             for r in self.replicas.values():
                 self._cancel(r)
