@@ -393,6 +393,64 @@ def test_index_beyond_the_head_needs_reset_head(cluster: Cluster, stubs: Stubs) 
     assert_no_tracebacks(brokers)
 
 
+def test_replicate_rpc_refuses_bad_streams(cluster: Cluster, stubs: Stubs) -> None:
+    """Replicate is a broker-to-broker RPC: anything but a well-formed stream of a route this
+    broker serves gets a clear refusal, and the broker carries on."""
+    (broker,) = start_brokers(cluster, [("zone-a", "broker-a1")])
+    stub = stubs(broker)
+    name = f"repl/{uuid.uuid4().hex[:8]}"
+    apply_journal(stub, name, replication=1)
+    wait_replicated(stub, name, 1)
+    append_eventually(stub, name, b'{"before": 1}\n')
+
+    def replicate(*reqs: pb.ReplicateRequest) -> list[pb.ReplicateResponse]:
+        return list(stub.Replicate(iter(reqs), timeout=DEADLINE))
+
+    def refused(code: grpc.StatusCode, needle: str, *reqs: pb.ReplicateRequest) -> None:
+        with pytest.raises(grpc.RpcError) as info:
+            replicate(*reqs)
+        assert info.value.code() == code, info.value
+        assert needle in (info.value.details() or ""), info.value.details()
+
+    # The broker's own view of the journal, as a primary's first request would carry it.
+    listed = route_of(stub, name)
+    hdr = pb.Header()
+    hdr.route.CopyFrom(listed)
+    etcd = pb.ListRequest()
+    hdr.etcd.CopyFrom(next(iter(stub.List(etcd, timeout=DEADLINE))).header.etcd)
+    proposal = pb.Fragment(journal=name, begin=0, end=0, compression_codec=pb.NONE)
+
+    refused(grpc.StatusCode.INVALID_ARGUMENT, "initial ReplicateRequest")
+    refused(grpc.StatusCode.INVALID_ARGUMENT, "proposal", pb.ReplicateRequest(content=b"x"))
+    refused(grpc.StatusCode.INVALID_ARGUMENT, "Header",
+            pb.ReplicateRequest(proposal=proposal, acknowledge=True))
+    bad_cluster = pb.Header()
+    bad_cluster.CopyFrom(hdr)
+    bad_cluster.etcd.cluster_id += 1
+    refused(grpc.StatusCode.FAILED_PRECONDITION, "ClusterId",
+            pb.ReplicateRequest(header=bad_cluster, proposal=proposal, acknowledge=True))
+
+    # A route this broker does not serve that way: WRONG_ROUTE, with the broker's own header.
+    other = pb.Header()
+    other.CopyFrom(hdr)
+    other.route.members.add(zone="zone-z", suffix="elsewhere")
+    other.route.primary = 1
+    del other.route.endpoints[:]
+    (resp,) = replicate(pb.ReplicateRequest(header=other, proposal=proposal, acknowledge=True))
+    assert resp.status == pb.WRONG_ROUTE
+    assert [(m.zone, m.suffix) for m in resp.header.route.members] == [("zone-a", "broker-a1")]
+    # A journal it is not assigned: NOT_JOURNAL_BROKER.
+    ghost = pb.Fragment(journal="repl/no-such-journal", begin=0, end=0, compression_codec=pb.NONE)
+    (resp,) = replicate(pb.ReplicateRequest(header=hdr, proposal=ghost, acknowledge=True))
+    assert resp.status == pb.JOURNAL_NOT_FOUND
+
+    # Still healthy: appends and reads carry on where they were.
+    resp2 = append(stub, name, b'{"after": 1}\n')
+    assert resp2.status == pb.OK and resp2.commit.begin == 14
+    assert read_local(stub, name) == b'{"before": 1}\n{"after": 1}\n'
+    assert_no_tracebacks([broker])
+
+
 @pytest.mark.soak
 def test_rolling_restart_under_appends(cluster: Cluster, stubs: Stubs, tmp_path: Path) -> None:
     layout = [("zone-a", "broker-a1"), ("zone-a", "broker-a2"), ("zone-b", "broker-b1"), ("zone-b", "broker-b2")]
