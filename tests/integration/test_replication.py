@@ -41,6 +41,7 @@ from gazette.testing.cluster import BrokerProcess, Cluster, wait_until
 
 DEADLINE = 60.0
 LEASE = ("--etcd.lease", "2s")
+ROLLS = 3  # rounds of the soak's rolling restart
 FRAGMENT_NAME = re.compile(r"^([0-9a-f]{16})-([0-9a-f]{16})-([0-9a-f]{40})(\.[a-z]+)?$")
 
 
@@ -471,7 +472,7 @@ def test_rolling_restart_under_appends(cluster: Cluster, stubs: Stubs, tmp_path:
     for t in threads:
         t.start()
     try:
-        for i, (zone, bid) in enumerate(layout):
+        for i, (zone, bid) in [*enumerate(layout)] * ROLLS:
             before = [len(w.acked) for w in writers]
             assert brokers[i].stop(DEADLINE) == 0, brokers[i].log_text()[-4000:]
             brokers[i] = cluster.add_broker(zone, bid, extra_args=LEASE)
@@ -503,3 +504,48 @@ def http_read_all_from_store(cluster: Cluster, name: str) -> bytes:
         if end > len(out):
             out += raw[len(out) - begin:]
     return bytes(out)
+
+
+@pytest.mark.soak
+def test_repeated_primary_kills_under_appends(cluster: Cluster, stubs: Stubs) -> None:
+    layout = [("zone-a", "broker-a1"), ("zone-a", "broker-a2"), ("zone-b", "broker-b1"), ("zone-b", "broker-b2")]
+    brokers = start_brokers(cluster, layout)
+    gateway = cluster.add_broker("zone-c", "broker-gw", extra_args=(*LEASE, "--broker.limit", "0"))
+    name = f"kill/{uuid.uuid4().hex[:8]}"
+    apply_journal(stubs(gateway), name, length=8192)
+    wait_replicated(stubs(gateway), name, 3)
+    append_eventually(stubs(gateway), name, b'{"first": true}\n')
+    writers = [Writer(stubs(gateway), name, f"w{i}") for i in range(2)]
+    threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
+    for t in threads:
+        t.start()
+    try:
+        for round_ in range(3):
+            victim = wait_until(lambda: primary_of(stubs(gateway), name, brokers), DEADLINE, message="a primary")
+            before = [len(w.acked) for w in writers]
+            victim.kill()
+            brokers.remove(victim)
+            brokers.append(cluster.add_broker(victim.zone, f"{victim.broker_id[:9]}-r{round_}", extra_args=LEASE))
+
+            def flowing(before: list[int] = before) -> bool:
+                return all(len(w.acked) >= n + 20 for w, n in zip(writers, before, strict=True))
+
+            wait_until(flowing, DEADLINE, message=f"appends acknowledged after kill {round_}")
+    finally:
+        for w in writers:
+            w.stop.set()
+        for t in threads:
+            t.join(DEADLINE)
+
+    content = http_read(gateway, name)
+    assert_acked_exactly_once(content, writers)
+    running = [b for b in brokers if b.is_running()]
+    for b in running:
+        def serves(b: BrokerProcess = b) -> bool:
+            return http_read(b, name) == content
+
+        wait_until(serves, DEADLINE, message=f"{b.broker_id} serves the journal")
+    stop_all([*running, gateway])
+    stored = http_read_all_from_store(cluster, name)
+    assert stored[: len(content)] == content
+    assert_no_tracebacks(running)
