@@ -167,20 +167,10 @@ class AppendFSM:
 
     async def run_to_stream(self) -> None:
         """Runs until STREAM_CONTENT or a terminal state (ERROR, PROXY)."""
-        steps = {
-            RESOLVE: self._on_resolve,
-            ACQUIRE_PIPELINE: self._on_acquire_pipeline,
-            START_PIPELINE: self._on_start_pipeline,
-            SEND_SYNC: self._on_send_sync,
-            RECV_SYNC: self._on_recv_sync,
-            UPDATE_ASSIGNMENTS: self._on_update_assignments,
-            AWAIT_DESIRED_REPLICAS: self._on_await_desired_replicas,
-            VALIDATE_PRECONDITIONS: self._on_validate_preconditions,
-            UPDATE_SUSPEND: self._on_update_suspend,
-        }
+        steps = _STEPS
         try:
-            while self.state not in (STREAM_CONTENT, ERROR, PROXY):
-                await steps[self.state]()
+            while self.state not in _STOPS:
+                await steps[self.state](self)
         except BaseException:
             # Interrupted mid-step (cancelled, etcd failed, ...): a pipeline in the middle of
             # its synchronisation is in an unknown state.
@@ -223,9 +213,9 @@ class AppendFSM:
             self.read_through = res.header.etcd.revision + 1
             self.state = RESOLVE
             return
-        if not await acquire_unless(replica.send_lock, res.signal):
-            self.state = RESOLVE
-            return
+        # Appends queue here in their (FIFO) order; a holder always finishes, so waiting
+        # needs no watch on the resolution: it is checked again once we own the pipeline.
+        await replica.send_lock.acquire()
         self.replica = replica
         self.pln = replica.pln
         # As in Gazette, confirm the resolution still holds now that we own the pipeline.
@@ -422,12 +412,14 @@ class AppendFSM:
         assert res is not None and res.spec is not None and pln is not None
         spool = pln.spool
         spec = res.spec
-        proposal = maybe_roll(spool.fragment, spool.first_append_time, self.roll_to, spec.fragment, time.time())
-        if proposal != spool.fragment:
+        frag = spool.fragment
+        proposal = maybe_roll(frag, spool.first_append_time, self.roll_to, spec.fragment, time.time())
+        if proposal is not frag and proposal != frag:
             # The pipeline is synchronised: every peer takes this roll, unacknowledged.
             await pln.scatter(pb.ReplicateRequest(proposal=proposal.to_proto(), registers=self.registers))
+            frag = proposal
 
-        begin = spool.fragment.end
+        begin = frag.end
         started = time.monotonic()
         summer = hashlib.sha1()
         delta = 0
@@ -538,6 +530,20 @@ class AppendFSM:
         self.err = pln.recv_err() or send_err
         if self.err is not None:
             replica.request_pulse()  # the pipeline is broken: rebuild it without waiting
+
+
+_STEPS = {
+    RESOLVE: AppendFSM._on_resolve,
+    ACQUIRE_PIPELINE: AppendFSM._on_acquire_pipeline,
+    START_PIPELINE: AppendFSM._on_start_pipeline,
+    SEND_SYNC: AppendFSM._on_send_sync,
+    RECV_SYNC: AppendFSM._on_recv_sync,
+    UPDATE_ASSIGNMENTS: AppendFSM._on_update_assignments,
+    AWAIT_DESIRED_REPLICAS: AppendFSM._on_await_desired_replicas,
+    VALIDATE_PRECONDITIONS: AppendFSM._on_validate_preconditions,
+    UPDATE_SUSPEND: AppendFSM._on_update_suspend,
+}
+_STOPS = frozenset((STREAM_CONTENT, ERROR, PROXY))
 
 
 def _consume(task: asyncio.Future[None]) -> None:
