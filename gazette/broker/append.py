@@ -448,12 +448,12 @@ class AppendFSM:
                     spool._apply_content(content, delta)  # noqa: SLF001 - no peers: apply directly
                 else:
                     await pln.scatter_content(content, delta)
-                    if pln.send_err() is not None:
+                    if pln.broken:
                         break
                 summer.update(content)
                 delta += len(content)
                 chunks += 1
-            if status == pb.OK and not committed and pln.send_err() is None:
+            if status == pb.OK and not committed and not pln.broken:
                 raise AppendStreamError("unexpected EOF before the commit chunk")
             if (status == pb.OK and delta == 0
                     and (self.req.HasField("union_registers") or self.req.HasField("subtract_registers"))):
@@ -462,7 +462,7 @@ class AppendFSM:
             err = e
 
         regs = self.registers
-        if err is None and status == pb.OK and pln.send_err() is None:
+        if err is None and status == pb.OK and not pln.broken:
             proposal_pb = spool.next()
             if self.req.HasField("subtract_registers") or self.req.HasField("union_registers"):
                 ls = labels.LabelSet.from_proto(regs)
@@ -513,21 +513,25 @@ class AppendFSM:
         """Scatter the commit (or rollback), hand the send side on, read our acks in turn."""
         pln, replica = self.pln, self.replica
         assert pln is not None and replica is not None
-        if not pln.broken:
+        # A pipeline that broke meanwhile (a peer failed, maybe under an earlier append) is
+        # not sent our proposal: no healthy peer would answer a proposal half the route lacks.
+        sent = not pln.broken
+        if sent:
             await pln.scatter(final)
         send_err = pln.send_err()
         wait_for, close_after = pln.barrier()
-        if send_err is not None:
-            self._retire(expect_err=True)  # close_send now; our shutdown reads after us
+        if send_err is not None or not sent:
+            self._retire(expect_err=True)  # peers roll back; its shutdown reads after our turn
         self.release()
         try:
             await wait_for
-            await pln.gather_ok()
-            if send_err is not None:
-                await pln.gather_eof()
+            if sent:
+                await pln.gather_ok()
         finally:
             close_after.set_result(None)
         self.err = pln.recv_err() or send_err
+        if self.err is None and not sent:
+            self.err = ReplicationError("the replication pipeline broke during the append")
         if self.err is not None:
             replica.request_pulse()  # the pipeline is broken: rebuild it without waiting
 

@@ -115,6 +115,7 @@ class FakePeer:
 
     async def write(self, data: bytes) -> None:
         if self.fail_writes is not None:
+            self.task.cancel()  # as with gRPC, a broken stream is broken both ways
             raise self.fail_writes
         self.written.append(data)
         await self.requests.put(data)

@@ -1,0 +1,239 @@
+"""The append state machine over a real replica, pipeline and in-process peers.
+
+A ``FSMBroker`` stands in for the broker around ``append.append``: it resolves the journal to a
+route of three members (this broker primary), dials peers as ``FakePeer`` streams into
+``replicate.serve`` over spools of their own (a rebuilt pipeline dials the same peers again),
+and records route advertisements. Cases: concurrent appends are pipelined (one streams while an
+earlier one awaits its acknowledgements) and answered in offset order; a peer failing fails the
+append, and the next append rebuilds the pipeline; a peer ahead makes the first append land
+after its offset; stores beyond the head refuse appends until an explicit offset confirms it; a
+client cancelled mid-append leaves nothing behind anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_pipeline import JOURNAL, MEMBERS, FakeBroker, FakePeer, header, route
+
+from gazette import keyspace as ks_mod
+from gazette.broker import append as append_mod
+from gazette.broker.fragment import CoverSet, Fragment, Persister, Spool, Stores
+from gazette.broker.pipeline import PeerStream, ReplicationError
+from gazette.broker.replica import Replica
+from gazette.broker.resolver import Resolution
+from gazette.protocol import protocol_pb2 as pb
+
+
+class FSMBroker:
+    """Just enough of a Broker for ``append.append`` (see the module docstring)."""
+
+    def __init__(self, tmp: Path, tg: asyncio.TaskGroup) -> None:
+        self.spec = pb.JournalSpec(name=JOURNAL, replication=3)
+        self.spec.fragment.length = 1 << 20
+        self.spec.fragment.compression_codec = pb.NONE
+        self.spec.fragment.stores.append("file:///")
+        self.spec.fragment.refresh_interval.seconds = 3600
+        (tmp / "store").mkdir()
+        self.stores = Stores(file_root=str(tmp / "store"))
+        self.persister = Persister(self.stores, lambda _: self.spec)
+        self.replica = Replica(JOURNAL, self.spec, str(tmp), self.stores, self.persister, tg)
+        self.replica.set_primary(True)
+        self.resolver = self
+        self.peer_brokers = {1: FakeBroker(1), 2: FakeBroker(2)}
+        self.streams: list[FakePeer] = []
+        self.fail_next_dial: int | None = None
+        self.revision = 10
+        self.advertised = False
+
+    def peer_spools(self) -> list[Spool]:
+        return [self.peer_brokers[1].replica.spool, self.peer_brokers[2].replica.spool]
+
+    async def resolve(self, journal: str, **_: Any) -> Resolution:
+        hdr = header(self.revision)
+        r = route()
+        assignments = []
+        for slot, (zone, suffix) in enumerate(MEMBERS):
+            value = r if self.advertised else None
+            key = ks_mod.assignment_key("/root", journal, zone, suffix, 0 if slot == 0 else slot)
+            assignments.append(ks_mod.KeyValue(key, value, b"", 1, self.revision, 1, 0))
+        return Resolution(status=pb.OK, header=hdr, local_id=hdr.process_id, spec=self.spec,
+                          replica=self.replica, assignments=assignments,
+                          signal=self.replica.route_signal)
+
+    def dial_replicate(self, r: pb.Route, i: int) -> PeerStream:
+        peer = FakePeer(self.peer_brokers[i])
+        if self.fail_next_dial == i:
+            peer.fail_writes = ConnectionResetError("peer went away")
+            self.fail_next_dial = None
+        self.streams.append(peer)
+        return peer
+
+    async def update_assignments(self, replica: Replica, res: Resolution) -> int:
+        self.advertised = True
+        self.revision += 1
+        return self.revision
+
+    async def update_suspend(self, res: Resolution, level: int, offset: int) -> int:
+        raise AssertionError("not expected")
+
+
+@pytest.fixture
+async def broker(tmp_path: Path) -> AsyncIterator[FSMBroker]:
+    async with asyncio.TaskGroup() as tg:
+        b = FSMBroker(tmp_path, tg)
+        try:
+            yield b
+        finally:
+            b.replica.cancel()
+            assert b.replica.retired is not None
+            await asyncio.wait_for(b.replica.retired, 5)
+
+
+def chunks(*parts: bytes, commit: bool = True) -> AsyncIterator[pb.AppendRequest]:
+    async def gen() -> AsyncIterator[pb.AppendRequest]:
+        for p in parts:
+            yield pb.AppendRequest(content=p)
+        if commit:
+            yield pb.AppendRequest()
+    return gen()
+
+
+async def do_append(b: FSMBroker, *parts: bytes, offset: int = 0) -> pb.AppendResponse:
+    return await append_mod.append(b, pb.AppendRequest(journal=JOURNAL, offset=offset), chunks(*parts))  # type: ignore[arg-type]
+
+
+def fragments(b: FSMBroker) -> set[tuple[int, int, bytes]]:
+    return {(s.fragment.begin, s.fragment.end, s.fragment.sum) for s in [b.replica.spool, *b.peer_spools()]}
+
+
+async def test_first_append_synchronises_and_advertises(broker: FSMBroker) -> None:
+    resp = await do_append(broker, b"hello\n")
+    assert resp.status == pb.OK
+    assert (resp.commit.begin, resp.commit.end) == (0, 6)
+    assert broker.advertised
+    assert fragments(broker) == {(0, 6, hashlib.sha1(b"hello\n").digest())}
+    assert len(broker.streams) == 2  # one pipeline, reused below
+    await do_append(broker, b"again\n")
+    assert len(broker.streams) == 2
+
+
+async def test_concurrent_appends_are_pipelined_and_answered_in_order(broker: FSMBroker) -> None:
+    await do_append(broker, b"start\n")
+    held = broker.streams[1]  # peer 2's stream
+    held.hold()
+    first = asyncio.ensure_future(do_append(broker, b"first\n"))
+    # The first append commits and waits for peer 2's acknowledgement; meanwhile the send
+    # side is free, and the next appends stream and commit behind it.
+    rest = [asyncio.ensure_future(do_append(broker, f"next {i}\n".encode())) for i in range(5)]
+
+    def peer1_end() -> int:
+        return broker.peer_spools()[0].fragment.end
+
+    for _ in range(200):
+        if peer1_end() == 6 + 6 + 5 * 7:
+            break
+        await asyncio.sleep(0)
+    assert peer1_end() == 6 + 6 + 5 * 7  # every commit reached peer 1 while acks were held
+    assert not first.done() and not any(t.done() for t in rest)
+    held.release()
+    resps = [await first] + [await t for t in rest]
+    assert all(r.status == pb.OK for r in resps)
+    begins = [r.commit.begin for r in resps]
+    assert begins == sorted(begins) and begins[0] == 6
+    ends = {r.commit.end for r in resps}
+    assert max(ends) == 6 + 6 + 5 * 7
+    assert len(fragments(broker)) == 1
+    assert all(not lock.locked() for lock in [broker.replica.send_lock])
+
+
+async def test_a_failed_peer_fails_the_append_and_the_next_rebuilds(broker: FSMBroker) -> None:
+    await do_append(broker, b"before\n")
+    broker.streams[0].fail_writes = ConnectionResetError("peer went away")
+    with pytest.raises(ReplicationError, match="peer went away"):
+        await do_append(broker, b"lost?\n")
+    # The next append tears the broken pipeline down and builds a new one.
+    resp = await do_append(broker, b"after\n")
+    assert resp.status == pb.OK
+    assert len(broker.streams) == 4
+    frags = fragments(broker)
+    assert len(frags) == 1
+    (frag,) = frags
+    assert frag[1] == resp.commit.end
+    # Nothing is left pending anywhere, and no peer still holds a spool for the old stream.
+    assert all(s.delta == 0 for s in [broker.replica.spool, *broker.peer_spools()])
+
+
+async def test_a_peer_ahead_moves_the_head_forward(broker: FSMBroker) -> None:
+    ahead = broker.peer_spools()[1]
+    ahead.apply(pb.ReplicateRequest(content=b"committed elsewhere\n"))
+    assert ahead.apply(pb.ReplicateRequest(proposal=ahead.next(), acknowledge=True)).status == pb.OK
+    resp = await do_append(broker, b"mine\n")
+    assert resp.status == pb.OK
+    assert resp.commit.begin == 20  # after the peer's content: an offset is never reused
+    assert {f[:2] for f in fragments(broker)} == {(20, 25)}
+
+
+async def test_stores_beyond_the_head_need_an_explicit_offset(broker: FSMBroker) -> None:
+    await do_append(broker, b"head\n")
+    await broker.replica.wait_first_refresh()
+    far = Fragment(JOURNAL, 100, 110, backing_store="file:///", mod_time=1)
+    broker.replica.index.replace_remote(CoverSet([far]))
+    resp = await do_append(broker, b"refused\n")
+    assert resp.status == pb.INDEX_HAS_GREATER_OFFSET
+    resp = await do_append(broker, b"wrong\n", offset=50)
+    assert resp.status == pb.WRONG_APPEND_OFFSET
+    resp = await do_append(broker, b"confirmed\n", offset=110)
+    assert resp.status == pb.OK and resp.commit.begin == 110
+    assert {f[:2] for f in fragments(broker)} == {(110, 120)}
+
+
+async def test_a_cancelled_client_leaves_nothing_behind(broker: FSMBroker) -> None:
+    await do_append(broker, b"kept\n")
+    gate = asyncio.Event()
+
+    async def stalled() -> AsyncIterator[pb.AppendRequest]:
+        yield pb.AppendRequest(content=b"never committed\n")
+        await gate.wait()
+        yield pb.AppendRequest()
+
+    task = asyncio.ensure_future(append_mod.append(broker, pb.AppendRequest(journal=JOURNAL), stalled()))  # type: ignore[arg-type]
+    for _ in range(200):
+        if broker.peer_spools()[1].delta:
+            break
+        await asyncio.sleep(0)
+    assert all(s.delta == 16 for s in [broker.replica.spool, *broker.peer_spools()])
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    resp = await do_append(broker, b"next\n")
+    assert resp.status == pb.OK and resp.commit.begin == 5
+    assert {f[:2] for f in fragments(broker)} == {(0, 10)}
+
+
+async def test_a_peer_lost_before_its_ack_fails_the_append_but_keeps_the_offset(broker: FSMBroker) -> None:
+    await do_append(broker, b"before\n")
+    lost = broker.streams[1]
+    lost.hold()
+    task = asyncio.ensure_future(do_append(broker, b"unacknowledged\n"))
+    for _ in range(200):
+        if broker.peer_spools()[1].fragment.end == 22:
+            break
+        await asyncio.sleep(0)
+    assert broker.peer_spools()[1].fragment.end == 22  # committed there, not yet acknowledged
+    while not lost.responses.empty():  # the peer goes away before its answer is sent
+        lost.responses.get_nowait()
+    lost.task.cancel()
+    lost.release()
+    with pytest.raises(ReplicationError):
+        await task
+    # Every replica applied that commit, so the next synchronisation keeps it (Gazette's
+    # at-least-once edge): the next append lands after it, never over it.
+    resp = await do_append(broker, b"after\n")
+    assert resp.status == pb.OK and resp.commit.begin == 22
+    assert {f[:2] for f in fragments(broker)} == {(0, 28)}
