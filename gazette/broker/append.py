@@ -46,12 +46,13 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING
 
 from gazette import labels
 from gazette.allocator import desired_replication
 from gazette.broker import metrics
+from gazette.broker.flow import AppendFlowControl, flow_controlled
 from gazette.broker.fragment import Fragment, sum_to_proto
 from gazette.broker.pipeline import Pipeline, ReplicationError
 from gazette.broker.replica import acquire_unless, wait_unless
@@ -142,6 +143,7 @@ class AppendFSM:
         self.status: int = pb.OK
         self.err: BaseException | None = None
         self.sync_rounds = 0
+        self.store_health_error = ""
 
     # -- ownership ------------------------------------------------------------------------
 
@@ -325,6 +327,12 @@ class AppendFSM:
     async def _on_validate_preconditions(self) -> None:
         res, replica, pln = self.res, self.replica, self.pln
         assert res is not None and res.spec is not None and replica is not None and pln is not None
+        # Before the first-refresh wait: a store that cannot be listed never completes one.
+        status, self.store_health_error = await self.broker.store_health.await_append_status(res.spec)
+        if status != pb.OK:
+            self.status = status
+            self.state = ERROR
+            return
         if not await wait_unless(replica.index.first_refresh, res.signal):
             self.state = RESOLVE
             return
@@ -431,6 +439,15 @@ class AppendFSM:
             pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW, pb.AppendRequest.SUSPEND_KEEP)
         err: BaseException | None = None
         local_only = not pln.peers
+        cfg = self.broker.config
+        max_rate = spec.max_append_rate
+        if cfg.max_append_rate and (max_rate == 0 or cfg.max_append_rate < max_rate):
+            max_rate = cfg.max_append_rate
+        policed: AsyncGenerator[pb.AppendRequest, None] | None = None
+        if max_rate or cfg.min_append_rate:
+            fc = self.replica.flow if self.replica is not None else AppendFlowControl()
+            rest = policed = flow_controlled(rest, fc, _content_length, max_rate=max_rate,
+                                             min_rate=cfg.min_append_rate)
         try:
             async for req in rest:
                 if req.journal:
@@ -460,6 +477,8 @@ class AppendFSM:
                 raise AppendStreamError("register modification requires non-empty Append")
         except BaseException as e:  # noqa: BLE001 - including cancellation: roll back, then re-raise
             err = e
+        if policed is not None:
+            await policed.aclose()  # stops its stall timer now, not when it is collected
 
         regs = self.registers
         if err is None and status == pb.OK and not pln.broken:
@@ -550,6 +569,10 @@ _STEPS = {
 _STOPS = frozenset((STREAM_CONTENT, ERROR, PROXY))
 
 
+def _content_length(req: pb.AppendRequest) -> int:
+    return req.ByteSize()  # the chunk's size on the wire, without copying its content
+
+
 def _consume(task: asyncio.Future[None]) -> None:
     if not task.cancelled():
         task.exception()
@@ -567,7 +590,10 @@ async def append(broker: Broker, first: pb.AppendRequest, rest: AsyncIterator[pb
         if fsm.state == ERROR:
             if fsm.err is not None:
                 raise fsm.err
-            return _response(fsm.status, res.header)
+            resp = _response(fsm.status, res.header)
+            if fsm.status == pb.FRAGMENT_STORE_UNHEALTHY:
+                resp.store_health_error = fsm.store_health_error
+            return resp
         resp = await fsm.stream(rest)
     finally:
         fsm.release()

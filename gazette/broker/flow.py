@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TypeVar
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "flow_controlled",
     "DEFAULT_MIN_APPEND_RATE",
     "BANK_FACTOR",
+    "QUANTUM",
 ]
 
 DEFAULT_MIN_APPEND_RATE = 1 << 16
@@ -44,6 +45,8 @@ BANK_FACTOR = 10
 """Seconds of unused max-rate credit that may be banked for a later burst."""
 BURST_SECONDS = 1
 """Initial credit, in seconds of the max rate (balance) and of the min rate (spent)."""
+QUANTUM = 0.05
+"""Seconds between looks at a stream whose chunk the broker is still handling (Gazette's quantum)."""
 
 
 class FlowControlUnderflow(Exception):
@@ -151,7 +154,7 @@ async def flow_controlled(
     max_rate: int,
     min_rate: int,
     clock: Callable[[], int] = _now_millis,
-) -> AsyncIterator[T]:
+) -> AsyncGenerator[T, None]:
     """Yields the items of ``it`` under ``fc``'s policy; raises FlowControlUnderflow on a stall.
 
     The stall check is one timer per append, not a task per chunk: it fires when ``spent`` would
@@ -172,8 +175,10 @@ async def flow_controlled(
             handle = loop.call_later(max(wait, 1.0) / 1000, check)
 
     def check() -> None:
-        nonlocal underflowed
-        if fc.on_tick(clock()) or not waiting:
+        nonlocal handle, underflowed
+        if not waiting:  # the broker itself is busy with the last chunk: look again later
+            handle = loop.call_later(QUANTUM, check)
+        elif fc.on_tick(clock()):
             arm()
         else:
             underflowed = True
@@ -205,6 +210,11 @@ async def flow_controlled(
                     await asyncio.sleep(fc.millis_until_released() / 1000)
                     fc.on_tick(clock())
             yield item
+            # Time the broker spent on the chunk (e.g. replication back-pressure) is not the
+            # client's: it accrues balance but does not drain the min-rate budget.
+            spent = fc.spent
+            fc.on_tick(clock())
+            fc.spent = max(fc.spent, spent)
     finally:
         if handle is not None:
             handle.cancel()

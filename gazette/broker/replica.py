@@ -35,6 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from gazette.broker.flow import AppendFlowControl
 from gazette.broker.fragment import Fragment, Index, Persister, Spool, SpoolSnapshot, Stores
 from gazette.broker.fragment.store import walk_all_stores
 from gazette.protocol import protocol_pb2 as pb
@@ -124,6 +125,8 @@ class Replica:
         self.spool = Spool(journal, directory=spool_dir, on_commit=self.index.spool_commit, on_complete=self._on_complete)
         self.spool_lock = asyncio.Lock()
         self.send_lock = asyncio.Lock()
+        # Flow control of this journal's appends; its max-rate balance outlives each append.
+        self.flow = AppendFlowControl()
         self.pln: Pipeline | None = None
         self.primary = False
         self.cancelled = False

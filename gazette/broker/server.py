@@ -40,6 +40,7 @@ from gazette import labels
 from gazette.allocator import Announcement, allocate, announce, journal_is_consistent
 from gazette.broker import append as append_mod
 from gazette.broker.fragment import Fragment, Persister, Stores
+from gazette.broker.fragment.health import StoreHealth
 from gazette.broker.http_gateway import Gateway
 from gazette.broker.metrics import metrics_app_routes
 from gazette.broker.mux import Multiplexer
@@ -95,6 +96,7 @@ class Broker:
         self.keyspace = ks_mod.KeySpace(config.etcd_prefix, ks_mod.broker_decoder(config.etcd_prefix))
         self.stores = Stores(file_root=config.file_root)
         self.persister = Persister(self.stores, self._spec_for, on_persisted=self._on_persisted)
+        self.store_health = StoreHealth(self.stores)
         self.resolver = Resolver(self.keyspace, self.local_id, self._new_replica)
         self.ready = asyncio.Event()
         self.bound_port = 0
@@ -187,6 +189,7 @@ class Broker:
                 self._tg = tg
                 tg.create_task(self.keyspace.watch(self.etcd), name="keyspace-watch")
                 tg.create_task(self.persister.run(), name="persister")
+                tg.create_task(self.store_health.run(), name="store-health")
                 member_key = ks_mod.members_key(self.config.etcd_prefix, self.local_id.zone, self.local_id.suffix)
                 self._announcement = await announce(
                     self.etcd, member_key, self.broker_spec().SerializeToString(),

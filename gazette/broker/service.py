@@ -22,6 +22,8 @@ from gazette import labels
 from gazette.broker import append as append_mod
 from gazette.broker import read as read_mod
 from gazette.broker import replicate as replicate_mod
+from gazette.broker.flow import FlowControlUnderflow
+from gazette.broker.fragment.health import check_delete
 from gazette.broker.pipeline import ReplicationError
 from gazette.broker.resolver import ResolverStopped
 from gazette.protocol import protocol_pb2 as pb
@@ -130,6 +132,10 @@ class JournalService(pb_grpc.JournalServicer):
             log.info("append failed", extra={"journal": first.journal, "err": str(err)})
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
             raise AssertionError("unreachable") from err
+        except FlowControlUnderflow as err:  # a stalled client gives the pipeline back
+            log.info("append aborted", extra={"journal": first.journal, "err": str(err)})
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+            raise AssertionError("unreachable") from err
 
     # -- Fragments --------------------------------------------------------------------
 
@@ -147,11 +153,14 @@ class JournalService(pb_grpc.JournalServicer):
         resp = pb.FragmentStoreHealthResponse(status=pb.OK)
         resp.header.CopyFrom(self.broker.resolver.header())
         try:
-            store = self.broker.stores.get(request.fragment_store)
-            await store.health_check()
+            ok, error = await self.broker.store_health.await_status(request.fragment_store)
+            if ok and request.check_delete:
+                await check_delete(self.broker.stores, request.fragment_store, request.check_delete_prefix)
         except Exception as err:  # noqa: BLE001 - reported to the caller, not raised
+            ok, error = False, f"delete probe failed: {err}" if request.check_delete else str(err)
+        if not ok:
             resp.status = pb.FRAGMENT_STORE_UNHEALTHY
-            resp.store_health_error = str(err)
+            resp.store_health_error = error
         return resp
 
     async def Replicate(

@@ -456,6 +456,28 @@ def test_http_client_disconnects_mid_put(errs: Cluster, stub: pb_grpc.JournalStu
     assert_rolled_back(errs, stub, name, b"before\n")
 
 
+def test_stalled_append_is_aborted_by_the_minimum_rate(errs: Cluster, stub: pb_grpc.JournalStub) -> None:
+    """A client that stops streaming mid-append (below --broker.min-append-rate, 64 KiB/s by
+    default) is aborted, its bytes are rolled back, and the journal takes other appends."""
+    name = new_journal(errs, stub, length=1024)
+    append_ok(errs.broker, name, b"before\n")
+    release = threading.Event()
+
+    def requests() -> Iterator[pb.AppendRequest]:
+        yield pb.AppendRequest(journal=name)
+        yield pb.AppendRequest(content=b"stalled " * 64)
+        release.wait(DEADLINE)  # never sends the commit chunk in time
+
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Append(requests(), timeout=DEADLINE)
+    finally:
+        release.set()
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "minimum append data rate" in (info.value.details() or "")
+    assert_rolled_back(errs, stub, name, b"before\n")
+
+
 def test_http_put_without_body_appends_nothing(errs: Cluster, stub: pb_grpc.JournalStub) -> None:
     name = new_journal(errs, stub)
     broker = errs.broker

@@ -208,7 +208,6 @@ def test_fragments_persist_to_s3_and_read_back(
         assert "Traceback" not in b.log_text(), b.log_text()[-4000:]
 
 
-@pytest.mark.xfail(reason="append gating wired by coordinator", strict=False)
 def test_append_refused_while_primary_store_unhealthy(
     cluster: Cluster, s3_server: str, stub_for: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
