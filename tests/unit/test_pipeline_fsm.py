@@ -16,6 +16,7 @@ import asyncio
 import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -50,6 +51,11 @@ class FSMBroker:
         self.fail_next_dial: int | None = None
         self.revision = 10
         self.advertised = False
+        self.config = SimpleNamespace(max_append_rate=0, min_append_rate=0)  # no flow control
+        self.store_health = self
+
+    async def await_append_status(self, spec: pb.JournalSpec) -> tuple[int, str]:
+        return pb.OK, ""  # the store is healthy
 
     def peer_spools(self) -> list[Spool]:
         return [self.peer_brokers[1].replica.spool, self.peer_brokers[2].replica.spool]
