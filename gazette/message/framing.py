@@ -33,6 +33,8 @@ import json.scanner
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate, count, repeat
+from operator import add, is_
 from typing import Any, Final, Protocol
 
 from .errors import DesyncError, FramingError, MessageDecodeError, UnknownContentTypeError
@@ -124,6 +126,20 @@ class Framing(Protocol):
         ...
 
 
+# Sentinel tokens for JSONFraming._decode_array, with the (singleton) values they parse to,
+# each after a letter of it that is rare in JSON text.
+_SENTINELS: Final = (("l", "null", None), ("r", "true", True), ("f", "false", False))
+
+
+def _sentinel_absent_from(text: str) -> tuple[str, Any] | None:
+    for letter, token, value in _SENTINELS:
+        # A letter of the token is searched first (memchr), the token itself only if that
+        # letter is in the text.
+        if letter not in text or token not in text:
+            return token, value
+    return None
+
+
 def _accumulate_ends(lengths: Iterable[int], start: int = 0) -> list[int]:
     """Running ends of consecutive spans, each followed by a one-byte delimiter."""
     ends = list(itertools.accumulate(lengths, lambda acc, n: acc + n + 1, initial=start))
@@ -205,7 +221,15 @@ class JSONFraming:
             text = whole.decode()
         except UnicodeDecodeError:
             return self._decode_lines(whole)
-
+        parsed = self._decode_array(text)
+        if parsed is not None:
+            lines = parsed[1]
+            if text.isascii():
+                lengths = map(len, lines)
+            else:
+                lengths = map(len, whole[:-1].split(b"\n"))
+            # ends[i] = (lengths of lines 0..i) + (i + 1) newlines.
+            return Decoded(parsed[0], list(map(add, accumulate(lengths), count(1))), end, 0)
         values: list[Any] = []
         char_ends: list[int] = []
         add_value, add_end = values.append, char_ends.append
@@ -236,6 +260,37 @@ class JSONFraming:
         else:
             ends = _accumulate_ends(map(len, whole[:-1].split(b"\n")))
         return Decoded(values, ends, end, errors)
+
+    def _decode_array(self, text: str) -> tuple[list[Any], list[str]] | None:
+        """Every line of ``text`` (whole lines) parsed by one call of the C scanner, or None
+        when that cannot be done exactly (the caller then scans value by value).
+
+        The lines are parsed as one JSON array, each followed by a *sentinel*: the first of
+        ``null``, ``true``, ``false`` that appears nowhere in ``text``, so every instance of
+        its value in the result comes from a joiner. The result is taken only if it is
+        ``[line0, S, line1, S, ..., lineN]`` with each ``S`` that very object: then all the
+        joiners sit at the top level of the array, so each element between two of them is
+        exactly one line parsed as one JSON document, as ``json.loads(line)`` would parse it
+        (joiners include the newline, which no JSON string may hold, so none hides in a
+        string). Anything else (a bad line, a document spanning lines, a line holding two)
+        makes the parse fail or the shape differ.
+        """
+        found = _sentinel_absent_from(text)
+        if found is None:
+            return None
+        token, sentinel = found
+        lines = text[:-1].split("\n")
+        joined = "[" + f",\n{token},".join(lines) + "]"
+        try:
+            array, stop = self._scan(joined, 0)
+        except (StopIteration, ValueError, RecursionError):
+            return None
+        n = len(lines)
+        if stop != len(joined) or type(array) is not list or len(array) != 2 * n - 1:
+            return None
+        if not all(map(is_, array[1::2], repeat(sentinel))):
+            return None
+        return array[0::2], lines
 
     @staticmethod
     def _loads_line(line: str | bytes) -> Any:

@@ -21,6 +21,12 @@ Invariants:
 * A bad frame (a desync, a malformed message) raises once, from the call after the one
   that returned the envelopes before it; calling again continues after it. The end of a
   bounded read inside a frame raises UnexpectedEOFError.
+
+Per chunk, the read-committed path runs a few loops of plain Python per message (building
+messages, building envelopes, sequencing) around C-level batch calls: the framing decodes
+every frame of the chunk at once, a decoder returning a
+:class:`~gazette.message.message.MessageBatch` hands over the UUID fields of all its
+messages, and :meth:`Sequencer.queue_and_drain` sequences the whole batch.
 """
 
 from __future__ import annotations
@@ -29,13 +35,13 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any, Protocol
 
 from .errors import FramingError, MessageDecodeError, UnexpectedEOFError
 from .framing import Decoded, Framing
 from .message import Envelope
-from .sequencer import QueueOutcome, Sequencer
+from .sequencer import Sequencer
+from .uuid import UUIDColumns
 
 __all__ = [
     "Chunk",
@@ -74,7 +80,9 @@ class ChunkSource(Protocol):
 #: messages, one per value; raises (preferably MessageDecodeError) if a value is not a
 #: valid message. ``JSONMessage.from_json_many`` and ``CSVRecord.from_csv_many`` are
 #: decoders. After a failure the batch is decoded again value by value, to isolate the
-#: bad ones, so a decoder must not consume its input.
+#: bad ones, so a decoder must not consume its input. A decoder may return a
+#: :class:`~gazette.message.message.MessageBatch` with the UUID fields of its messages,
+#: which spares the read-committed iterator reading them message by message.
 Decoder = Callable[[Sequence[Any]], Sequence[Any]]
 
 #: Opens a bounded source of ``journal`` content over ``[begin, end)``, for replays.
@@ -91,8 +99,9 @@ class ReadUncommittedIter:
         self._tail = b""  # An incomplete frame, carried into the next chunk.
         self._tail_offset = -1  # Journal offset of |_tail|'s first byte (-1: none yet).
         self._journal = ""
-        # Results ready to return: envelope batches, and errors standing between them.
-        self._ready: deque[list[Envelope] | FramingError] = deque()
+        # Results ready to return: envelope batches (with their messages' UUID fields, if
+        # the decoder gave them), and errors standing between them.
+        self._ready: deque[tuple[list[Envelope], UUIDColumns | None] | FramingError] = deque()
         self._done = False
 
     @property
@@ -102,9 +111,13 @@ class ReadUncommittedIter:
 
     async def next_batch(self) -> list[Envelope]:
         """The next messages read (at least one), or ``[]`` once the source has ended."""
+        return (await self._next_batch_uuids())[0]
+
+    async def _next_batch_uuids(self) -> tuple[list[Envelope], UUIDColumns | None]:
+        """next_batch, with the UUID fields of its messages when the decoder gave them."""
         while not self._ready:
             if self._done:
-                return []
+                return [], None
             chunk = await self._source.read()
             if chunk is None:
                 self._finish()
@@ -167,8 +180,6 @@ class ReadUncommittedIter:
         if not decoded.values:
             return
         journal = self._journal
-        ends = [base + e for e in decoded.ends]
-        begins = [base, *ends[:-1]]
         if not decoded.errors:
             try:
                 messages = self._decode(decoded.values)
@@ -179,9 +190,23 @@ class ReadUncommittedIter:
                     raise TypeError(
                         f"decoder returned {len(messages)} messages for {len(decoded.values)}"
                     )
-                self._ready.append(list(map(Envelope, repeat(journal), begins, ends, messages)))
+                # Envelopes built field by field: cheaper than the dataclass __init__.
+                new = object.__new__
+                envs: list[Envelope] = []
+                add = envs.append
+                begin = base
+                for end, msg in zip(decoded.ends, messages, strict=True):
+                    env = new(Envelope)
+                    env.journal = journal
+                    env.begin = begin
+                    env.end = begin = base + end
+                    env.message = msg
+                    add(env)
+                self._ready.append((envs, getattr(messages, "uuids", None)))
                 return
 
+        ends = [base + e for e in decoded.ends]
+        begins = [base, *ends[:-1]]
         batch: list[Envelope] = []
         for begin, end, value in zip(begins, ends, decoded.values, strict=True):
             error: FramingError | None = None
@@ -197,11 +222,11 @@ class ReadUncommittedIter:
                     error.__cause__ = err
             if error is not None:
                 if batch:
-                    self._ready.append(batch)
+                    self._ready.append((batch, None))
                     batch = []
                 self._ready.append(_located(error, journal, begin, end))
         if batch:
-            self._ready.append(batch)
+            self._ready.append((batch, None))
 
 
 def _located(error: FramingError, journal: str, begin: int, end: int) -> FramingError:
@@ -212,19 +237,6 @@ def _located(error: FramingError, journal: str, begin: int, end: int) -> Framing
         if hasattr(error, name):
             setattr(error, name, value)
     return error
-
-
-_REPLAY = QueueOutcome.ACK_COMMIT_REPLAY
-_NOTHING_TO_DEQUEUE = frozenset(
-    {
-        QueueOutcome.OUTSIDE_ALREADY_ACKED,
-        QueueOutcome.CONTINUE_ALREADY_ACKED,
-        QueueOutcome.CONTINUE_TXN_CLOCK_LARGER,
-        QueueOutcome.CONTINUE_BEGIN_SPAN,
-        QueueOutcome.CONTINUE_EXTEND_SPAN,
-        QueueOutcome.ACK_ROLLBACK,
-    }
-)
 
 
 class ReadCommittedIter:
@@ -255,20 +267,19 @@ class ReadCommittedIter:
     async def next_batch(self) -> list[Envelope]:
         """The next committed messages (at least one), or ``[]`` once the source ended."""
         seq = self.sequencer
-        queue, drain = seq.queue_uncommitted, seq.drain_committed
         while True:
-            batch = await self._uncommitted.next_batch()
+            batch, uuids = await self._uncommitted._next_batch_uuids()
             if not batch:
                 return []
             out: list[Envelope] = []
-            for env in batch:
-                outcome = queue(env)
-                if outcome in _NOTHING_TO_DEQUEUE:
-                    continue
-                if outcome is _REPLAY:
+            i = 0
+            while i < len(batch):
+                i = seq.queue_and_drain(batch, out, i, uuids)
+                if seq.dequeuing():
+                    # ACK_COMMIT_REPLAY: the sequence began before the ring's oldest entry.
                     journal, begin, end = seq.replay_range()
                     seq.start_replay(await self._read_replay(journal, begin, end))
-                drain(out)
+                    seq.drain_committed(out)
             if out:
                 return out
 

@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from .errors import ReplayError
 from .message import Envelope
-from .uuid import ProducerID
+from .uuid import ProducerID, UUIDColumns, uuid_columns_of_ints
 
 __all__ = ["ProducerState", "QueueOutcome", "Sequencer"]
 
@@ -109,6 +109,8 @@ _ACK_COMMIT_REPLAY: Final = QueueOutcome.ACK_COMMIT_REPLAY
 _IGNORED: Final = frozenset(
     {_OUTSIDE_ALREADY_ACKED, _CONTINUE_ALREADY_ACKED, _CONTINUE_TXN_CLOCK_LARGER}
 )
+# Outcomes leaving nothing to dequeue.
+_NOTHING_TO_DEQUEUE: Final = _IGNORED | {_CONTINUE_BEGIN_SPAN, _CONTINUE_EXTEND_SPAN, _ACK_ROLLBACK}
 
 
 @dataclass(slots=True)
@@ -123,12 +125,17 @@ class _Partial:
     ring_stop: int = -1  # Last ring index of the sequence (inclusive), or -1.
 
 
-def _uuid_parts(env: Envelope) -> tuple[int, int, int]:
-    """(producer, clock, flags) of an envelope's message UUID."""
-    msg = env.message
+def _uuid_int(msg: Any) -> int:
     v = getattr(msg, "uuid_int", None)
     if v is None:
         v = msg.get_uuid().int
+    assert isinstance(v, int)
+    return v
+
+
+def _uuid_parts(env: Envelope) -> tuple[int, int, int]:
+    """(producer, clock, flags) of an envelope's message UUID."""
+    v = _uuid_int(env.message)
     clock = (
         (((v >> 96) & 0xFFFFFFFF) << 4)
         | (((v >> 80) & 0xFFFF) << 36)
@@ -160,12 +167,16 @@ class Sequencer:
         self._dequeued_slot = -1  # Ring index of |dequeued|, or -1 if it was replayed.
         self.offsets: dict[str, int] = dict(offsets or {})
         self.partials: dict[_JournalProducer, _Partial] = {}
+        # The same partials by journal, then by producer: queue_and_drain looks a partial
+        # up by producer alone, sparing a key tuple per message.
+        self._by_journal: dict[str, dict[int, _Partial]] = {}
         # Partial sequences begun since the last checkpoint.
         self._pending: set[_JournalProducer] = set()
         self._emit: _Partial | None = None  # The committed sequence being dequeued.
         self._replay: Iterator[Envelope] | None = None
         # The ring: envelopes, the next index of the same partial sequence (-1 ends it),
-        # and per entry the clock and partial key, read once when queued.
+        # and per entry the clock and partial key, read once when queued. Clock and key
+        # are meaningful only while the slot holds an envelope.
         self.ring: list[Envelope | None] = []
         self.next: list[int] = []
         self._ring_clock: list[int] = []
@@ -174,7 +185,15 @@ class Sequencer:
 
         for state in states:
             jp = (state.journal, int.from_bytes(state.producer, "big"))
-            self.partials[jp] = _Partial(jp, state.last_ack, state.last_ack, state.begin)
+            self._index(_Partial(jp, state.last_ack, state.last_ack, state.begin))
+
+    def _index(self, partial: _Partial) -> None:
+        jp = partial.jp
+        self.partials[jp] = partial
+        by_producer = self._by_journal.get(jp[0])
+        if by_producer is None:
+            by_producer = self._by_journal[jp[0]] = {}
+        by_producer[jp[1]] = partial
 
     # -- queueing -------------------------------------------------------------------------
 
@@ -184,19 +203,146 @@ class Sequencer:
         if self._emit is not None:
             raise RuntimeError("queue_uncommitted called while committed messages remain to step")
         self._evict_at_head()
+        producer, clock, flags = _uuid_parts(env)
+        return self._queue(env, producer, clock, flags)
 
-        msg = env.message
-        v = getattr(msg, "uuid_int", None)
-        if v is None:
-            v = msg.get_uuid().int
-        producer = v & _U48
-        flags = (v >> 48) & _FLAGS_MASK
-        clock = (
-            (((v >> 96) & 0xFFFFFFFF) << 4)
-            | (((v >> 80) & 0xFFFF) << 36)
-            | (((v >> 64) & 0xFFFF) << 52)
-            | ((v >> 58) & 0xF)
-        ) & _U64
+    def queue_and_drain(
+        self,
+        envs: Sequence[Envelope],
+        out: list[Envelope],
+        start: int = 0,
+        uuids: UUIDColumns | None = None,
+    ) -> int:
+        """Queue ``envs[start:]`` in order, as :meth:`queue_uncommitted` would, taking each
+        committed sequence whole into ``out`` as :meth:`drain_committed` would.
+
+        Returns the index just past the last envelope queued: ``len(envs)``, or sooner
+        after an envelope whose outcome was ACK_COMMIT_REPLAY, whose sequence is then left
+        to :meth:`replay_range`, :meth:`start_replay` and :meth:`drain_committed`.
+        ``uuids`` are the UUID fields of every message of ``envs`` (from
+        :attr:`MessageBatch.uuids <gazette.message.message.MessageBatch.uuids>`), read
+        from the messages when not given.
+
+        The same state changes, case for case, as the per-envelope calls; the common
+        outcomes (an OUTSIDE_TXN commit of a producer with no open transaction, an ignored
+        duplicate, a CONTINUE_TXN extending a span) are applied inline, with the ring and
+        the envelope's partial in locals, and the rest by the general path.
+        """
+        if self._emit is not None:
+            raise RuntimeError("queue_and_drain called while committed messages remain to step")
+        stop = len(envs)
+        if start >= stop:
+            return stop
+        if uuids is None:
+            uuids = uuid_columns_of_ints([_uuid_int(e.message) for e in envs])
+        producers, clocks, all_flags = uuids
+        ring, nxt, ring_clock, ring_jp = self.ring, self.next, self._ring_clock, self._ring_jp
+        capacity = self._capacity
+        filling = len(ring) < capacity
+        head = self.head
+        offsets, pending, by_journal = self.offsets, self._pending, self._by_journal
+        add = out.append
+        journal: str | None = None
+        by_producer: dict[int, _Partial] = {}
+        # |offsets[journal]| is owed this value for envelopes handled inline (each would
+        # have set it to its own end): written once, before the general path and at exit.
+        owed = -1
+
+        i = start
+        while i < stop:
+            env = envs[i]
+            producer, clock, flags = producers[i], clocks[i], all_flags[i]
+            i += 1
+            if env.journal is not journal:
+                if owed != -1:
+                    offsets[journal] = owed  # type: ignore[index]
+                    owed = -1
+                journal = env.journal
+                by_producer = by_journal.get(journal) or by_journal.setdefault(journal, {})
+
+            # _evict_at_head, inline: it has nothing to do unless a slot still holds an
+            # envelope (one not yet committed or rolled back).
+            if filling:
+                if len(ring) == head:
+                    ring.append(None)
+                    nxt.append(-1)
+                    ring_clock.append(0)
+                    ring_jp.append(None)
+                    filling = len(ring) < capacity
+            elif ring[head] is not None:
+                self._evict(head)
+
+            if clock != 0:
+                p = by_producer.get(producer)
+                if flags == _OUTSIDE:
+                    if p is None or (p.begin == -1 and p.ring_stop == -1 and clock > p.min_clock):
+                        # OUTSIDE_COMMIT of this message alone: added at |head|, then
+                        # released as it is delivered (so the slot stays empty), and the
+                        # partial is left at its clock.
+                        if p is None:
+                            self._index(_Partial((journal, producer), clock, clock, -1))
+                        else:
+                            p.min_clock = p.max_clock = clock
+                            if pending:
+                                pending.discard(p.jp)
+                        nxt[head] = -1
+                        head += 1
+                        if head == capacity:
+                            head = 0
+                        add(env)
+                        owed = env.end
+                        continue
+                    if clock <= p.min_clock:
+                        owed = env.end  # OUTSIDE_ALREADY_ACKED
+                        continue
+                    # Else an open transaction is clobbered: the general path logs it.
+                elif flags == _CONTINUE and p is not None:
+                    if clock <= p.max_clock:
+                        # CONTINUE_ALREADY_ACKED or CONTINUE_TXN_CLOCK_LARGER (a partial
+                        # always has min_clock <= max_clock).
+                        owed = env.end
+                        continue
+                    # CONTINUE_BEGIN_SPAN or CONTINUE_EXTEND_SPAN: _add_at_head, inline.
+                    if p.begin == -1:
+                        p.begin = env.begin
+                        pending.add(p.jp)
+                    ring[head] = env
+                    nxt[head] = -1
+                    ring_clock[head] = clock
+                    ring_jp[head] = p.jp
+                    if p.ring_stop == -1:
+                        p.ring_start = head
+                    else:
+                        nxt[p.ring_stop] = head
+                    p.ring_stop = head
+                    p.max_clock = clock
+                    head += 1
+                    if head == capacity:
+                        head = 0
+                    owed = env.end
+                    continue
+
+            # The general path, for everything else (ACKs, zero UUIDs, new producers'
+            # continuations, unexpected flags, mixed transactions).
+            if owed != -1:
+                offsets[journal] = owed
+                owed = -1
+            self.head = head
+            outcome = self._queue(env, producer, clock, flags)
+            head = self.head
+            if outcome in _NOTHING_TO_DEQUEUE:
+                continue
+            if outcome is _ACK_COMMIT_REPLAY:
+                return i
+            self.drain_committed(out)
+
+        if owed != -1:
+            offsets[journal] = owed  # type: ignore[index]
+        self.head = head
+        return i
+
+    def _queue(self, env: Envelope, producer: int, clock: int, flags: int) -> QueueOutcome:
+        """queue_uncommitted, once the slot at |head| is evicted and the UUID read."""
         journal = env.journal
         jp = (journal, producer)
         real_clock = clock
@@ -208,7 +354,8 @@ class Sequencer:
         else:
             p = self.partials.get(jp)
             if p is None:
-                p = self.partials[jp] = _Partial(jp, clock - 1, clock - 1, -1)
+                p = _Partial(jp, clock - 1, clock - 1, -1)
+                self._index(p)
             partial = p
 
         # Decide the outcome first; state changes follow in one place below.
@@ -432,6 +579,11 @@ class Sequencer:
 
     # -- checkpoints ----------------------------------------------------------------------
 
+    def dequeuing(self) -> bool:
+        """Whether a committed sequence remains to be stepped through (after
+        :meth:`queue_and_drain` returned early: one to replay first)."""
+        return self._emit is not None
+
     def has_pending(self) -> bool:
         """Whether a sequence was begun or extended since the last checkpoint: a hint that
         more of it is on its way."""
@@ -459,6 +611,7 @@ class Sequencer:
                 )
             else:
                 del self.partials[jp]
+                del self._by_journal[jp[0]][jp[1]]
         # Sequences pending now did not complete within this transaction; a following one
         # should not wait on them.
         self._pending.clear()
@@ -475,8 +628,12 @@ class Sequencer:
                 self._ring_clock.append(0)
                 self._ring_jp.append(None)
             return
-        if self.ring[head] is None:
-            return  # Already evicted (or released once dequeued).
+        if self.ring[head] is not None:
+            self._evict(head)
+        # Else already evicted (or released once dequeued).
+
+    def _evict(self, head: int) -> None:
+        """Evict the envelope at |head| of a full ring."""
         jp = self._ring_jp[head]
         assert jp is not None
         p = self.partials.get(jp)

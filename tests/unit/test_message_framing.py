@@ -4,6 +4,7 @@ tests check that batch splitting agrees with a line-by-line / frame-by-frame rea
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -130,6 +131,69 @@ def test_json_decode_agrees_with_line_by_line(docs: list[bytes], tail: bytes) ->
             assert value == expect
     assert d.consumed == pos
     assert d.errors == sum(isinstance(v, MessageDecodeError) for v in d.values)
+
+
+# Fragments that are not JSON documents alone but could pass for parts of one array: what
+# JSONFraming's one-call parse must never mistake for lines (see JSONFraming._decode_array).
+fragments = st.lists(
+    st.sampled_from(
+        ["[1", "2]", "[[1", "2]]],[3", "2],null,3", "{\"a\":[{}", "{}]},{\"x\":1}", "{\"a\":1",
+         "\"k\":2}", "1,2", "null", "true", "false", ",", " ", "", "{}", "[]", "\"s\"", "1]",
+         "[{\"a\":1", "2}]},{\"\":3", "NaN", "1 2", "}", "]"]
+    ),
+    min_size=1,
+    max_size=4,
+).map(lambda parts: "".join(parts).encode())
+
+
+@given(st.lists(st.one_of(lines, fragments), max_size=10))
+def test_json_decode_never_merges_lines(docs: list[bytes]) -> None:
+    buf = b"".join(d + b"\n" for d in docs)
+    d = JSONFraming().decode(buf)
+    expect_lines = buf.split(b"\n")[:-1]  # Some docs span lines.
+    assert len(d.values) == len(expect_lines)
+    for line, value in zip(expect_lines, d.values, strict=True):
+        try:
+            expect = json.loads(line)
+        except ValueError:
+            assert isinstance(value, MessageDecodeError)
+        else:
+            assert json.dumps(value) == json.dumps(expect)
+
+
+@pytest.mark.parametrize(
+    "docs",
+    [
+        # Each pair parses as one array of the right length with its sentinels at the odd
+        # positions, were the sentinel's token allowed in the lines or the joiners nested.
+        [b"[1", b"2],null,3"],
+        [b"[[1", b"2]]],[3"],
+        [b'[{"a":1', b'2}]},{"":3'],
+        [b'{"a":[{}', b'{}]},{"x":1}'],
+        [b"[1", b"2],true,3", b"null"],
+        [b"[1", b"2],false,3", b"null", b"true"],
+    ],
+)
+def test_json_decode_rejects_lines_that_only_parse_together(docs: list[bytes]) -> None:
+    d = JSONFraming().decode(b"".join(x + b"\n" for x in docs))
+    assert [isinstance(v, MessageDecodeError) for v in d.values[:2]] == [True, True]
+    assert d.values[2:] == [json.loads(x) for x in docs[2:]]
+
+
+def test_json_decode_same_values_whichever_sentinel() -> None:
+    # Lines holding each sentinel token in turn, and all of them (parsed value by value).
+    for docs in (
+        [b'{"a":1}', b'{"b":"x"}'],
+        [b'{"a":null}', b"[1]"],
+        [b'{"a":null,"b":true}', b'"f"'],
+        [b'{"a":null,"b":true,"c":false}', b"2"],
+        [b'{"s":"null true false"}', b' {"t":[]} ', b"0"],
+    ):
+        buf = b"".join(x + b"\n" for x in docs)
+        d = JSONFraming().decode(buf)
+        assert d.values == [json.loads(x) for x in docs]
+        assert d.errors == 0 and d.consumed == len(buf)
+        assert d.ends == list(itertools.accumulate(len(x) + 1 for x in docs))
 
 
 # -- fixed --------------------------------------------------------------------------------

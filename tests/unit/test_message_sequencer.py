@@ -9,11 +9,12 @@ arbitrary interleavings.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -34,7 +35,7 @@ from gazette.message import (
 )
 from gazette.message.errors import UnexpectedEOFError
 from gazette.message.sequencer import _Partial
-from gazette.message.uuid import UUID
+from gazette.message.uuid import UUID, uuid_columns, uuid_columns_of_ints
 
 Q = QueueOutcome
 JOURNAL = "test/journal"
@@ -795,6 +796,135 @@ def test_misuse_is_reported() -> None:
     assert list(seq.dequeue_committed()) == [a1, a2_ack]
 
 
+# -- queue_and_drain: the batch form, state for state ------------------------------------
+
+JOURNAL_2 = "test/other"
+
+
+def _snapshot(seq: Sequencer) -> tuple[object, ...]:
+    """Everything of a sequencer's state but the clock and key of empty ring slots."""
+    return (
+        {jp: dataclasses.astuple(p) for jp, p in seq.partials.items()},
+        {
+            j: {pr: dataclasses.astuple(p) for pr, p in by.items()}
+            for j, by in seq._by_journal.items()
+            if by
+        },
+        [None if e is None else id(e) for e in seq.ring],
+        list(seq.next),
+        seq.head,
+        dict(seq.offsets),
+        set(seq._pending),
+        seq._emit,
+        seq.dequeued,
+    )
+
+
+def _replay(seq: Sequencer, log: list[Envelope]) -> None:
+    journal, begin, end = seq.replay_range()
+    seq.start_replay([e for e in log if e.journal == journal and e.begin >= begin and e.end <= end])
+
+
+log_entries = st.lists(
+    st.tuples(
+        st.sampled_from([A, B, C, ZERO_PRODUCER]),
+        st.integers(0, 10),  # Clock (small, so duplicates and rollbacks are common).
+        st.sampled_from([OUTSIDE_TXN, CONTINUE_TXN, ACK_TXN, 3]),  # 3: unexpected flags.
+        st.sampled_from([JOURNAL, JOURNAL, JOURNAL_2]),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    entries=log_entries,
+    ring_size=st.integers(0, 8),
+    cuts=st.sets(st.integers(1, 60), max_size=6),
+    restore_at=st.none() | st.integers(1, 60),
+    columns=st.sampled_from(["none", "ints", "bytes"]),
+)
+def test_queue_and_drain_agrees_with_queue_then_drain(
+    entries: list[tuple[ProducerID, int, int, str]],
+    ring_size: int,
+    cuts: set[int],
+    restore_at: int | None,
+    columns: str,
+) -> None:
+    """Queueing a log envelope by envelope (queue_uncommitted, then drain_committed) and
+    in batches (queue_and_drain, cut anywhere) deliver the same envelopes and leave the
+    same state after every batch, replays, restored checkpoints, unexpected flags, zero
+    UUIDs and interleaved journals included."""
+    offsets = {JOURNAL: 0, JOURNAL_2: 0}
+    log: list[Envelope] = []
+    for producer, clock, flags, journal in entries:
+        uuid = build_uuid(producer, clock << 4, flags) if producer != ZERO_PRODUCER else ZERO_UUID
+        begin = offsets[journal]
+        offsets[journal] += 7
+        log.append(Envelope(journal, begin, begin + 5, TestMsg(uuid)))
+    bounds = sorted({0, len(log), *(c for c in cuts if c < len(log))})
+    if restore_at is not None and restore_at not in bounds:
+        restore_at = None
+
+    def restored(seq: Sequencer) -> Sequencer:
+        offsets, states = seq.checkpoint()
+        return Sequencer(offsets, states, ring_size=ring_size)
+
+    # Envelope by envelope.
+    seq = Sequencer(ring_size=ring_size)
+    each_out: list[Envelope] = []
+    each_states = []
+    for k, env in enumerate(log, 1):
+        if seq.queue_uncommitted(env) == Q.ACK_COMMIT_REPLAY:
+            _replay(seq, log)
+        seq.drain_committed(each_out)
+        if k in bounds:
+            each_states.append(_snapshot(seq))
+            if k == restore_at:
+                seq = restored(seq)
+
+    # In batches.
+    seq = Sequencer(ring_size=ring_size)
+    batch_out: list[Envelope] = []
+    batch_states = []
+    for lo, hi in itertools.pairwise(bounds):
+        batch = log[lo:hi]
+        uuids = None
+        if columns == "ints":
+            uuids = uuid_columns_of_ints([e.message.get_uuid().int for e in batch])
+        elif columns == "bytes":
+            uuids = uuid_columns(b"".join(e.message.get_uuid().bytes for e in batch))
+        i = 0
+        while i < len(batch):
+            i = seq.queue_and_drain(batch, batch_out, i, uuids)
+            if seq.dequeuing():
+                _replay(seq, log)
+                seq.drain_committed(batch_out)
+        batch_states.append(_snapshot(seq))
+        if hi == restore_at:
+            seq = restored(seq)
+
+    assert [id(e) for e in batch_out] == [id(e) for e in each_out]
+    assert batch_states == each_states
+
+
+def test_queue_and_drain_misuse() -> None:
+    gen = new_generator()
+    seq = Sequencer(ring_size=0)
+    a1 = gen(A, 1, CONTINUE_TXN)
+    a2_ack = gen(A, 2, ACK_TXN)
+    out: list[Envelope] = []
+    # Stops just after the commit needing a replay.
+    assert seq.queue_and_drain([a1, a2_ack, gen(A, 3, OUTSIDE_TXN)], out) == 2
+    assert seq.dequeuing() and out == []
+    with pytest.raises(RuntimeError, match="committed messages remain"):
+        seq.queue_and_drain([gen(A, 4, OUTSIDE_TXN)], out)
+    seq.start_replay([a1])
+    seq.drain_committed(out)
+    assert out == [a1, a2_ack] and not seq.dequeuing()
+    assert seq.queue_and_drain([], out) == 0
+
+
 # -- the exactly-once property over arbitrary interleavings -------------------------------
 
 
@@ -926,13 +1056,27 @@ class SequencerMachine(RuleBasedStateMachine):
         serial = self._append(_Producer(ZERO_PRODUCER, appended=[]), 0, 0)
         self.committed.add(serial)
 
-    @rule(checkpoint_at=st.none() | st.integers(0, 8), drain=st.booleans())
-    def read(self, checkpoint_at: int | None, drain: bool) -> None:
+    @rule(checkpoint_at=st.none() | st.integers(0, 8), drain=st.booleans(), batch=st.booleans())
+    def read(self, checkpoint_at: int | None, drain: bool, batch: bool) -> None:
         """Read everything appended so far. With ``checkpoint_at``, checkpoint once after
         that many messages were delivered, possibly part-way through a committed sequence
         (where a consumer transaction may close). With ``drain`` (and no checkpoint),
-        sequences are taken whole by drain_committed rather than step by step."""
+        sequences are taken whole by drain_committed rather than step by step; with
+        ``batch`` too, everything is queued and drained by queue_and_drain."""
         seq = self.seq
+        if drain and batch and checkpoint_at is None:
+            envs = self.log[self.pos :]
+            taken: list[Envelope] = []
+            i = 0
+            while i < len(envs):
+                i = seq.queue_and_drain(envs, taken, i)
+                if seq.dequeuing():
+                    journal, begin, end = seq.replay_range()
+                    seq.start_replay([e for e in self.log if e.begin >= begin and e.end <= end])
+                    seq.drain_committed(taken)
+            assert not seq.dequeuing()
+            self.pos = len(self.log)
+            self.output.extend(e.message.serial for e in taken)
         while self.pos < len(self.log):
             env = self.log[self.pos]
             self.pos += 1

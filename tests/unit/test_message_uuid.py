@@ -24,6 +24,7 @@ from gazette.message import (
     new_producer_id,
     parse_uuid,
 )
+from gazette.message.uuid import uuid_columns, uuid_columns_of_ints, uuid_text
 
 NS = 1_000_000_000
 
@@ -144,3 +145,27 @@ def test_round_trip(producer: bytes, clock: int, flags: int) -> None:
 def test_parse_uuid_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="canonical"):
         parse_uuid(text)
+
+
+@given(st.lists(st.integers(0, (1 << 128) - 1), max_size=40))
+def test_uuid_columns_in_bulk(values: list[int]) -> None:
+    # Gathered by strided slices and shifts over the whole batch, as computed one by one.
+    raw = b"".join(v.to_bytes(16, "big") for v in values)
+    columns = uuid_columns(raw)
+    assert columns == uuid_columns_of_ints(values)
+    uuids = [std_uuid.UUID(int=v) for v in values]
+    assert columns.producers == [int.from_bytes(get_producer_id(u), "big") for u in uuids]
+    assert columns.clocks == [get_clock(u) for u in uuids]
+    assert columns.flags == [get_flags(u) for u in uuids]
+
+
+def test_uuid_columns_extremes() -> None:
+    values = [0, (1 << 128) - 1, build_uuid(b"\xff" * 6, (1 << 64) - 1, 0x3FF).int]
+    raw = b"".join(v.to_bytes(16, "big") for v in values)
+    assert uuid_columns(raw) == uuid_columns_of_ints(values)
+    assert uuid_columns(raw).clocks[2] == (1 << 64) - 1
+
+
+@given(st.integers(0, (1 << 128) - 1))
+def test_uuid_text(value: int) -> None:
+    assert uuid_text(value) == str(std_uuid.UUID(int=value))
