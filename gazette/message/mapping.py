@@ -15,6 +15,9 @@ Invariants (as in Gazette, so Python and Go publishers agree on where a key goes
   first one on ties, and index 0 if every weight is 0; adding or removing a journal only
   moves the keys that hash to it.
 * An empty listing raises :class:`~gazette.message.errors.EmptyListResponseError`.
+* A mapping returns the same ``(journal, content_type)`` tuple object for every message it
+  maps to one journal of one listing; the keyed mappings remember each key's target per
+  listing (a bounded memo), so a repeated key costs one dict lookup.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from .errors import EmptyListResponseError
 from .framing import CONTENT_TYPE
 
 __all__ = [
+    "MEMO_LIMIT",
     "KeyFunc",
     "MappingFunc",
     "PartitionsFunc",
@@ -73,70 +77,92 @@ def _content_type(spec: pb.JournalSpec) -> str:
 class _Listing:
     """What a mapping derives from one ListResponse, rebuilt only when it changes."""
 
-    __slots__ = ("content_types", "hashes", "names", "response")
+    __slots__ = ("hashes", "names", "response", "targets")
 
     def __init__(self, response: pb.ListResponse) -> None:
         self.response = response
         specs = [j.spec for j in response.journals]
         self.names = [s.name for s in specs]
-        self.content_types = [_content_type(s) for s in specs]
+        #: ``(journal, content_type)`` of each journal: the very tuples mappings return.
+        self.targets = [(s.name, _content_type(s)) for s in specs]
         self.hashes = [fnv1a_32(n.encode()) for n in self.names]
 
 
-class _ListingCache:
-    def __init__(self, partitions: PartitionsFunc) -> None:
-        self._partitions = partitions
-        self._last: _Listing | None = None
+_EMPTY: Final = "no journals to map to: the partitions list is empty"
 
-    def get(self) -> _Listing:
-        response = self._partitions()
-        last = self._last
-        if last is None or last.response is not response:
-            last = self._last = _Listing(response)
-        if not last.names:
-            raise EmptyListResponseError("no journals to map to: the partitions list is empty")
-        return last
+#: Keys remembered per listing by the keyed mappings before the memo starts over.
+MEMO_LIMIT: Final = 1 << 14
 
 
 def random_mapping(partitions: PartitionsFunc) -> MappingFunc:
     """Map each message to a journal of ``partitions`` chosen at random."""
-    cache = _ListingCache(partitions)
+    listing: _Listing | None = None
 
     def mapping(msg: Any) -> tuple[str, str]:
-        listing = cache.get()
-        i = random.randrange(len(listing.names))
-        return listing.names[i], listing.content_types[i]
+        nonlocal listing
+        response = partitions()
+        if listing is None or listing.response is not response:
+            listing = _Listing(response)
+        targets = listing.targets
+        if not targets:
+            raise EmptyListResponseError(_EMPTY)
+        return targets[random.randrange(len(targets))]
 
     return mapping
+
+
+def _keyed(
+    key: KeyFunc, partitions: PartitionsFunc, pick: Callable[[_Listing, int], int]
+) -> MappingFunc:
+    """A mapping by ``pick(listing, fnv1a_32(key))``, remembered per key.
+
+    The target of a key is a pure function of the key and the listing, so it is kept in a
+    memo (dropped when the listing changes, and when it grows past MEMO_LIMIT keys): keys
+    repeat, and a publish then costs the key function and one dict lookup.
+    """
+    listing: _Listing | None = None
+    memo: dict[bytes, tuple[str, str]] = {}
+
+    def mapping(msg: Any) -> tuple[str, str]:
+        nonlocal listing, memo
+        response = partitions()
+        if listing is None or listing.response is not response:
+            listing, memo = _Listing(response), {}
+        if not listing.targets:
+            raise EmptyListResponseError(_EMPTY)
+        k = key(msg)
+        target = memo.get(k)
+        if target is None:
+            target = listing.targets[pick(listing, fnv1a_32(k))]
+            if len(memo) >= MEMO_LIMIT:
+                memo.clear()
+            memo[k] = target
+        return target
+
+    return mapping
+
+
+def _modulo(listing: _Listing, h: int) -> int:
+    return h % len(listing.targets)
+
+
+def _rendezvous(listing: _Listing, h: int) -> int:
+    best, best_weight = 0, 0
+    for i, journal_hash in enumerate(listing.hashes):
+        weight = h ^ journal_hash
+        if weight > best_weight:
+            best, best_weight = i, weight
+    return best
 
 
 def modulo_mapping(key: KeyFunc, partitions: PartitionsFunc) -> MappingFunc:
     """Map messages of equal key to the same journal, by FNV-1a modulo the journal count."""
-    cache = _ListingCache(partitions)
-
-    def mapping(msg: Any) -> tuple[str, str]:
-        listing = cache.get()
-        i = fnv1a_32(key(msg)) % len(listing.names)
-        return listing.names[i], listing.content_types[i]
-
-    return mapping
+    return _keyed(key, partitions, _modulo)
 
 
 def rendezvous_mapping(key: KeyFunc, partitions: PartitionsFunc) -> MappingFunc:
     """Map messages of equal key to the same journal by highest-random-weight hashing.
 
-    Costs a pass over the journals per message, but changes of the listing move few keys.
+    Costs a pass over the journals per new key, but changes of the listing move few keys.
     """
-    cache = _ListingCache(partitions)
-
-    def mapping(msg: Any) -> tuple[str, str]:
-        listing = cache.get()
-        h = fnv1a_32(key(msg))
-        best, best_weight = 0, 0
-        for i, journal_hash in enumerate(listing.hashes):
-            weight = h ^ journal_hash
-            if weight > best_weight:
-                best, best_weight = i, weight
-        return listing.names[best], listing.content_types[best]
-
-    return mapping
+    return _keyed(key, partitions, _rendezvous)

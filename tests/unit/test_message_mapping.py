@@ -117,3 +117,22 @@ def test_missing_content_type_label_maps_to_empty() -> None:
     resp = pb.ListResponse()
     resp.journals.add().spec.name = "a/journal"
     assert modulo_mapping(key, lambda: resp)("x") == ("a/journal", "")
+
+
+@pytest.mark.parametrize("make", [modulo_mapping, rendezvous_mapping])
+def test_keyed_mappings_remember_keys_per_listing(make, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr("gazette.message.mapping.MEMO_LIMIT", 8)
+    listings = [partitions(443)]
+    mapping = make(key, lambda: listings[-1])
+    reference = make(key, lambda: listings[-1])
+    words = [f"key-{i}" for i in range(40)]
+    # Repeated keys map as the first time, past the memo's limit too.
+    first = [mapping(w) for w in words]
+    assert [mapping(w) for w in reversed(words)] == first[::-1]
+    assert first == [make(key, lambda: listings[-1])(w) for w in words]
+    # The same tuple object per journal.
+    assert mapping("seems") is mapping("seems")
+    # A new listing (a new object) forgets what the memo knew.
+    listings.append(partitions(7))
+    assert [mapping(w) for w in words] == [reference(w) for w in words]
+    assert {mapping(w)[0] for w in words} <= {f"a/topic/part-{i:03d}" for i in range(7)}
