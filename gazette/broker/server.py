@@ -61,6 +61,15 @@ RETIRE_TIMEOUT = 30.0
 """Seconds a draining broker waits for each replica to tear down its pipeline."""
 
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+# Peers ping their long-lived Replicate streams so that a partitioned peer (not just a dead
+# process, whose socket resets) fails the pipeline within seconds; the server permits it.
+_PEER_CHANNEL_OPTIONS = _CHANNEL_OPTIONS + [
+    ("grpc.keepalive_time_ms", 5000), ("grpc.keepalive_timeout_ms", 5000),
+    ("grpc.keepalive_permit_without_calls", 0), ("grpc.http2.max_pings_without_data", 0),
+]
+_SERVER_OPTIONS = _CHANNEL_OPTIONS + [
+    ("grpc.http2.min_ping_interval_without_data_ms", 4000), ("grpc.http2.max_ping_strikes", 0),
+]
 
 _ADJECTIVES = ("busy", "calm", "eager", "fuzzy", "gentle", "happy", "jolly", "lively", "merry", "proud", "quiet", "swift")
 _ANIMALS = ("walrus", "otter", "badger", "heron", "lynx", "marmot", "osprey", "puffin", "tapir", "wombat", "yak", "zebu")
@@ -135,7 +144,7 @@ class Broker:
         target = endpoint.split("://", 1)[-1].rstrip("/")
         ch = self._channels.get(target)
         if ch is None:
-            ch = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            ch = grpc.aio.insecure_channel(target, options=_PEER_CHANNEL_OPTIONS)
             self._channels[target] = ch
         return target, ch
 
@@ -166,7 +175,7 @@ class Broker:
         """Runs the broker until ``stop()``; then drains and returns."""
         self._etcd = await etcd_connect(self.config.etcd_address)
         grpc_sock = os.path.join(self._spool_dir, "grpc.sock")
-        grpc_server = grpc.aio.server(options=_CHANNEL_OPTIONS)
+        grpc_server = grpc.aio.server(options=_SERVER_OPTIONS)
         _add_journal_service(JournalService(self), grpc_server)
         grpc_server.add_insecure_port(f"unix:{grpc_sock}")
 
