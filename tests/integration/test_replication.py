@@ -12,6 +12,7 @@ replication 3 and a file store. Every wait polls a condition under a deadline.
 * Content beyond the synchronised head in the store refuses appends (INDEX_HAS_GREATER_OFFSET)
   until ``gazctl journals reset-head`` confirms the new head.
 * (soak) A rolling SIGTERM restart of every broker under continuous appends loses nothing.
+* (soak) A frozen peer (SIGSTOP) is routed around under continuous appends.
 """
 
 from __future__ import annotations
@@ -549,3 +550,47 @@ def test_repeated_primary_kills_under_appends(cluster: Cluster, stubs: Stubs) ->
     stored = http_read_all_from_store(cluster, name)
     assert stored[: len(content)] == content
     assert_no_tracebacks(running)
+
+
+@pytest.mark.soak
+def test_frozen_peer_is_routed_around(cluster: Cluster, stubs: Stubs) -> None:
+    """A peer that stops answering while its sockets stay open (SIGSTOP: as a partition looks
+    to TCP) must not hang the journal: its lease expires, the allocator replaces it, the primary
+    rebuilds its pipeline over the new route, and appends go on with nothing acknowledged lost
+    or doubled."""
+    brokers = start_brokers(cluster, [("zone-a", "broker-a1"), ("zone-a", "broker-a2"),
+                                      ("zone-b", "broker-b1"), ("zone-b", "broker-b2")])
+    name = f"repl/{uuid.uuid4().hex[:8]}"
+    apply_journal(stubs(brokers[0]), name, length=4096)
+    wait_replicated(stubs(brokers[0]), name, 3)
+    append_eventually(stubs(brokers[0]), name, b'{"first": true}\n')
+
+    primary = wait_until(lambda: primary_of(stubs(brokers[0]), name, brokers), DEADLINE, message="a primary")
+    route = route_of(stubs(primary), name)
+    members = {(m.zone, m.suffix) for m in route.members}
+    frozen = next(b for b in brokers if b is not primary and member_id(b) in members)
+    others = [b for b in brokers if b is not frozen]
+    writers = [Writer(stubs(b), name, b.broker_id) for b in others[:2]]
+    threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
+    for t in threads:
+        t.start()
+    pid = frozen.pid
+    assert pid is not None
+    try:
+        wait_until(lambda: all(len(w.acked) >= 20 for w in writers), DEADLINE, message="appends flowing")
+        os.kill(pid, signal.SIGSTOP)
+        before = [len(w.acked) for w in writers]
+        wait_until(lambda: all(len(w.acked) >= n + 20 for w, n in zip(writers, before, strict=True)),
+                   DEADLINE, message="appends acknowledged with the peer frozen")
+        assert member_id(frozen) not in {(m.zone, m.suffix) for m in route_of(stubs(primary), name).members}
+    finally:
+        for w in writers:
+            w.stop.set()
+        for t in threads:
+            t.join(DEADLINE)
+        os.kill(pid, signal.SIGCONT)
+        frozen.kill()
+
+    content = http_read(others[0], name)
+    assert content.startswith(b'{"first": true}\n')
+    assert_acked_exactly_once(content, writers)
