@@ -38,6 +38,7 @@ from operator import add, is_
 from typing import Any, Final, Protocol
 
 from .errors import DesyncError, FramingError, MessageDecodeError, UnknownContentTypeError
+from .message import JSONMessage
 
 __all__ = [
     "CONTENT_TYPE",
@@ -181,8 +182,11 @@ class JSONFraming:
         return "".join(c_encode(value, 0))
 
     def marshal(self, msg: Any) -> bytes:
+        # Once per message published: the common cases inlined.
+        value = msg.doc if type(msg) is JSONMessage else self._json_value(msg)
+        c_encode = self._c_encode
         try:
-            text = self._text(self._json_value(msg))
+            text = self._encode(value) if c_encode is None else "".join(c_encode(value, 0))
         except (TypeError, ValueError) as err:
             self._new_c_encoder()
             raise FramingError(f"cannot encode {type(msg).__name__} as JSON: {err}") from err

@@ -27,7 +27,7 @@ from itertools import repeat
 from typing import Any, ClassVar, Final, Protocol, TypeVar
 
 from .errors import MessageDecodeError
-from .uuid import UUID, ZERO_UUID, UUIDColumns, uuid_columns, uuid_from_int, uuid_text
+from .uuid import UUID, ZERO_UUID, UUIDColumns, uuid_columns, uuid_from_int
 
 __all__ = [
     "CSVRecord",
@@ -48,7 +48,9 @@ class Message(Protocol):
 
     A message type may also offer the UUID as a 128-bit integer attribute ``uuid_int``
     (kept in step with ``set_uuid``): the Sequencer then reads it instead of calling
-    ``get_uuid``, which saves building a ``uuid.UUID`` per message read.
+    ``get_uuid``, which saves building a ``uuid.UUID`` per message read. Likewise a method
+    ``set_uuid_int(value)``, equivalent to ``set_uuid(UUID(int=value))``, is what the
+    Publisher calls when present.
     """
 
     def get_uuid(self) -> UUID:
@@ -255,8 +257,13 @@ class JSONMessage:
         return uuid_from_int(v) if v else ZERO_UUID
 
     def set_uuid(self, uuid: UUID) -> None:
-        v = self._uuid_int = uuid.int
-        self.doc[self.uuid_key] = uuid_text(v)
+        self.set_uuid_int(uuid.int)
+
+    def set_uuid_int(self, value: int) -> None:
+        """Set the UUID given as its 128-bit integer (what the Publisher calls)."""
+        self._uuid_int = value
+        h = value.to_bytes(16, "big").hex()  # uuid_text, inlined: once per publish.
+        self.doc[self.uuid_key] = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
     def new_acknowledgement(self, journal: str) -> JSONMessage:
         return type(self)()

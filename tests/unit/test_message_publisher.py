@@ -4,6 +4,8 @@ its publisher + sequencer + reader integration case on an in-memory journal."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gazette.message import (
@@ -211,3 +213,57 @@ async def test_publisher_with_sequencer_and_reader() -> None:
     ]
     assert len(replays) == 1  # "three" had left the ring.
     assert await pump() == []
+
+
+class Custom:
+    """A message type with set_uuid only."""
+
+    def __init__(self) -> None:
+        self.uuid: object = None
+
+    def set_uuid(self, uuid: object) -> None:
+        self.uuid = uuid
+
+    def to_json(self) -> dict[str, str]:
+        return {"UUID": str(self.uuid)}
+
+    def new_acknowledgement(self, journal: str) -> Custom:
+        return Custom()
+
+
+class OverridesSetUUID(JSONMessage):
+    """Overrides set_uuid alone: the Publisher must call it, not the inherited fast path."""
+
+    __slots__ = ("seen",)
+
+    def set_uuid(self, uuid: object) -> None:
+        self.seen = uuid
+        super().set_uuid(uuid)  # type: ignore[arg-type]
+
+
+class OverridesSetUUIDInt(JSONMessage):
+    __slots__ = ("seen",)
+
+    def set_uuid_int(self, value: int) -> None:
+        self.seen = value
+        super().set_uuid_int(value)
+
+
+@pytest.mark.parametrize("many", [False, True])
+async def test_each_message_type_is_stamped_through_its_own_setter(many: bool) -> None:
+    journals = MemoryJournals()
+    pub = Publisher(journals, clock=Clock())
+    plain, custom = m(n=0), Custom()
+    overrides, overrides_int = OverridesSetUUID(dict(n=2)), OverridesSetUUIDInt(dict(n=3))
+    msgs: list[Any] = [plain, custom, overrides, overrides_int]
+    if many:
+        await pub.publish_committed_many(to("a/journal"), msgs)
+    else:
+        for msg in msgs:
+            await pub.publish_committed(to("a/journal"), msg)
+    uuids = [build_uuid(pub.producer, 160 * (i + 1), OUTSIDE_TXN) for i in range(4)]
+    assert plain.get_uuid() == uuids[0]
+    assert custom.uuid == uuids[1]
+    assert overrides.seen == uuids[2]
+    assert overrides_int.seen == uuids[3].int
+    assert [x.get_uuid() for x in journals.messages("a/journal")] == uuids
