@@ -175,12 +175,6 @@ class JSONFraming:
             else c_make({}, e.default, json.encoder.encode_basestring_ascii, None,
                         e.key_separator, e.item_separator, e.sort_keys, e.skipkeys, e.allow_nan)
 
-    def _text(self, value: Any) -> str:
-        c_encode = self._c_encode
-        if c_encode is None:
-            return self._encode(value)
-        return "".join(c_encode(value, 0))
-
     def marshal(self, msg: Any) -> bytes:
         # Once per message published: the common cases inlined.
         value = msg.doc if type(msg) is JSONMessage else self._json_value(msg)
@@ -193,8 +187,14 @@ class JSONFraming:
         return (text + "\n").encode()
 
     def marshal_many(self, msgs: Iterable[Any]) -> bytes:
+        c_encode, join, value = self._c_encode, "".join, self._json_value
         try:
-            texts = [self._text(self._json_value(m)) for m in msgs]
+            if c_encode is None:
+                texts = [self._encode(value(m)) for m in msgs]
+            else:
+                texts = [
+                    join(c_encode(m.doc if type(m) is JSONMessage else value(m), 0)) for m in msgs
+                ]
         except (TypeError, ValueError) as err:
             self._new_c_encoder()
             raise FramingError(f"cannot encode message as JSON: {err}") from err
