@@ -1,20 +1,24 @@
-"""Message read-path throughput: JSON lines decoded, sequenced and delivered read-committed.
+"""Message-layer throughput in process: the read-committed and publish paths' own Python cost.
 
-Journal content of ~100-byte JSON-lines messages is cut into fixed-size chunks (not aligned
-to messages, as a reader receives them) and served from memory, so the figures are the
-message layer's own Python cost per message. Prints messages/s for:
+Read path: journal content of ~100-byte JSON-lines messages is cut into fixed-size chunks
+(not aligned to messages, as a reader receives them) and served from memory. Publish path:
+a Publisher over an appender that queues nothing (``BufferedAppender`` shape), so the
+figures exclude the client and broker. Prints messages/s for:
 
 * ``framing``: JSONFraming.decode alone (split + JSON parse);
 * ``uncommitted``: ReadUncommittedIter (adds JSONMessage + Envelope per message);
 * ``committed/outside``: ReadCommittedIter over OUTSIDE_TXN messages of 4 producers;
 * ``committed/txn``: ReadCommittedIter over transactions of 10 CONTINUE_TXN messages and an
-  ACK, 4 producers interleaved, served from the sequencer ring.
+  ACK, 4 producers interleaved, served from the sequencer ring;
+* ``publish/1``, ``publish/4``: ``publish_committed`` per message to one journal, and to four
+  by ``modulo_mapping`` on a key (stamp, map, frame);
+* ``publish_many/4``: ``publish_committed_many`` over slices of 1000, four journals.
 
 Reports the best of several runs, by wall time and by CPU time of this process (the
 latter is steadier on a shared machine). Not a timed assertion: compare ratios within one
 run (see the design notes on noisy machines).
 
-    python bench/message_bench.py [--messages 200000] [--chunk 65536] [--runs 3]
+    python bench/message_bench.py [--messages 200000] [--chunk 65536] [--runs 5]
 """
 
 from __future__ import annotations
@@ -27,18 +31,24 @@ from typing import Any
 
 from gazette.message import (
     ACK_TXN,
+    CONTENT_TYPE,
+    CONTENT_TYPE_JSON_LINES,
     CONTINUE_TXN,
     OUTSIDE_TXN,
     Chunk,
     ChunkSource,
     JSONFraming,
     JSONMessage,
+    Publisher,
     ReadCommittedIter,
     ReadUncommittedIter,
     Sequencer,
     build_uuid,
+    modulo_mapping,
     new_producer_id,
 )
+from gazette.message.mapping import MappingFunc
+from gazette.protocol import protocol_pb2 as pb
 
 JOURNAL = "bench/journal"
 
@@ -118,6 +128,68 @@ async def run_committed(content: bytes, chunk: int) -> int:
     return n
 
 
+class NullAppender:
+    """A BufferedAppender that drops what it is given: the Publisher's cost alone."""
+
+    writable = True
+
+    def append_nowait(self, journal: str, data: bytes) -> None:
+        return None
+
+    async def wait_writable(self) -> None:
+        return None
+
+
+def publish_docs(count: int) -> list[dict[str, Any]]:
+    """~50 bytes of fields: with the UUID the Publisher stamps, a 100-byte line."""
+    return [
+        {"key": f"user-{(i * 7919) % 1009:05d}", "n": i, "ok": True, "pad": "abcdefgh"}
+        for i in range(count)
+    ]
+
+
+def listing(count: int) -> pb.ListResponse:
+    resp = pb.ListResponse()
+    for i in range(count):
+        spec = resp.journals.add().spec
+        spec.name = f"bench/part-{i:03d}"
+        spec.labels.labels.add(name=CONTENT_TYPE, value=CONTENT_TYPE_JSON_LINES)
+    return resp
+
+
+def key_of(msg: JSONMessage) -> bytes:
+    key: str = msg.doc["key"]
+    return key.encode()
+
+
+def one_journal(msg: Any) -> tuple[str, str]:
+    return ("bench/part-000", CONTENT_TYPE_JSON_LINES)
+
+
+def four_journals() -> MappingFunc:
+    parts = listing(4)
+    return modulo_mapping(key_of, lambda: parts)
+
+
+def publisher(
+    mapping: MappingFunc, many: bool, msgs: list[JSONMessage]
+) -> Callable[[bytes, int], Coroutine[Any, Any, int]]:
+    """A publish run of ``msgs`` (built beforehand; publishing again re-stamps them)."""
+
+    async def run(content: bytes, count: int) -> int:
+        pub = Publisher(NullAppender())
+        if many:
+            for i in range(0, count, 1000):
+                await pub.publish_committed_many(mapping, msgs[i : i + 1000])
+        else:
+            publish = pub.publish_committed
+            for msg in msgs:
+                await publish(mapping, msg)
+        return count
+
+    return run
+
+
 def measure(
     name: str,
     fn: Callable[[bytes, int], Coroutine[Any, Any, int]],
@@ -159,6 +231,10 @@ def main() -> None:
     measure("uncommitted", run_uncommitted, outside, args.chunk, args.runs, n)
     measure("committed/outside", run_committed, outside, args.chunk, args.runs, n)
     measure("committed/txn", run_committed, txn, args.chunk, args.runs, _txn_expect(n))
+    msgs = [JSONMessage(d) for d in publish_docs(n)]
+    measure("publish/1", publisher(one_journal, False, msgs), b"", n, args.runs, n)
+    measure("publish/4", publisher(four_journals(), False, msgs), b"", n, args.runs, n)
+    measure("publish_many/4", publisher(four_journals(), True, msgs), b"", n, args.runs, n)
 
 
 def _txn_expect(n: int) -> int:
