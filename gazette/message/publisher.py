@@ -125,8 +125,8 @@ class Publisher:
         self.clock = clock if clock is not None else Clock()
         self.producer = producer if producer is not None else new_producer_id()
         self._node = int.from_bytes(self.producer, "big")
-        # Per message type, its set_uuid_int as a plain function, or None (see _int_setter).
-        self._int_setters: dict[type, Callable[[Any, int], None] | None] = {}
+        # What the stamping needs to know of each message type, found once.
+        self._types: dict[type, _TypeInfo] = {}
         # Journals published to uncommitted since the last intents, in first-publish
         # order: the acknowledgement message to send each, and its framing.
         self._intents: dict[str, tuple[Message, Framing]] = {}
@@ -207,9 +207,14 @@ class Publisher:
             now = ((time.time_ns() // 100 + G1582_NS100) << 4) & _U64
             if now > clock.value:
                 clock.value = now
-        validate = getattr(msg, "validate", None)
-        if validate is not None:
-            validate()
+        cls = type(msg)
+        info = self._types.get(cls)
+        if info is None:
+            info = self._types[cls] = _TypeInfo(cls)
+        if info.may_validate:
+            validate = getattr(msg, "validate", None)
+            if validate is not None:
+                validate()
         # The UUID is stamped after mapping (which may inspect the message) and after the
         # journal is known, as its clock orders the message within that journal.
         journal, content_type = mapping(msg)
@@ -223,12 +228,8 @@ class Publisher:
             | ((((tick << 10) & 0x3C00) | flags | 0x8000) << 48)
             | self._node
         )
-        cls = type(msg)
-        set_uuid_int = self._int_setters.get(cls, _UNKNOWN)
-        if set_uuid_int is _UNKNOWN:
-            set_uuid_int = self._int_setters[cls] = _int_setter(cls)
-        if set_uuid_int is not None:
-            set_uuid_int(msg, value)
+        if info.set_uuid_int is not None:
+            info.set_uuid_int(msg, value)
         else:
             msg.set_uuid(uuid_from_int(value))
         return journal, framing, framing.marshal(msg)
@@ -236,23 +237,24 @@ class Publisher:
     async def _publish_many(self, mapping: MappingFunc, msgs: Any, flags: int) -> dict[str, Any]:
         if self._auto_update:
             self._update_clock()
-        node, tick, setters = self._node, self.clock.tick, self._int_setters
+        node, tick, types = self._node, self.clock.tick, self._types
         groups: dict[str, tuple[Framing, list[Any]]] = {}
         for msg in msgs:
-            validate = getattr(msg, "validate", None)
-            if validate is not None:
-                validate()
+            cls = type(msg)
+            info = types.get(cls)
+            if info is None:
+                info = types[cls] = _TypeInfo(cls)
+            if info.may_validate:
+                validate = getattr(msg, "validate", None)
+                if validate is not None:
+                    validate()
             journal, content_type = mapping(msg)
             group = groups.get(journal)
             if group is None:
                 group = groups[journal] = (framing_for_content_type(content_type), [])
             value = _uuid_int(node, tick(), flags)
-            cls = type(msg)
-            set_uuid_int = setters.get(cls, _UNKNOWN)
-            if set_uuid_int is _UNKNOWN:
-                set_uuid_int = setters[cls] = _int_setter(cls)
-            if set_uuid_int is not None:
-                set_uuid_int(msg, value)
+            if info.set_uuid_int is not None:
+                info.set_uuid_int(msg, value)
             else:
                 msg.set_uuid(uuid_from_int(value))
             group[1].append(msg)
@@ -267,18 +269,33 @@ class Publisher:
 
 
 _TICK: Final = 10 << 4  # Clock.tick's step: one microsecond.
-_UNKNOWN: Final[Any] = object()
 
 
-def _int_setter(cls: type) -> Callable[[Any, int], None] | None:
-    """``cls.set_uuid_int`` if the class that defines ``cls.set_uuid`` defines it too."""
-    defines = [vars(klass) for klass in cls.__mro__]
-    setter = next((d for d in defines if "set_uuid" in d), None)
-    int_setter = next((d for d in defines if "set_uuid_int" in d), None)
-    if setter is None or setter is not int_setter:
-        return None
-    fn = setter["set_uuid_int"]
-    return fn if callable(fn) else None
+class _TypeInfo:
+    """What stamping needs to know of a message type, looked up once per Publisher."""
+
+    __slots__ = ("may_validate", "set_uuid_int")
+
+    def __init__(self, cls: type) -> None:
+        #: ``cls.set_uuid_int`` as a plain function if the class that defines
+        #: ``cls.set_uuid`` defines it too (so an override of ``set_uuid`` alone is
+        #: honoured), else None.
+        self.set_uuid_int: Callable[[Any, int], None] | None = None
+        defines = [vars(klass) for klass in cls.__mro__]
+        setter = next((d for d in defines if "set_uuid" in d), None)
+        if setter is not None and setter is next((d for d in defines if "set_uuid_int" in d), None):
+            fn = setter["set_uuid_int"]
+            self.set_uuid_int = fn if callable(fn) else None
+        #: False if no instance can have a ``validate`` attribute: the class has none, and
+        #: instances have no ``__dict__`` and no custom attribute lookup.
+        self.may_validate = (
+            hasattr(cls, "validate")
+            or getattr(cls, "__dictoffset__", 1) != 0
+            or hasattr(cls, "__getattr__")
+            or getattr(cls, "__getattribute__", None) is not object.__getattribute__
+        )
+
+
 _OUTSIDE: Final = int(OUTSIDE_TXN)
 _CONTINUE: Final = int(CONTINUE_TXN)
 

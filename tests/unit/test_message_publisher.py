@@ -77,10 +77,20 @@ async def test_validation_and_mapping_errors_append_nothing() -> None:
         def validate(self) -> None:
             raise ValueError("whoops!")
 
+    class SlottedInvalid(JSONMessage):
+        __slots__ = ()
+
+        def validate(self) -> None:
+            raise ValueError("slotted whoops!")
+
     journals = MemoryJournals()
     pub = Publisher(journals, clock=Clock())
+    await pub.publish_committed(to("a/journal"), m())  # A valid type first, then others.
+    journals.content.clear()
     with pytest.raises(ValueError, match="whoops!"):
         await pub.publish_committed(to("a/journal"), Invalid())
+    with pytest.raises(ValueError, match="slotted whoops!"):
+        await pub.publish_committed_many(to("a/journal"), [m(), SlottedInvalid()])
     with pytest.raises(UnknownContentTypeError):
         await pub.publish_uncommitted(lambda msg: ("a/journal", "text/plain"), m())
     assert journals.content == {}
