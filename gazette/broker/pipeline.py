@@ -407,7 +407,7 @@ class _Sender:
     so appends never wait for a peer's write unless it falls ``MAX_QUEUED`` bytes behind.
     A failed write is the peer's send error; later requests to it are dropped."""
 
-    __slots__ = ("_i", "_pln", "_queue", "_queued", "_space", "_stream", "_task", "_wake")
+    __slots__ = ("_i", "_loop", "_pln", "_queue", "_queued", "_space", "_stream", "_task", "_wake")
 
     def __init__(self, pln: Pipeline, i: int, stream: PeerStream) -> None:
         self._pln = pln
@@ -415,7 +415,10 @@ class _Sender:
         self._stream = stream
         self._queue: deque[bytes | None] = deque()  # None: half-close
         self._queued = 0
-        self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        # Set while the task waits for an empty queue to be fed: one future per idle spell
+        # (cheaper than an Event, whose waits each add a future to a waiters list).
+        self._wake: asyncio.Future[None] | None = None
         self._space = asyncio.Event()
         self._space.set()
         self._task = asyncio.ensure_future(self._run())
@@ -426,7 +429,11 @@ class _Sender:
             self._queued += len(data)
             if self._queued > MAX_QUEUED:
                 self._space.clear()
-        self._wake.set()
+        wake = self._wake
+        if wake is not None:
+            self._wake = None
+            if not wake.done():
+                wake.set_result(None)
 
     def full(self) -> bool:
         return self._queued > MAX_QUEUED
@@ -448,8 +455,8 @@ class _Sender:
         try:
             while True:
                 while not queue:
-                    self._wake.clear()
-                    await self._wake.wait()
+                    self._wake = wake = self._loop.create_future()
+                    await wake
                 data = queue.popleft()
                 if data is None:
                     await stream.done_writing()

@@ -108,6 +108,40 @@ def _validate(req: pb.ReplicateRequest) -> None:
         raise ReplicateStreamError(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
 
 
+_ProposalShape = tuple[str, str, int, str, bytes]
+
+
+def _proposal_shape(req: pb.ReplicateRequest) -> _ProposalShape | None:
+    """What the validity of a header-less proposal depends on, besides its offsets and
+    content fields; None for any other request."""
+    if req.HasField("header") or not req.HasField("proposal"):
+        return None
+    p = req.proposal
+    return (p.journal, p.path_postfix, p.compression_codec, req.deprecated_journal,
+            req.registers.SerializeToString())
+
+
+class _Validator:
+    """Validates a stream's requests. A proposal of the same journal, path postfix, codec,
+    deprecated journal and registers as the last one found valid (every commit of an
+    append stream) only has its offsets and content fields checked: validation of its
+    names and labels would repeat exactly."""
+
+    __slots__ = ("_shape",)
+
+    def __init__(self) -> None:
+        self._shape: _ProposalShape | None = None
+
+    def __call__(self, req: pb.ReplicateRequest) -> None:
+        shape = _proposal_shape(req)
+        if shape is not None and shape == self._shape:
+            p = req.proposal
+            if p.begin <= p.end and req.content_delta == 0 and not req.content:
+                return
+        _validate(req)
+        self._shape = shape
+
+
 def _routes_equivalent(a: pb.Route, b: pb.Route) -> bool:
     return a.primary == b.primary and list(a.members) == list(b.members)
 
@@ -157,6 +191,7 @@ async def serve(broker: Broker, requests: AsyncIterator[Any]) -> AsyncIterator[p
             break  # else the assignments changed while we waited: resolve again
 
     spool = replica.spool
+    check = _Validator()
     try:
         header: pb.Header | None = res.header
         req: pb.ReplicateRequest | Content = first
@@ -185,7 +220,7 @@ async def serve(broker: Broker, requests: AsyncIterator[Any]) -> AsyncIterator[p
             except Exception as err:  # noqa: BLE001
                 raise ReplicateStreamError(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ReplicateRequest: {err}") from None
             if not isinstance(req, tuple):
-                _validate(req)
+                check(req)
                 if req.HasField("header"):
                     raise ReplicateStreamError(grpc.StatusCode.INVALID_ARGUMENT, "unexpected Header after the first request")
     finally:

@@ -57,7 +57,7 @@ class Resolution:
     def route(self) -> pb.Route:
         return self.header.route
 
-    @property
+    @cached_property
     def is_local(self) -> bool:
         return self.header.process_id == self.local_id
 

@@ -177,6 +177,8 @@ class Spool:
     def _reset(self, fragment: Fragment) -> None:
         self._fragment = fragment
         self._file: SpoolFile | None = None
+        self._view: Fragment | None = None  # cache of `fragment` (with its file)
+        self._next: Fragment | None = None  # cache of `next_fragment()` while delta is unchanged
         self._first_append_time: float | None = None
         self._delta = 0
         self._summer: Any = hashlib.sha1()  # hashlib's hash type is private.
@@ -191,7 +193,10 @@ class Spool:
     @property
     def fragment(self) -> Fragment:
         """The committed fragment (carrying the spool file once content was written)."""
-        return self._fragment.with_file(self._file) if self._file else self._fragment
+        view = self._view
+        if view is None:
+            view = self._view = self._fragment.with_file(self._file) if self._file else self._fragment
+        return view
 
     @property
     def registers(self) -> pb.LabelSet:
@@ -215,10 +220,13 @@ class Spool:
 
     def next_fragment(self) -> Fragment:
         """The fragment which would commit all pending content."""
-        f = self._fragment
-        end = f.end + self._delta
-        digest = ZERO_SUM if end == f.begin else self._summer.digest()
-        return Fragment(f.journal, f.begin, end, digest, f.codec)
+        nxt = self._next
+        if nxt is None:
+            f = self._fragment
+            end = f.end + self._delta
+            digest = ZERO_SUM if end == f.begin else self._summer.digest()
+            nxt = self._next = Fragment(f.journal, f.begin, end, digest, f.codec)
+        return nxt
 
     def next(self) -> pb.Fragment:
         """The proposal which commits all pending content, in wire form."""
@@ -244,7 +252,7 @@ class Spool:
     def must_apply(self, req: pb.ReplicateRequest, primary: bool = False) -> None:
         """Apply a request that cannot fail (e.g. a rollback derived from this spool)."""
         resp = self.apply(req, primary)
-        assert resp.status == pb.Status.OK, f"{self!r} refused {req}: {resp}"
+        assert resp.status == pb.OK, f"{self!r} refused {req}: {resp}"
 
     def _apply_content(self, content: bytes, content_delta: int) -> None:
         if content_delta != self._delta:
@@ -255,10 +263,12 @@ class Spool:
         if self._file is None:
             assert self._fragment.content_length == 0, "a non-empty spool has a file"
             self._file = SpoolFile(self._directory)
+            self._view = None
         # Write before hashing: if the write fails the spool is unchanged and may be retried.
         self._file.pwrite(content, self._fragment.content_length + self._delta)
         self._summer.update(content)
         self._delta += len(content)
+        self._next = None
 
     def _apply_proposal(self, req: pb.ReplicateRequest, primary: bool) -> pb.ReplicateResponse:
         proposal = Fragment.from_proto(req.proposal)
@@ -273,12 +283,16 @@ class Spool:
 
         if proposal == f and registers == self._registers:
             # Rollback of any pending content.
-            self._delta = 0
-            self._summer = self._committed_summer.copy()
-            return pb.ReplicateResponse(status=pb.Status.OK)
+            if self._delta:
+                self._delta = 0
+                self._next = None
+                self._summer = self._committed_summer.copy()
+            return pb.ReplicateResponse(status=pb.OK)
 
         if self._delta != 0 and proposal == self.next_fragment():
             self._fragment = proposal
+            self._view = None
+            self._next = None
             if self._first_append_time is None:
                 self._first_append_time = self._clock()
             self._registers.CopyFrom(registers)
@@ -286,10 +300,10 @@ class Spool:
             self._committed_summer = self._summer.copy()
             if self._on_commit is not None:
                 self._on_commit(self.fragment)
-            return pb.ReplicateResponse(status=pb.Status.OK)
+            return pb.ReplicateResponse(status=pb.OK)
 
         return pb.ReplicateResponse(
-            status=pb.Status.PROPOSAL_MISMATCH,
+            status=pb.PROPOSAL_MISMATCH,
             fragment=f.to_proto(),
             registers=self._registers,
         )
