@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 from .errors import FramingError, MessageDecodeError, UnexpectedEOFError
 from .framing import Decoded, Framing
-from .message import Envelope
+from .message import Envelope, MessageBatch
 from .sequencer import Sequencer
 from .uuid import UUIDColumns
 
@@ -202,7 +202,8 @@ class ReadUncommittedIter:
                     env.end = begin = base + end
                     env.message = msg
                     add(env)
-                self._ready.append((envs, getattr(messages, "uuids", None)))
+                uuids = messages.uuids if isinstance(messages, MessageBatch) else None
+                self._ready.append((envs, uuids))
                 return
 
         ends = [base + e for e in decoded.ends]
