@@ -281,7 +281,9 @@ class Spool:
             self._roll(proposal, registers, primary)
             f = self._fragment
 
-        if proposal == f and registers == self._registers:
+        # The offsets are compared first: they tell a commit from a rollback at once.
+        end = proposal.end
+        if end == f.end and proposal == f and registers == self._registers:
             # Rollback of any pending content.
             if self._delta:
                 self._delta = 0
@@ -289,7 +291,7 @@ class Spool:
                 self._summer = self._committed_summer.copy()
             return pb.ReplicateResponse(status=pb.OK)
 
-        if self._delta != 0 and proposal == self.next_fragment():
+        if self._delta != 0 and end == f.end + self._delta and proposal == self.next_fragment():
             self._fragment = proposal
             self._view = None
             self._next = None
