@@ -15,12 +15,16 @@ connection:
 
 Where the splicing runs. The splice threads run in a **helper process**
 (``python -c ... _helper_main``, started with the multiplexer, receiving each
-connection's two fds over a ``SOCK_SEQPACKET`` control socket). In the broker
-process itself every splice call would have to take the GIL back from a busy
-event loop (a wait of up to the 5 ms switch interval, and a forced switch of
-the loop thread): measured on the broker benchmarks, that costs the broker
-more CPU than the in-loop relay it replaces. If the helper cannot start or
-dies, the multiplexer logs it and splices in-process threads instead.
+connection's two fds over a ``SOCK_SEQPACKET`` control socket). Threads in
+the broker process would have to take the GIL back from the event loop after
+every splice call: while the loop is saturated with Python work they starve
+(measured below the in-loop relay they replace), and each hand-off forces the
+loop thread off the GIL. In the helper, no gRPC byte costs the broker's event
+loop anything. The helper ignores SIGINT and SIGTERM (sent to a whole
+process group, they must not end splices while the broker drains). If the
+helper cannot start or dies, the multiplexer logs it
+and splices in threads of the broker process instead; without ``os.splice``
+(not Linux) the threads copy through a buffer.
 
 Invariants of a spliced connection:
 
@@ -290,7 +294,10 @@ class _Helper:
         while self._outbox and self.alive:
             msg, socks = self._outbox[0]
             try:
-                socket.send_fds(self._ctl, [msg], [s.fileno() for s in socks])
+                if socks:
+                    socket.send_fds(self._ctl, [msg], [s.fileno() for s in socks])
+                else:
+                    self._ctl.send(msg)
             except BlockingIOError:
                 self._loop.add_writer(self._ctl.fileno(), self._flush)
                 return
@@ -334,7 +341,9 @@ class _Helper:
                 s.close()
         self._outbox.clear()
         self._ctl.close()
-        if self.proc.poll() is None:  # reap it when it exits
+        if not self._mux._aborting and self.proc.poll() is None:
+            # Its control socket broke: whatever it still runs is lost to us. Reap it.
+            self.proc.kill()
             self._loop.run_in_executor(None, self.proc.wait)
         self._mux._helper_gone(self)
 
