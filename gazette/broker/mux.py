@@ -65,6 +65,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -131,6 +132,7 @@ class _Splice:
         self._running = 0
         self._aborted = False
         self._grpc_ended = False
+        self.threads: list[threading.Thread] = []
 
     def start(self) -> None:
         client, up = self._client, self._upstream
@@ -139,8 +141,10 @@ class _Splice:
         up.setblocking(True)
         self._running = 2
         for args in ((client, up, True), (up, client, False)):
+            t = threading.Thread(target=self._run, args=args, name=THREAD_NAME, daemon=True)
             try:
-                threading.Thread(target=self._run, args=args, name=THREAD_NAME, daemon=True).start()
+                t.start()
+                self.threads.append(t)
             except BaseException:  # out of threads: end the connection, not the server
                 log.exception("gRPC splice: cannot start a thread")
                 self.abort()
@@ -202,6 +206,12 @@ class _Splice:
         self._on_done()
 
 
+def _join(threads: list[threading.Thread], within: float) -> None:
+    deadline = time.monotonic() + within
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
 # -- the helper process ------------------------------------------------------------------
 
 
@@ -253,9 +263,7 @@ def _helper_main() -> None:
         current = list(splices.values())
     for sp in current:
         sp.abort()
-    for t in threading.enumerate():
-        if t.name == THREAD_NAME:
-            t.join(5.0)
+    _join([t for sp in current for t in sp.threads], 5.0)
 
 
 class _Helper:
@@ -546,6 +554,7 @@ class Multiplexer:
             t.cancel()
         if self._connecting:
             await asyncio.wait(list(self._connecting), timeout=within)
+        threads = [t for sp in self._local.values() for t in sp.threads]
         for sp in list(self._local.values()):
             sp.abort()
         if self._helper is not None:
@@ -553,3 +562,5 @@ class Multiplexer:
         pending = list(self._conns.values())
         if pending:
             await asyncio.wait(pending, timeout=within)
+        if threads:  # done with their connections; let them return, too
+            await asyncio.to_thread(_join, threads, within)
