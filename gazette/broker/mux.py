@@ -468,7 +468,12 @@ class Multiplexer:
                 self._helper = _Helper(self)
             except (OSError, subprocess.SubprocessError) as err:
                 log.warning("gRPC splice helper did not start (%s); splicing in the broker process", err)
-        self._server = await loop.create_server(lambda: _Sniffer(self), host, port, reuse_address=True)
+        try:
+            self._server = await loop.create_server(lambda: _Sniffer(self), host, port,
+                                                    reuse_address=True)
+        except BaseException:  # e.g. the port is taken: the helper has nothing to do
+            await self.abort()
+            raise
         sock = self._server.sockets[0]
         return int(sock.getsockname()[1])
 

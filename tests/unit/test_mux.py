@@ -507,3 +507,24 @@ async def test_the_helper_exits_with_the_broker_and_ignores_group_signals() -> N
             if proc.returncode is None:
                 proc.kill()
             await proc.wait()
+
+
+async def test_a_busy_port_fails_start_and_leaves_no_helper() -> None:
+    async with rig("helper-process") as r:
+        before = child_processes()
+        mux = Multiplexer(r.mux.grpc_socket, asyncio.Protocol)
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            with pytest.raises(OSError):
+                await mux.start("127.0.0.1", taken.getsockname()[1])
+        assert mux.helper_pid is None and child_processes() == before
+
+
+def child_processes() -> set[int]:
+    """This process's children (running or not yet reaped)."""
+    pids: set[int] = set()
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/children") as f:
+            pids.update(int(p) for p in f.read().split())
+    return pids
