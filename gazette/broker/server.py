@@ -224,6 +224,7 @@ class Broker:
             self.resolver.stop_serving()
             await mux.close()
             await grpc_server.stop(grace=5)
+            await mux.abort()  # splices grpcio did not end, and the splice helper with them
             await app_runner.cleanup()
             for ch in self._channels.values():
                 await ch.close()
