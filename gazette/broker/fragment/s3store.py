@@ -45,10 +45,11 @@ import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
-from gazette.broker.fragment.codecs import GZIP_OFFLOAD_DECOMPRESSION, NONE, new_decompressor
+from gazette.broker.fragment.codecs import GZIP_OFFLOAD_DECOMPRESSION, NONE
 from gazette.broker.fragment.errors import ContentNameError, StoreAuthError, StoreError
 from gazette.broker.fragment.fragment import Fragment, parse_content_name
 from gazette.broker.fragment.spool import SpoolSnapshot
+from gazette.broker.fragment.store import read_stored
 
 __all__ = ["S3Store", "S3StoreArgs", "parse_s3_url"]
 
@@ -353,36 +354,19 @@ class S3Store:
                 raise StoreError(f"fragment {fragment.content_path()} is not in {self._url}") from err
             raise
         body = resp["Body"]
-        decompressor = new_decompressor(fragment.codec)
 
-        def step() -> bytes | None:
+        def read_raw() -> bytes:
             try:
-                raw = body.read(OPEN_CHUNK)
+                raw: bytes = body.read(OPEN_CHUNK)
             except (botocore.exceptions.BotoCoreError, OSError) as err:
                 raise self._error(f"reading {key}", err) from err
-            return decompressor.decompress(raw) if raw else None
+            return raw
 
         try:
-            while True:
-                data = await asyncio.to_thread(step)
-                if data is None:
-                    pos += len(decompressor.finish())
-                    break
-                start = pos
-                pos += len(data)
-                if pos > fragment.end:
-                    break
-                if pos <= begin or not data:
-                    continue
-                yield data if start >= begin else data[begin - start :]
+            async for data in read_stored(fragment, begin, pos, read_raw):
+                yield data
         finally:
             body.close()
-        if pos != fragment.end:
-            raise StoreError(
-                f"stored fragment {fragment.content_path()} holds "
-                f"{'more than ' if pos > fragment.end else ''}{pos - fragment.begin} bytes, "
-                f"expected {fragment.content_length}"
-            )
 
     def sign_url(self, fragment: Fragment, ttl: float) -> str | None:
         return self._sign_key(self._fragment_key(fragment), ttl)

@@ -168,6 +168,43 @@ def _rewriter(url: str) -> tuple[str, str, str]:
     return parts.path, find, replace
 
 
+
+async def read_stored(
+    fragment: Fragment, begin: int, pos: int, read_raw: Callable[[], bytes]
+) -> AsyncGenerator[bytes, None]:
+    """Decompressed content of a stored fragment from journal offset ``begin``.
+
+    ``read_raw`` returns the stored (compressed) bytes in order, ``b""`` at their end, from
+    journal offset ``pos`` on (``fragment.begin``, or beyond it for a ranged read of
+    uncompressed content); it runs in a worker thread together with the decompression. Raises
+    StoreError unless the content ends exactly at ``fragment.end``.
+    """
+    decompressor = new_decompressor(fragment.codec)
+
+    def step() -> bytes | None:
+        raw = read_raw()
+        return decompressor.decompress(raw) if raw else None
+
+    while True:
+        data = await asyncio.to_thread(step)
+        if data is None:
+            pos += len(decompressor.finish())
+            break
+        start = pos
+        pos += len(data)
+        if pos > fragment.end:
+            break
+        if pos <= begin or not data:
+            continue
+        yield data if start >= begin else data[begin - start :]
+    if pos != fragment.end:
+        raise StoreError(
+            f"stored fragment {fragment.content_path()} holds "
+            f"{'more than ' if pos > fragment.end else ''}{pos - fragment.begin} bytes, "
+            f"expected {fragment.content_length}"
+        )
+
+
 class FileStore:
     """A ``file://`` store: fragments are files under the broker's ``--broker.file-root``."""
 
@@ -251,35 +288,11 @@ class FileStore:
             fh = await asyncio.to_thread(open, path, "rb")
         except FileNotFoundError as err:
             raise StoreError(f"fragment {fragment.content_path()} is not in {self._url}") from err
-        decompressor = new_decompressor(fragment.codec)
-        pos = fragment.begin  # Journal offset of the next decompressed byte.
-
-        def step() -> bytes | None:
-            raw = fh.read(OPEN_CHUNK)
-            return decompressor.decompress(raw) if raw else None
-
         try:
-            while True:
-                data = await asyncio.to_thread(step)
-                if data is None:
-                    tail = decompressor.finish()
-                    pos += len(tail)
-                    break
-                start = pos
-                pos += len(data)
-                if pos > fragment.end:
-                    break
-                if pos <= begin or not data:
-                    continue
-                yield data if start >= begin else data[begin - start :]
+            async for data in read_stored(fragment, begin, fragment.begin, lambda: fh.read(OPEN_CHUNK)):
+                yield data
         finally:
             fh.close()
-        if pos != fragment.end:
-            raise StoreError(
-                f"stored fragment {fragment.content_path()} holds "
-                f"{'more than ' if pos > fragment.end else ''}{pos - fragment.begin} bytes, "
-                f"expected {fragment.content_length}"
-            )
 
     def sign_url(self, fragment: Fragment, ttl: float) -> str | None:
         return "file://" + self._rewrite(fragment.content_path())
