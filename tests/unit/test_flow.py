@@ -98,10 +98,13 @@ def test_invalidate_lifts_the_max_rate() -> None:
     assert fc.charge == 0
 
 
-async def _chunks(sizes: list[int], stall: asyncio.Event | None = None) -> AsyncIterator[bytes]:
+async def _chunks(sizes: list[int], stall: asyncio.Event | None = None,
+                  stalled: asyncio.Event | None = None) -> AsyncIterator[bytes]:
     for n in sizes:
         yield b"x" * n
     if stall is not None:
+        if stalled is not None:
+            stalled.set()
         await stall.wait()  # a client that stops sending without ending its stream
 
 
@@ -128,12 +131,15 @@ async def test_brisk_stream_passes_everything() -> None:
 async def test_outside_cancellation_is_not_an_underflow() -> None:
     fc = AppendFlowControl()
 
+    stalled = asyncio.Event()
+
     async def consume() -> None:
-        async for _ in flow_controlled(_chunks([1], asyncio.Event()), fc, len, max_rate=0, min_rate=1 << 16):
+        async for _ in flow_controlled(_chunks([1], asyncio.Event(), stalled), fc, len,
+                                       max_rate=0, min_rate=1 << 16):
             pass
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0)  # let it reach the stalled read
+    await stalled.wait()  # the consumer is blocked in the stalled read
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
