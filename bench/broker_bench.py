@@ -44,14 +44,12 @@ from pathlib import Path
 
 import aiohttp
 import grpc
-import nats
 from google.protobuf.duration_pb2 import Duration
-from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _jetstream import JetStreamClient  # noqa: E402
 from _peers import NATS_SERVER, Peers  # noqa: E402
 
 from gazette.protocol import protocol_pb2 as pb  # noqa: E402
@@ -269,25 +267,8 @@ class GazetteSide:
 # -- JetStream -----------------------------------------------------------------------------
 
 
-class JetStreamSide:
+class JetStreamSide(JetStreamClient):
     """nats-py client of one nats-server: JetStream publish with acks, pull-consumer reads."""
-
-    def __init__(self) -> None:
-        self.nc: NATS | None = None
-        self._js: JetStreamContext | None = None
-
-    @property
-    def js(self) -> JetStreamContext:
-        assert self._js is not None, "not connected"
-        return self._js
-
-    async def connect(self, port: int) -> None:
-        self.nc = await nats.connect(f"nats://127.0.0.1:{port}", max_reconnect_attempts=0)
-        self._js = self.nc.jetstream()
-
-    async def close(self) -> None:
-        if self.nc is not None:
-            await self.nc.close()
 
     async def create(self, stream: str, subject: str) -> None:
         await self.js.add_stream(name=stream, subjects=[subject], storage=StorageType.FILE,

@@ -46,14 +46,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nats
 from google.protobuf.duration_pb2 import Duration
-from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _jetstream import JetStreamClient  # noqa: E402
 from _peers import NATS_SERVER, Peers  # noqa: E402
 
 from gazette.client import AppendService, JournalClient  # noqa: E402
@@ -257,23 +255,8 @@ class GazetteSide:
 # -- JetStream -------------------------------------------------------------------------------
 
 
-class JetStreamSide:
-    def __init__(self) -> None:
-        self.nc: NATS | None = None
-        self._js: JetStreamContext | None = None
-
-    @property
-    def js(self) -> JetStreamContext:
-        assert self._js is not None, "not connected"
-        return self._js
-
-    async def connect(self, port: int) -> None:
-        self.nc = await nats.connect(f"nats://127.0.0.1:{port}", max_reconnect_attempts=0)
-        self._js = self.nc.jetstream()
-
-    async def close(self) -> None:
-        if self.nc is not None:
-            await self.nc.close()
+class JetStreamSide(JetStreamClient):
+    """JetStream async publish and pull-consumer reads of the same messages."""
 
     async def create(self, stream: str, subjects: list[str]) -> None:
         await self.js.add_stream(name=stream, subjects=subjects, storage=StorageType.FILE,

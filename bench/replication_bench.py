@@ -35,14 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import nats
 from google.protobuf.duration_pb2 import Duration
-from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
 from nats.js.api import StorageType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _jetstream import JetStreamClient  # noqa: E402
 from _peers import Peers  # noqa: E402
 
 from gazette.protocol import protocol_pb2 as pb  # noqa: E402
@@ -187,24 +185,8 @@ class GazetteSide:
         return op
 
 
-class JetStreamSide:
-    def __init__(self) -> None:
-        self.nc: NATS | None = None
-        self._js: JetStreamContext | None = None
-
-    @property
-    def js(self) -> JetStreamContext:
-        assert self._js is not None, "not connected"
-        return self._js
-
-    async def connect(self, ports: list[int]) -> None:
-        self.nc = await nats.connect([f"nats://127.0.0.1:{p}" for p in ports],
-                                     max_reconnect_attempts=0)
-        self._js = self.nc.jetstream()
-
-    async def close(self) -> None:
-        if self.nc is not None:
-            await self.nc.close()
+class JetStreamSide(JetStreamClient):
+    """JetStream publish with acks to an R1 or R3 stream of the cluster."""
 
     async def create(self, stream: str, subject: str, replicas: int, patience: float = 60.0) -> None:
         deadline = time.monotonic() + patience
