@@ -17,6 +17,7 @@ replication 3 and a file store. Every wait polls a condition under a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -271,6 +272,28 @@ def assert_acked_exactly_once(content: bytes, writers: list[Writer]) -> None:
 # --- tests --------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def writing(writers: list[Writer]) -> Iterator[None]:
+    """Runs each writer in a thread for the block; stops and joins them however it ends."""
+    threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
+    for t in threads:
+        t.start()
+    try:
+        yield
+    finally:
+        for w in writers:
+            w.stop.set()
+        for t in threads:
+            t.join(DEADLINE)
+
+
+def wait_acked(writers: list[Writer], more: int, message: str) -> None:
+    """Waits until every writer has ``more`` acknowledged appends beyond its count now."""
+    before = [len(w.acked) for w in writers]
+    wait_until(lambda: all(len(w.acked) >= n + more for w, n in zip(writers, before, strict=True)),
+               DEADLINE, message=message)
+
+
 def test_appends_through_any_broker_land_once_on_every_replica(cluster: Cluster, stubs: Stubs) -> None:
     brokers = start_brokers(cluster, [("zone-a", "broker-a1"), ("zone-a", "broker-a2"), ("zone-b", "broker-b1")])
     name = f"repl/{uuid.uuid4().hex[:8]}"
@@ -324,26 +347,18 @@ def test_primary_killed_mid_stream_loses_no_acknowledged_append(cluster: Cluster
                         message="a primary")
     survivors = [b for b in brokers if b is not victim]
     writers = [Writer(stubs(b), name, b.broker_id) for b in survivors[:2]]
-    threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
-    for t in threads:
-        t.start()
-    try:
-        wait_until(lambda: all(len(w.acked) >= 20 for w in writers), DEADLINE, message="appends flowing")
+    with writing(writers):
+        wait_acked(writers, 20, "appends flowing")
         victim.kill()  # SIGKILL mid-stream: no drain, no hand-off
-        before = [len(w.acked) for w in writers]
+        acked = [len(w.acked) for w in writers]
 
         def new_primary() -> BrokerProcess | None:
             p = primary_of(stubs(survivors[0]), name, brokers)
             return p if p is not None and p is not victim else None
 
         wait_until(new_primary, DEADLINE, message="a new primary once the lease expired")
-        wait_until(lambda: all(len(w.acked) >= n + 20 for w, n in zip(writers, before, strict=True)),
+        wait_until(lambda: all(len(w.acked) >= n + 20 for w, n in zip(writers, acked, strict=True)),
                    DEADLINE, message="appends acknowledged under the new primary")
-    finally:
-        for w in writers:
-            w.stop.set()
-        for t in threads:
-            t.join(DEADLINE)
 
     content = http_read(survivors[0], name)
     assert content.startswith(b'{"first": true}\n')
@@ -469,23 +484,16 @@ def test_rolling_restart_under_appends(cluster: Cluster, stubs: Stubs, tmp_path:
     # recreated against whichever broker is up.
     gateway = cluster.add_broker("zone-c", "broker-gw", extra_args=(*LEASE, "--broker.limit", "0"))
     writers = [Writer(stubs(gateway), n, f"w{i}") for i, n in enumerate(names)]
-    threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
-    for t in threads:
-        t.start()
-    try:
+    with writing(writers):
         for i, (zone, bid) in [*enumerate(layout)] * ROLLS:
             before = [len(w.acked) for w in writers]
             assert brokers[i].stop(DEADLINE) == 0, brokers[i].log_text()[-4000:]
             brokers[i] = cluster.add_broker(zone, bid, extra_args=LEASE)
+
             def flowing(before: list[int] = before) -> bool:
                 return all(len(w.acked) >= n + 10 for w, n in zip(writers, before, strict=True))
 
             wait_until(flowing, DEADLINE, message=f"appends flowing after restarting {bid}")
-    finally:
-        for w in writers:
-            w.stop.set()
-        for t in threads:
-            t.join(DEADLINE)
 
     for n, w in zip(names, writers, strict=True):
         content = http_read(gateway, n)
@@ -517,10 +525,7 @@ def test_repeated_primary_kills_under_appends(cluster: Cluster, stubs: Stubs) ->
     wait_replicated(stubs(gateway), name, 3)
     append_eventually(stubs(gateway), name, b'{"first": true}\n')
     writers = [Writer(stubs(gateway), name, f"w{i}") for i in range(2)]
-    threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
-    for t in threads:
-        t.start()
-    try:
+    with writing(writers):
         for round_ in range(3):
             victim = wait_until(lambda: primary_of(stubs(gateway), name, brokers), DEADLINE, message="a primary")
             before = [len(w.acked) for w in writers]
@@ -532,11 +537,6 @@ def test_repeated_primary_kills_under_appends(cluster: Cluster, stubs: Stubs) ->
                 return all(len(w.acked) >= n + 20 for w, n in zip(writers, before, strict=True))
 
             wait_until(flowing, DEADLINE, message=f"appends acknowledged after kill {round_}")
-    finally:
-        for w in writers:
-            w.stop.set()
-        for t in threads:
-            t.join(DEADLINE)
 
     content = http_read(gateway, name)
     assert_acked_exactly_once(content, writers)
@@ -571,23 +571,15 @@ def test_frozen_peer_is_routed_around(cluster: Cluster, stubs: Stubs) -> None:
     frozen = next(b for b in brokers if b is not primary and member_id(b) in members)
     others = [b for b in brokers if b is not frozen]
     writers = [Writer(stubs(b), name, b.broker_id) for b in others[:2]]
-    threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
-    for t in threads:
-        t.start()
     pid = frozen.pid
     assert pid is not None
     try:
-        wait_until(lambda: all(len(w.acked) >= 20 for w in writers), DEADLINE, message="appends flowing")
-        os.kill(pid, signal.SIGSTOP)
-        before = [len(w.acked) for w in writers]
-        wait_until(lambda: all(len(w.acked) >= n + 20 for w, n in zip(writers, before, strict=True)),
-                   DEADLINE, message="appends acknowledged with the peer frozen")
-        assert member_id(frozen) not in {(m.zone, m.suffix) for m in route_of(stubs(primary), name).members}
+        with writing(writers):
+            wait_acked(writers, 20, "appends flowing")
+            os.kill(pid, signal.SIGSTOP)
+            wait_acked(writers, 20, "appends acknowledged with the peer frozen")
+            assert member_id(frozen) not in {(m.zone, m.suffix) for m in route_of(stubs(primary), name).members}
     finally:
-        for w in writers:
-            w.stop.set()
-        for t in threads:
-            t.join(DEADLINE)
         os.kill(pid, signal.SIGCONT)
         frozen.kill()
 
