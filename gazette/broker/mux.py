@@ -1,8 +1,12 @@
 """One public port for gRPC and the HTTP/1.1 gateway.
 
-grpcio owns its listeners and cannot share one with aiohttp, so the broker's
-public port is an asyncio server that looks at the first bytes of each
-connection:
+The broker's public port is an asyncio server that looks at the first bytes of
+each connection. By default gRPC is served in this process by
+:mod:`gazette.rpc`, and a connection starting with the HTTP/2 preface is handed
+to its protocol (``h2_protocol_factory``) just as HTTP/1.x goes to aiohttp's.
+
+With grpcio serving gRPC instead (``GAZETTE_RPC=grpcio``: grpcio owns its
+listeners and cannot share one with aiohttp):
 
 * anything but the HTTP/2 client preface is HTTP/1.x: the transport is handed,
   with the bytes already read, to aiohttp's protocol in this process (no copy,
@@ -393,13 +397,16 @@ class _Sniffer(asyncio.Protocol):
         if len(self._buf) < _SNIFF_LEN and H2_PREFACE.startswith(bytes(self._buf)):
             return
         if bytes(self._buf[:_SNIFF_LEN]) == H2_PREFACE[:_SNIFF_LEN]:
-            self._splice_grpc()
+            if self._mux.h2_protocol_factory is not None:
+                self._hand_to(self._mux.h2_protocol_factory)
+            else:
+                self._splice_grpc()
         else:
-            self._hand_to_http()
+            self._hand_to(self._mux.http_protocol_factory)
 
-    def _hand_to_http(self) -> None:
+    def _hand_to(self, factory: Callable[[], asyncio.Protocol]) -> None:
         assert self._transport is not None
-        proto: Any = self._mux.http_protocol_factory()
+        proto: Any = factory()
         self._transport.set_protocol(proto)
         proto.connection_made(self._transport)
         data, self._buf = bytes(self._buf), bytearray()
@@ -429,15 +436,18 @@ class _Sniffer(asyncio.Protocol):
 class Multiplexer:
     """Serves ``host:port``, dispatching each connection to gRPC or HTTP/1.1.
 
+    ``h2_protocol_factory``: serve gRPC in this process with that protocol; otherwise
     ``splice_process``: splice gRPC connections in a helper process (the default), else in
     threads of this one.
     """
 
     def __init__(self, grpc_socket: str, http_protocol_factory: Callable[[], asyncio.Protocol],
-                 *, splice_process: bool = True) -> None:
+                 *, splice_process: bool = True,
+                 h2_protocol_factory: Callable[[], asyncio.Protocol] | None = None) -> None:
         self.grpc_socket = grpc_socket
         self.http_protocol_factory = http_protocol_factory
-        self._splice_process = splice_process
+        self.h2_protocol_factory = h2_protocol_factory
+        self._splice_process = splice_process and h2_protocol_factory is None
         self._server: asyncio.Server | None = None
         self._helper: _Helper | None = None
         self._ids = itertools.count(1)

@@ -61,7 +61,7 @@ Content = tuple[memoryview, int]
 """A decoded content request: (content, content_delta)."""
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+def _varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     result = 0
     shift = 0
     while True:
@@ -75,14 +75,14 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def decode_request(data: bytes | pb.ReplicateRequest) -> pb.ReplicateRequest | Content:
+def decode_request(data: bytes | memoryview | pb.ReplicateRequest) -> pb.ReplicateRequest | Content:
     """A received request: a content request as (view, delta), anything else as a message.
 
     The fast path takes exactly ``content`` (field 4) optionally followed by
     ``content_delta`` (field 5), as every encoder writes them; any other shape is parsed by
     protobuf, so every valid encoding is accepted.
     """
-    if not isinstance(data, bytes):
+    if isinstance(data, pb.ReplicateRequest):
         return data
     if data[:1] == b"\x22":
         try:
@@ -98,7 +98,7 @@ def decode_request(data: bytes | pb.ReplicateRequest) -> pb.ReplicateRequest | C
                     return memoryview(data)[pos:end], delta
         except ValueError:
             pass
-    return pb.ReplicateRequest.FromString(data)
+    return pb.ReplicateRequest.FromString(data)  # type: ignore[arg-type]  # bytes-like is accepted
 
 
 def _validate(req: pb.ReplicateRequest) -> None:

@@ -52,6 +52,9 @@ from gazette.broker.service import JournalService
 from gazette.etcd import connect as etcd_connect
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.rpc import use_grpcio
+from gazette.rpc.channel import insecure_channel
+from gazette.rpc.server import RpcServer
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +113,7 @@ class Broker:
         self.ready = asyncio.Event()
         self.bound_port = 0
         self._spool_dir = tempfile.mkdtemp(prefix="gazette-spool-")
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels: dict[str, Any] = {}  # grpc.aio.Channel-like
         self._replicate_calls: dict[str, Any] = {}
         self._etcd: aetcd.Client | None = None
         self._announcement: Announcement | None = None
@@ -140,11 +143,11 @@ class Broker:
         if replica is not None:
             replica.index.add_remote(fragment)
 
-    def _channel(self, endpoint: str) -> tuple[str, grpc.aio.Channel]:
+    def _channel(self, endpoint: str) -> tuple[str, Any]:
         target = endpoint.split("://", 1)[-1].rstrip("/")
         ch = self._channels.get(target)
         if ch is None:
-            ch = grpc.aio.insecure_channel(target, options=_PEER_CHANNEL_OPTIONS)
+            ch = insecure_channel(target, options=_PEER_CHANNEL_OPTIONS)
             self._channels[target] = ch
         return target, ch
 
@@ -175,9 +178,13 @@ class Broker:
         """Runs the broker until ``stop()``; then drains and returns."""
         self._etcd = await etcd_connect(self.config.etcd_address)
         grpc_sock = os.path.join(self._spool_dir, "grpc.sock")
-        grpc_server = grpc.aio.server(options=_SERVER_OPTIONS)
+        grpc_server: grpc.aio.Server | RpcServer
+        if use_grpcio():
+            grpc_server = grpc.aio.server(options=_SERVER_OPTIONS)
+            grpc_server.add_insecure_port(f"unix:{grpc_sock}")
+        else:
+            grpc_server = RpcServer()
         _add_journal_service(JournalService(self), grpc_server)
-        grpc_server.add_insecure_port(f"unix:{grpc_sock}")
 
         app = web.Application(client_max_size=0)
         app.add_routes(metrics_app_routes(self))
@@ -186,11 +193,13 @@ class Broker:
         await app_runner.setup()
         server = app_runner.server
         assert server is not None
-        mux = Multiplexer(grpc_sock, server)
+        mux = Multiplexer(grpc_sock, server, h2_protocol_factory=(
+            grpc_server.protocol if isinstance(grpc_server, RpcServer) else None))
 
         try:
             await self.keyspace.load(self.etcd)
-            await grpc_server.start()
+            if not isinstance(grpc_server, RpcServer):
+                await grpc_server.start()
             self.bound_port = await mux.start(self.config.host, self.config.port)
             adv = self.config.advertise_host or (self.config.host if self.config.host not in ("", "0.0.0.0") else socket.gethostname())
             self.endpoint = f"http://{adv}:{self.bound_port}"
@@ -376,7 +385,7 @@ class _Shutdown(Exception):
     pass
 
 
-def _add_journal_service(svc: JournalService, server: grpc.aio.Server) -> None:
+def _add_journal_service(svc: JournalService, server: grpc.aio.Server | RpcServer) -> None:
     """Registers the ``protocol.Journal`` service, as the generated code would, except that
     Replicate receives its requests as raw bytes (decoded by ``replicate.decode_request``,
     which reads content without copying it)."""

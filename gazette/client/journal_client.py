@@ -31,6 +31,7 @@ from gazette.client.errors import (
 )
 from gazette.client.route_cache import RouteCache, pick
 from gazette.protocol import protocol_pb2 as pb
+from gazette.rpc.channel import insecure_channel
 
 # The generated stubs are untyped; load them as Any rather than type-check generated code.
 pb_grpc: Any = importlib.import_module("gazette.protocol.protocol_pb2_grpc")
@@ -96,7 +97,7 @@ class JournalClient:
         self.zone = zone
         self.routes = route_cache if route_cache is not None else RouteCache()
         self._options = list(_CHANNEL_OPTIONS) + list(channel_options)
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels: dict[str, Any] = {}  # grpc.aio.Channel-like
         self._stubs: dict[str, Any] = {}
 
     # --- channels and routing -------------------------------------------------------
@@ -111,7 +112,7 @@ class JournalClient:
                 channel = grpc.aio.secure_channel(
                     target, grpc.ssl_channel_credentials(), options=self._options)
             else:
-                channel = grpc.aio.insecure_channel(target, options=self._options)
+                channel = insecure_channel(target, options=self._options)
             self._channels[endpoint] = channel
             stub = self._stubs[endpoint] = pb_grpc.JournalStub(channel)
         return stub

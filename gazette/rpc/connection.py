@@ -1,0 +1,451 @@
+"""One HTTP/2 connection carrying gRPC streams: framing, settings, flow control, pings.
+
+:class:`Connection` is the part the server and the client share; they subclass it to open,
+accept and finish streams. A :class:`Stream` buffers the gRPC messages received on it.
+
+Invariants:
+
+* Receive windows are replenished only as the application *consumes* messages (stream
+  level) or as DATA arrives (connection level), so a stream buffers at most its window of
+  unread data: a slow handler back-pressures its own peer and nobody else. A peer that
+  sends beyond a stream's window has the stream reset (FLOW_CONTROL_ERROR).
+* Sends never exceed the peer's stream and connection windows nor its maximum frame size;
+  a send waits for a WINDOW_UPDATE, or for the transport to drain, and fails if the stream
+  or connection ends meanwhile.
+* Each frame is written to the transport in one synchronous call, so frames of concurrent
+  streams interleave but never tear.
+* A connection error (bad framing, HPACK failure) sends GOAWAY with its code and closes
+  the transport; every stream still open then fails exactly once (``Stream.fail``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import hpack
+
+from gazette.rpc import frames as f
+
+log = logging.getLogger(__name__)
+
+# Windows we grant: per stream, what one slow reader may buffer; per connection, enough
+# for many streams of large appends in flight.
+STREAM_WINDOW = 16 << 20
+CONNECTION_WINDOW = 256 << 20
+MAX_FRAME = 1 << 20            # largest frame we accept (we advertise it)
+DEFAULT_MAX_MESSAGE = 256 << 20
+_JOIN_LIMIT = 32 << 10          # frames up to this size are joined into one write
+
+_HEADERS_FLAG_END = f.END_HEADERS | f.END_STREAM
+
+
+class StreamReset(Exception):
+    """The stream ended without its status: reset by the peer or the connection lost."""
+
+    def __init__(self, message: str, code: int = f.CANCEL) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Stream:
+    """Receive-side state of one stream and its send window."""
+
+    __slots__ = ("id", "conn", "send_window", "messages", "waiter", "reader", "remote_closed",
+                 "local_closed", "error", "buffered", "unacked")
+
+    def __init__(self, conn: Connection, stream_id: int) -> None:
+        self.id = stream_id
+        self.conn = conn
+        self.send_window = conn.peer_initial_window
+        self.messages: collections.deque[memoryview] = collections.deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.reader = f.MessageReader(conn.max_message)
+        self.remote_closed = False   # END_STREAM received
+        self.local_closed = False    # END_STREAM (or RST_STREAM) sent
+        self.error: BaseException | None = None
+        self.buffered = 0            # received DATA bytes not yet consumed
+        self.unacked = 0             # consumed bytes not yet returned by a WINDOW_UPDATE
+
+    # -- receive ---------------------------------------------------------------------
+
+    def on_data(self, payload: memoryview, end_stream: bool) -> None:
+        # Bytes are credited back to the peer as messages are consumed (len + 5 each).
+        self.buffered += len(payload)
+        if self.buffered > STREAM_WINDOW:
+            raise StreamReset("peer sent beyond the stream's flow-control window", f.FLOW_CONTROL_ERROR)
+        if payload:
+            msgs = self.reader.feed(payload)
+            if msgs:
+                self.messages.extend(msgs)
+        if end_stream:
+            self.remote_closed = True
+        if self.waiter is not None and (self.messages or self.remote_closed):
+            w, self.waiter = self.waiter, None
+            if not w.done():
+                w.set_result(None)
+
+    def credit(self, n: int) -> None:
+        """``n`` received bytes were consumed: return them to the peer's send window."""
+        self.buffered -= n
+        self.unacked += n
+        if self.unacked >= STREAM_WINDOW >> 2 and not self.remote_closed:
+            self.conn.write(f.window_update(self.id, self.unacked))
+            self.unacked = 0
+
+    async def next_message(self) -> memoryview | None:
+        """The next message, or None once the peer has ended its side."""
+        while True:
+            if self.messages:
+                msg = self.messages.popleft()
+                self.credit(len(msg) + 5)
+                return msg
+            if self.error is not None:
+                raise self.error
+            if self.remote_closed:
+                if self.reader.partial:
+                    raise StreamReset("stream ended within a gRPC message", f.PROTOCOL_ERROR)
+                return None
+            w = self.waiter = self.conn.loop.create_future()
+            await w
+
+    def fail(self, err: BaseException) -> None:
+        """The stream ended abnormally: wake its reader (and window waiters) with ``err``."""
+        if self.error is None:
+            self.error = err
+        self.local_closed = True
+        w, self.waiter = self.waiter, None
+        if w is not None and not w.done():
+            w.set_result(None)
+        self.conn.wake_senders()
+
+    def on_reset(self, code: int) -> None:
+        self.fail(StreamReset(f"stream reset by peer (code {code})", code))
+
+
+class Connection(asyncio.Protocol):
+    """Frame handling shared by the server and client sides."""
+
+    is_client = False
+
+    def __init__(self, max_message: int = DEFAULT_MAX_MESSAGE) -> None:
+        self.loop = asyncio.get_event_loop()
+        self.max_message = max_message
+        self.transport: asyncio.Transport | None = None
+        self.streams: dict[int, Stream] = {}
+        self.closed = False
+        self.peer_initial_window = f.DEFAULT_WINDOW
+        self.peer_max_frame = f.DEFAULT_MAX_FRAME
+        self.send_window = f.DEFAULT_WINDOW
+        self._reader = f.FrameReader(MAX_FRAME)
+        self._decoder = hpack.Decoder()
+        self._decoder.max_header_list_size = 1 << 20
+        self._conn_unacked = 0
+        self._continuation: tuple[int, int, list[bytes]] | None = None  # stream, flags, parts
+        self._send_waiters: list[asyncio.Future[None]] = []
+        self._paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._ping_acks: dict[bytes, Callable[[], None]] = {}
+
+    # -- transport events ------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        head = f.PREFACE if self.is_client else b""
+        transport.write(head + f.settings_frame({
+            f.SETTINGS_ENABLE_PUSH: 0,
+            f.SETTINGS_INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+            f.SETTINGS_MAX_FRAME_SIZE: MAX_FRAME,
+            f.SETTINGS_MAX_HEADER_LIST_SIZE: 1 << 20,
+        }) + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            for ftype, flags, sid, payload in self._reader.feed(data):
+                self._on_frame(ftype, flags, sid, payload)
+        except f.ProtocolError as err:
+            self.connection_error(str(err), err.code)
+        except hpack.HPACKError as err:
+            self.connection_error(f"bad header block: {err}", f.COMPRESSION_ERROR)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        err = StreamReset(f"connection lost: {exc}" if exc else "connection closed", f.CANCEL)
+        for stream in list(self.streams.values()):
+            stream.fail(err)
+        self.streams.clear()
+        self.wake_senders()
+        for w in self._drain_waiters:
+            if not w.done():
+                w.set_result(None)
+        self._drain_waiters.clear()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    def connection_error(self, message: str, code: int = f.PROTOCOL_ERROR) -> None:
+        log.warning("HTTP/2 connection error", extra={"err": message, "peer": self.peer()})
+        if self.transport is not None and not self.closed:
+            self.transport.write(f.goaway(self.last_peer_stream(), code, message.encode()[:256]))
+            self.transport.close()
+        self.connection_lost(ConnectionError(message))
+
+    def peer(self) -> str:
+        name = self.transport.get_extra_info("peername") if self.transport is not None else None
+        if isinstance(name, tuple) and len(name) >= 2:
+            family = "ipv6" if ":" in str(name[0]) else "ipv4"
+            host = f"[{name[0]}]" if family == "ipv6" else name[0]
+            return f"{family}:{host}:{name[1]}"
+        return f"unix:{name}" if name else "unknown"
+
+    # -- frames ----------------------------------------------------------------------
+
+    def _on_frame(self, ftype: int, flags: int, sid: int, payload: memoryview) -> None:
+        if self._continuation is not None and ftype != f.CONTINUATION:
+            raise f.ProtocolError("expected a CONTINUATION frame")
+        if ftype == f.DATA:
+            self._on_data(flags, sid, payload)
+        elif ftype == f.HEADERS:
+            if sid == 0:
+                raise f.ProtocolError("HEADERS on stream 0")
+            block = f.strip_padding(flags, payload, priority=True)
+            if flags & f.END_HEADERS:
+                self._on_header_block(sid, flags, bytes(block))
+            else:
+                self._continuation = (sid, flags, [bytes(block)])
+        elif ftype == f.CONTINUATION:
+            if self._continuation is None or self._continuation[0] != sid:
+                raise f.ProtocolError("unexpected CONTINUATION frame")
+            self._continuation[2].append(bytes(payload))
+            if flags & f.END_HEADERS:
+                csid, cflags, parts = self._continuation
+                self._continuation = None
+                self._on_header_block(csid, cflags, b"".join(parts))
+        elif ftype == f.WINDOW_UPDATE:
+            if len(payload) != 4:
+                raise f.ProtocolError("WINDOW_UPDATE of the wrong size", f.FRAME_SIZE_ERROR)
+            inc = f.u32(payload) & 0x7FFFFFFF
+            if sid == 0:
+                self.send_window += inc
+            else:
+                stream = self.streams.get(sid)
+                if stream is not None:
+                    stream.send_window += inc
+            self.wake_senders()
+        elif ftype == f.SETTINGS:
+            if flags & f.ACK:
+                return
+            self._on_settings(f.parse_settings(payload))
+            self.write(f.frame(f.SETTINGS, f.ACK, 0))
+        elif ftype == f.PING:
+            if len(payload) != 8:
+                raise f.ProtocolError("PING of the wrong size", f.FRAME_SIZE_ERROR)
+            if flags & f.ACK:
+                cb = self._ping_acks.pop(bytes(payload), None)
+                if cb is not None:
+                    cb()
+            else:
+                self.write(f.frame(f.PING, f.ACK, 0, bytes(payload)))
+        elif ftype == f.RST_STREAM:
+            stream = self.streams.pop(sid, None)
+            if stream is not None:
+                stream.on_reset(f.u32(payload) if len(payload) == 4 else f.PROTOCOL_ERROR)
+        elif ftype == f.GOAWAY:
+            if len(payload) < 8:
+                raise f.ProtocolError("GOAWAY too short", f.FRAME_SIZE_ERROR)
+            self.on_goaway(f.u32(payload) & 0x7FFFFFFF, f.u32(payload, 4), bytes(payload[8:]))
+        elif ftype == f.PUSH_PROMISE:
+            raise f.ProtocolError("PUSH_PROMISE though push is disabled")
+        # PRIORITY and unknown frame types are ignored, as RFC 9113 requires.
+
+    def _on_data(self, flags: int, sid: int, payload: memoryview) -> None:
+        n = len(payload)
+        self._conn_unacked += n
+        if self._conn_unacked >= CONNECTION_WINDOW >> 2:
+            self.write(f.window_update(0, self._conn_unacked))
+            self._conn_unacked = 0
+        stream = self.streams.get(sid)
+        if stream is None or stream.remote_closed:
+            return  # a stream we reset or finished: its data only counts toward the connection
+        content = f.strip_padding(flags, payload, priority=False) if flags & f.PADDED else payload
+        try:
+            stream.on_data(content, bool(flags & f.END_STREAM))
+            if len(content) != n:
+                stream.credit(n - len(content))
+        except f.ProtocolError as err:
+            self.reset_stream(stream, f.PROTOCOL_ERROR, err)
+        except StreamReset as err:
+            self.reset_stream(stream, err.code, err)
+        else:
+            if stream.remote_closed:
+                self.on_remote_closed(stream)
+
+    def _on_header_block(self, sid: int, flags: int, block: bytes) -> None:
+        headers = self._decoder.decode(block)
+        self.on_headers(sid, headers, bool(flags & f.END_STREAM))  # type: ignore[arg-type]
+
+    def _on_settings(self, pairs: list[tuple[int, int]]) -> None:
+        for key, value in pairs:
+            if key == f.SETTINGS_INITIAL_WINDOW_SIZE:
+                if value > f.MAX_WINDOW:
+                    raise f.ProtocolError("initial window too large", f.FLOW_CONTROL_ERROR)
+                delta = value - self.peer_initial_window
+                self.peer_initial_window = value
+                for stream in self.streams.values():
+                    stream.send_window += delta
+            elif key == f.SETTINGS_MAX_FRAME_SIZE:
+                if not f.DEFAULT_MAX_FRAME <= value <= f.MAX_FRAME_LIMIT:
+                    raise f.ProtocolError("bad SETTINGS_MAX_FRAME_SIZE")
+                self.peer_max_frame = value
+        self.wake_senders()
+
+    # -- hooks of the server and client --------------------------------------------------
+
+    def on_headers(self, sid: int, headers: list[tuple[str, str]], end_stream: bool) -> None:
+        raise NotImplementedError
+
+    def on_remote_closed(self, stream: Stream) -> None:
+        """The peer ended its side of ``stream`` (after its last message was queued)."""
+
+    def on_goaway(self, last_stream_id: int, code: int, debug: bytes) -> None:
+        raise NotImplementedError
+
+    def last_peer_stream(self) -> int:
+        return 0
+
+    # -- sending ---------------------------------------------------------------------
+
+    def wake_senders(self) -> None:
+        waiters, self._send_waiters = self._send_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    def send_headers(self, stream: Stream, block: bytes, end_stream: bool) -> None:
+        if stream.local_closed or self.closed:
+            return
+        flags = _HEADERS_FLAG_END if end_stream else f.END_HEADERS
+        if len(block) <= self.peer_max_frame:
+            self.write(f.frame(f.HEADERS, flags, stream.id, block))
+        else:
+            step = self.peer_max_frame
+            parts = [block[i:i + step] for i in range(0, len(block), step)]
+            out = [f.frame(f.HEADERS, flags & f.END_STREAM, stream.id, parts[0])]
+            for i, part in enumerate(parts[1:], 1):
+                out.append(f.frame(f.CONTINUATION, f.END_HEADERS if i == len(parts) - 1 else 0, stream.id, part))
+            self.write(b"".join(out))
+        if end_stream:
+            stream.local_closed = True
+
+    async def send_message(self, stream: Stream, data: bytes | memoryview, end_stream: bool = False) -> None:
+        """Sends one gRPC message on ``stream`` within the peer's windows."""
+        total = len(data) + 5
+        flags = f.END_STREAM if end_stream else 0
+        if (total <= stream.send_window and total <= self.send_window and total <= self.peer_max_frame
+                and not self._paused and not stream.local_closed and not self.closed):
+            stream.send_window -= total
+            self.send_window -= total
+            head = f.frame_head(f.DATA, flags, stream.id, total) + f.message_prefix(total - 5)
+            assert self.transport is not None
+            if total <= _JOIN_LIMIT:
+                self.transport.write(head + data)
+            else:
+                self.transport.write(head)
+                self.transport.write(data)
+        else:
+            await self._send_chunked(stream, f.message_prefix(total - 5), data, flags)
+        if end_stream:
+            stream.local_closed = True
+
+    async def send_end(self, stream: Stream) -> None:
+        """Ends our side of ``stream`` with an empty DATA frame."""
+        if not stream.local_closed and not self.closed:
+            self.write(f.frame(f.DATA, f.END_STREAM, stream.id))
+        stream.local_closed = True
+
+    async def _send_chunked(self, stream: Stream, prefix: bytes, data: bytes | memoryview, flags: int) -> None:
+        view = memoryview(data)
+        pending: list[bytes | memoryview] = [prefix]
+        if len(view):
+            pending.append(view)
+        first, plen = 0, len(prefix)
+        remaining = plen + len(view)
+        while remaining:
+            if stream.local_closed or self.closed:
+                raise stream.error or StreamReset("stream closed while sending", f.CANCEL)
+            if self._paused:
+                w = self.loop.create_future()
+                self._drain_waiters.append(w)
+                await w
+                continue
+            n = min(remaining, stream.send_window, self.send_window, self.peer_max_frame)
+            if n <= 0:
+                w = self.loop.create_future()
+                self._send_waiters.append(w)
+                await w
+                continue
+            # The frame's payload: what's left of the prefix, then the body.
+            chunks: list[bytes | memoryview] = []
+            take = n
+            while take:
+                head = pending[first]
+                if len(head) <= take:
+                    chunks.append(head)
+                    take -= len(head)
+                    first += 1
+                else:
+                    chunks.append(head[:take])
+                    pending[first] = head[take:]
+                    take = 0
+            remaining -= n
+            stream.send_window -= n
+            self.send_window -= n
+            last = flags if remaining == 0 else 0
+            assert self.transport is not None
+            self.transport.write(f.frame_head(f.DATA, last, stream.id, n))
+            for c in chunks:
+                self.transport.write(c)
+
+    def reset_stream(self, stream: Stream, code: int, err: BaseException | None = None) -> None:
+        """Resets ``stream`` (RST_STREAM ``code``) and fails it locally."""
+        if not stream.local_closed or not stream.remote_closed:
+            self.write(f.rst_stream(stream.id, code))
+        self.streams.pop(stream.id, None)
+        stream.remote_closed = True
+        stream.fail(err or StreamReset(f"stream reset (code {code})", code))
+
+    def ping(self, opaque: bytes, on_ack: Callable[[], None]) -> None:
+        self._ping_acks[opaque] = on_ack
+        self.write(f.frame(f.PING, 0, 0, opaque))
+
+    def forget_ping(self, opaque: bytes) -> None:
+        self._ping_acks.pop(opaque, None)
+
+    async def drained(self) -> None:
+        if self._paused and not self.closed:
+            w = self.loop.create_future()
+            self._drain_waiters.append(w)
+            await w
+
+
+def header_dict(headers: list[tuple[str, str]] | list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in headers:
+        key = k.decode() if isinstance(k, bytes) else k
+        out[key] = v.decode() if isinstance(v, bytes) else v
+    return out

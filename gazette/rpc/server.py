@@ -1,0 +1,394 @@
+"""The server side of :mod:`gazette.rpc`: grpcio's servicers, served on our own HTTP/2.
+
+:class:`RpcServer` accepts what grpcio's generated ``add_*Servicer_to_server`` functions
+register (generic and registered method handlers), so a servicer written for ``grpc.aio``
+runs unchanged: ``async def`` methods taking a request (or an async iterator of requests)
+and a context, returning a response or yielding responses, calling ``context.abort``.
+
+Invariants:
+
+* Each RPC runs in its own task. A stream reset by the client, a lost connection or an
+  elapsed ``grpc-timeout`` cancels that task (so ``finally`` blocks and rollbacks run);
+  nothing else does until :meth:`RpcServer.stop`'s grace period ends.
+* Every stream gets exactly one end: trailers carrying ``grpc-status`` (OK, the code passed
+  to ``abort``, UNKNOWN for an exception the servicer let escape, DEADLINE_EXCEEDED, or
+  UNIMPLEMENTED for an unknown method), or an RST_STREAM. A failing servicer never takes
+  the connection or the server down.
+* After ``stop()`` begins, connections get GOAWAY: RPCs already started run to their end
+  (up to the grace period), new streams are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from gazette.rpc import frames as f
+from gazette.rpc.connection import DEFAULT_MAX_MESSAGE, Connection, Stream, StreamReset
+
+log = logging.getLogger(__name__)
+
+
+class _Abort(grpc.aio.AbortError):  # type: ignore[misc]
+    """Raised by ``context.abort`` (a ``grpc.aio.AbortError``, as servicers expect)."""
+
+
+class _CallDetails(grpc.HandlerCallDetails):  # type: ignore[misc]
+    def __init__(self, method: str, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.method = method
+        self.invocation_metadata = metadata
+
+
+class ServicerContext:
+    """The subset of ``grpc.aio.ServicerContext`` our servicers use, and a little more."""
+
+    __slots__ = ("_stream", "_metadata", "_deadline", "code", "details")
+
+    def __init__(self, stream: ServerStream, metadata: tuple[tuple[str, str], ...], deadline: float | None) -> None:
+        self._stream = stream
+        self._metadata = metadata
+        self._deadline = deadline
+        self.code: grpc.StatusCode | None = None
+        self.details = ""
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
+        if code is grpc.StatusCode.OK:
+            raise ValueError("abort with OK")
+        self.code, self.details = code, details
+        raise _Abort()
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        self.details = details
+
+    def peer(self) -> str:
+        return self._stream.conn.peer()
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def time_remaining(self) -> float | None:
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - self._stream.conn.loop.time())
+
+    def cancelled(self) -> bool:
+        return self._stream.error is not None
+
+    def done(self) -> bool:
+        return self._stream.local_closed
+
+    async def write(self, message: Any) -> None:
+        await self._stream.send_response(message)
+
+    async def read(self) -> Any:
+        msg = await self._stream.next_request()
+        return grpc.aio.EOF if msg is None else msg
+
+
+class _Requests:
+    """The async iterator of a streaming request (deserialized as they are taken)."""
+
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: ServerStream) -> None:
+        self._stream = stream
+
+    def __aiter__(self) -> _Requests:
+        return self
+
+    async def __anext__(self) -> Any:
+        msg = await self._stream.next_request()
+        if msg is None:
+            raise StopAsyncIteration
+        return msg
+
+
+class ServerStream(Stream):
+    __slots__ = ("handler", "task", "headers_sent", "deserialize", "serialize", "deadline_handle", "expired")
+
+    conn: ServerConnection
+
+    def __init__(self, conn: ServerConnection, stream_id: int, handler: grpc.RpcMethodHandler) -> None:
+        super().__init__(conn, stream_id)
+        self.handler = handler
+        self.deserialize: Callable[[Any], Any] | None = handler.request_deserializer
+        self.serialize: Callable[[Any], bytes] | None = handler.response_serializer
+        self.task: asyncio.Task[None] | None = None
+        self.headers_sent = False
+        self.deadline_handle: asyncio.TimerHandle | None = None
+        self.expired = False
+
+    async def next_request(self) -> Any:
+        msg = await self.next_message()
+        if msg is None or self.deserialize is None:
+            return msg
+        try:
+            return self.deserialize(msg)
+        except Exception as err:
+            raise _BadRequest(f"could not parse the request message: {err}") from err
+
+    async def send_response(self, message: Any) -> None:
+        data = self.serialize(message) if self.serialize is not None else message
+        if not self.headers_sent:
+            self.headers_sent = True
+            self.conn.send_headers(self, f.RESPONSE_HEADERS, end_stream=False)
+        await self.conn.send_message(self, data)
+
+    def finish(self, code: grpc.StatusCode, details: str) -> None:
+        if self.local_closed or self.conn.closed:
+            return
+        self.conn.send_headers(self, f.trailers(code, details[:4096], not self.headers_sent), end_stream=True)
+        if not self.remote_closed:
+            # The client may still be sending (an RPC that failed early): tell it to stop.
+            self.conn.write(f.rst_stream(self.id, f.NO_ERROR))
+            self.remote_closed = True
+        self.conn.streams.pop(self.id, None)
+
+
+class _BadRequest(Exception):
+    pass
+
+
+class ServerConnection(Connection):
+    def __init__(self, server: RpcServer) -> None:
+        super().__init__(server.max_message)
+        self.server = server
+        self._preface = b""
+        self._last_stream = 0
+        self._draining = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.server._connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if len(self._preface) < 24:
+            need = 24 - len(self._preface)
+            self._preface += data[:need]
+            data = data[need:]
+            if not f.PREFACE.startswith(self._preface):
+                self.connection_error("not an HTTP/2 client preface")
+                return
+            if len(self._preface) < 24 or not data:
+                return
+        super().data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        streams = list(self.streams.values())
+        super().connection_lost(exc)
+        for stream in streams:
+            assert isinstance(stream, ServerStream)
+            if stream.task is not None and not stream.task.done():
+                stream.task.cancel()
+        self.server._connections.discard(self)
+
+    def last_peer_stream(self) -> int:
+        return self._last_stream
+
+    def on_goaway(self, last_stream_id: int, code: int, debug: bytes) -> None:
+        self._draining = True
+
+    def on_headers(self, sid: int, headers: list[tuple[str, str]], end_stream: bool) -> None:
+        stream = self.streams.get(sid)
+        if stream is not None:
+            # Trailers from a client are not part of gRPC; treat them as the end of its stream.
+            if end_stream:
+                stream.on_data(memoryview(b""), True)
+            return
+        if sid % 2 == 0 or sid <= self._last_stream:
+            raise f.ProtocolError(f"bad new stream id {sid}")
+        self._last_stream = sid
+        path = ""
+        deadline: float | None = None
+        metadata: list[tuple[str, str]] = []
+        for name, value in headers:
+            if name == ":path":
+                path = value
+            elif name == "grpc-timeout":
+                try:
+                    deadline = self.loop.time() + f.parse_timeout(value)
+                except ValueError:
+                    self._refuse(sid, grpc.StatusCode.INVALID_ARGUMENT, f"malformed grpc-timeout {value!r}")
+                    return
+            elif name[0] != ":" and name not in ("content-type", "te", "user-agent", "grpc-accept-encoding"):
+                metadata.append((name, value))
+        if self._draining or self.server._stopping:
+            self.write(f.rst_stream(sid, f.REFUSED_STREAM))
+            return
+        handler = self.server.lookup(path, tuple(metadata))
+        if handler is None:
+            self._refuse(sid, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path}")
+            return
+        stream = ServerStream(self, sid, handler)
+        self.streams[sid] = stream
+        if end_stream:
+            stream.remote_closed = True
+        ctx = ServicerContext(stream, tuple(metadata), deadline)
+        stream.task = self.loop.create_task(self.server._serve(stream, ctx))
+        if deadline is not None:
+            stream.deadline_handle = self.loop.call_at(deadline, self._expire, stream)
+
+    def _refuse(self, sid: int, code: grpc.StatusCode, details: str) -> None:
+        block = f.trailers(code, details, with_headers=True)
+        self.write(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, sid, block))
+
+    def _expire(self, stream: ServerStream) -> None:
+        if stream.task is not None and not stream.task.done():
+            stream.expired = True
+            stream.task.cancel()
+
+
+class RpcServer:
+    """Serves registered gRPC methods on :class:`ServerConnection` instances.
+
+    Connections come from :meth:`start` (a listener of its own) or are handed over by a
+    multiplexer through :meth:`protocol`.
+    """
+
+    def __init__(self, *, max_message: int = DEFAULT_MAX_MESSAGE) -> None:
+        self.max_message = max_message
+        self._generic: list[Any] = []
+        self._registered: dict[str, grpc.RpcMethodHandler] = {}
+        self._cache: dict[str, grpc.RpcMethodHandler | None] = {}
+        self._connections: set[ServerConnection] = set()
+        self._servers: list[asyncio.AbstractServer] = []
+        self._stopping = False
+        self._active: set[asyncio.Task[None]] = set()
+
+    # -- registration (what grpcio's generated code calls) ---------------------------
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[Any]) -> None:
+        self._generic.extend(handlers)
+        self._cache.clear()
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        for name, handler in handlers.items():
+            self._registered[f"/{service}/{name}"] = handler
+        self._cache.clear()
+
+    def lookup(self, path: str, metadata: tuple[tuple[str, str], ...] = ()) -> grpc.RpcMethodHandler | None:
+        handler = self._registered.get(path)
+        if handler is not None:
+            return handler
+        if path in self._cache:
+            return self._cache[path]
+        for generic in self._generic:
+            handler = generic.service(_CallDetails(path, metadata))
+            if handler is not None:
+                break
+        if len(self._cache) < 1024:
+            self._cache[path] = handler
+        return handler
+
+    # -- connections -----------------------------------------------------------------
+
+    def protocol(self) -> ServerConnection:
+        return ServerConnection(self)
+
+    async def start(self, host: str, port: int) -> int:
+        """Listens on ``host:port`` (0 picks a port); returns the bound port."""
+        srv = await asyncio.get_running_loop().create_server(self.protocol, host, port)
+        self._servers.append(srv)
+        return int(srv.sockets[0].getsockname()[1])
+
+    async def start_unix(self, path: str) -> None:
+        srv = await asyncio.get_running_loop().create_unix_server(self.protocol, path)
+        self._servers.append(srv)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stops listening, lets running RPCs finish within ``grace`` seconds, then cancels
+        them and closes every connection."""
+        self._stopping = True
+        for srv in self._servers:
+            srv.close()
+        for conn in list(self._connections):
+            if not conn.closed:
+                conn.write(f.goaway(conn.last_peer_stream(), f.NO_ERROR))
+        if self._active and grace:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*list(self._active), return_exceptions=True), grace)
+        for task in list(self._active):
+            task.cancel()
+        if self._active:
+            await asyncio.gather(*list(self._active), return_exceptions=True)
+        for conn in list(self._connections):
+            if conn.transport is not None:
+                conn.transport.close()
+        for srv in self._servers:
+            with contextlib.suppress(Exception):
+                await srv.wait_closed()
+        self._servers.clear()
+
+    # -- serving one RPC -------------------------------------------------------------
+
+    async def _serve(self, stream: ServerStream, ctx: ServicerContext) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._active.add(task)
+        handler = stream.handler
+        code, details = grpc.StatusCode.OK, ""
+        try:
+            if handler.request_streaming:
+                request: Any = _Requests(stream)
+            else:
+                request = await stream.next_request()
+                if request is None:
+                    raise _BadRequest("the stream ended without a request message")
+            if handler.response_streaming:
+                fn = handler.stream_stream if handler.request_streaming else handler.unary_stream
+                assert fn is not None
+                result = fn(request, ctx)
+                if hasattr(result, "__aiter__"):
+                    async for response in result:
+                        await stream.send_response(response)
+                else:
+                    await result  # a servicer writing through context.write
+            else:
+                fn = handler.stream_unary if handler.request_streaming else handler.unary_unary
+                assert fn is not None
+                response = await fn(request, ctx)
+                if ctx.code is None or ctx.code is grpc.StatusCode.OK:
+                    await stream.send_response(response)
+            code, details = ctx.code or grpc.StatusCode.OK, ctx.details
+        except grpc.aio.AbortError:
+            code, details = ctx.code or grpc.StatusCode.UNKNOWN, ctx.details
+        except _BadRequest as err:
+            code, details = grpc.StatusCode.INTERNAL, str(err)
+        except asyncio.CancelledError:
+            if stream.expired:
+                code, details = grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
+            elif stream.error is not None or stream.conn.closed:
+                return  # the client went away: nobody to tell
+            else:
+                code, details = grpc.StatusCode.CANCELLED, "the server is stopping"
+        except StreamReset:
+            return  # the stream is gone (reset, connection lost): nobody to tell
+        except Exception as err:
+            if ctx.code is not None and ctx.code is not grpc.StatusCode.OK:
+                code, details = ctx.code, ctx.details  # aborted, then the servicer raised
+            else:
+                log.exception("RPC handler failed", extra={"method": _method_name(handler), "peer": ctx.peer()})
+                code, details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(err).__name__}: {err}"
+        finally:
+            self._active.discard(task)
+            if stream.deadline_handle is not None:
+                stream.deadline_handle.cancel()
+        stream.finish(code, details)
+
+
+def _method_name(handler: Any) -> str:
+    for attr in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+        fn = getattr(handler, attr, None)
+        if fn is not None:
+            return getattr(fn, "__qualname__", attr)
+    return "?"
+
