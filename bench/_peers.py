@@ -365,6 +365,14 @@ def _null_journal(port: int) -> None:
             return resp
 
     async def serve() -> None:
+        from gazette.rpc import use_grpcio
+        from gazette.rpc.server import RpcServer
+
+        if not use_grpcio():  # the transport the broker serves with
+            ours = RpcServer()
+            pb_grpc.add_JournalServicer_to_server(NullJournal(), ours)  # type: ignore[no-untyped-call]
+            await ours.start("127.0.0.1", port)
+            await asyncio.Event().wait()
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", -1),
                                           ("grpc.max_send_message_length", -1)])
         pb_grpc.add_JournalServicer_to_server(NullJournal(), server)  # type: ignore[no-untyped-call]

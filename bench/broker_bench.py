@@ -54,6 +54,7 @@ from _peers import NATS_SERVER, Peers  # noqa: E402
 
 from gazette.protocol import protocol_pb2 as pb  # noqa: E402
 from gazette.protocol import protocol_pb2_grpc as pb_grpc  # noqa: E402
+from gazette.rpc.channel import insecure_channel  # noqa: E402
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -167,7 +168,7 @@ class GazetteSide:
     """Raw grpc.aio client of one broker: one channel, every RPC multiplexed on it."""
 
     def __init__(self, target: str, http_base: str | None = None) -> None:
-        self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self.channel = insecure_channel(target, options=CHANNEL_OPTIONS)
         self.stub = pb_grpc.JournalStub(self.channel)  # type: ignore[no-untyped-call]
         self.heads: dict[str, int] = {}
         self.http_base = http_base
@@ -391,7 +392,7 @@ def ratio(row: Row) -> float | None:
 
 
 HEADER = f"{'workload':<30} | {'gazette':>22} | {'jetstream':>22} | gazette/jetstream"
-NULL_HEADER = f" | {'grpcio null Append':>22}"
+NULL_HEADER = f" | {'null Append':>22}"
 
 
 def print_row(row: Row, with_null: bool, flush: bool = False) -> None:

@@ -45,6 +45,7 @@ from _peers import Peers  # noqa: E402
 
 from gazette.protocol import protocol_pb2 as pb  # noqa: E402
 from gazette.protocol import protocol_pb2_grpc as pb_grpc  # noqa: E402
+from gazette.rpc.channel import insecure_channel  # noqa: E402
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -122,7 +123,7 @@ class GazetteSide:
     """grpc.aio clients of every broker; appends go to the journal's primary."""
 
     def __init__(self, ports: list[int]) -> None:
-        self.channels = {f"127.0.0.1:{p}": grpc.aio.insecure_channel(f"127.0.0.1:{p}",
+        self.channels = {f"127.0.0.1:{p}": insecure_channel(f"127.0.0.1:{p}",
                                                                       options=CHANNEL_OPTIONS)
                          for p in ports}
         self.stubs = {k: pb_grpc.JournalStub(ch)  # type: ignore[no-untyped-call]

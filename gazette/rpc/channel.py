@@ -357,6 +357,9 @@ class _Call:
             return self._stream
         if self._cancelled:
             raise asyncio.CancelledError()
+        conn = self._channel.connection_now()
+        if conn is not None and self._starting is None:
+            return await self._start_on(conn)
         if self._starting is None:
             self._starting = asyncio.ensure_future(self._start())
         return await asyncio.shield(self._starting)
@@ -365,6 +368,9 @@ class _Call:
         conn = await self._channel.connection()
         if self._stream is not None:
             return self._stream
+        return await self._start_on(conn)
+
+    async def _start_on(self, conn: ClientConnection) -> ClientStream:
         return self._open(conn)
 
     def _expire(self) -> None:
@@ -511,10 +517,7 @@ class UnaryUnaryCall(_Call):
 
 
 class UnaryStreamCall(_Call):
-    async def _start(self) -> ClientStream:
-        conn = await self._channel.connection()
-        if self._stream is not None:
-            return self._stream
+    async def _start_on(self, conn: ClientConnection) -> ClientStream:
         data = self._ser(self._request) if self._ser is not None else self._request
         stream = self._open(conn)
         await conn.send_message(stream, data, end_stream=True)
@@ -542,8 +545,23 @@ class UnaryStreamCall(_Call):
 class StreamUnaryCall(_Call):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        if self._request is not None:
+        if self._request is None:
+            return
+        conn = self._channel.connection_now()
+        if conn is None or hasattr(self._request, "__aiter__"):
             self._writer = asyncio.ensure_future(self._pump(self._request))
+            return
+        # Connected, and the requests are at hand: send what fits the windows now, and
+        # leave a task only for the rest.
+        stream = self._open(conn)
+        ser = self._ser
+        it = iter(self._request)
+        for req in it:
+            data = ser(req) if ser is not None else req
+            if not conn.try_send_message(stream, data):
+                self._writer = asyncio.ensure_future(self._pump(itertools.chain((req,), it)))
+                return
+        conn.write_end(stream)
 
     async def _pump(self, requests: Any) -> None:
         try:
@@ -562,7 +580,7 @@ class StreamUnaryCall(_Call):
 
     async def done_writing(self) -> None:
         stream = await self._started()
-        await stream.conn.send_end(stream)
+        stream.conn.write_end(stream)
 
     def __await__(self) -> Any:
         return self._response().__await__()

@@ -24,7 +24,7 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import hpack
 
@@ -143,6 +143,7 @@ class Connection(asyncio.Protocol):
         self._reader = f.FrameReader(MAX_FRAME)
         self._decoder = hpack.Decoder()
         self._decoder.max_header_list_size = 1 << 20
+        self._blocks: dict[bytes, list[tuple[str, str]]] = {}
         self._conn_unacked = 0
         self._continuation: tuple[int, int, list[bytes]] | None = None  # stream, flags, parts
         self._send_waiters: list[asyncio.Future[None]] = []
@@ -296,8 +297,17 @@ class Connection(asyncio.Protocol):
                 self.on_remote_closed(stream)
 
     def _on_header_block(self, sid: int, flags: int, block: bytes) -> None:
-        headers = self._decoder.decode(block)
-        self.on_headers(sid, headers, bool(flags & f.END_STREAM))  # type: ignore[arg-type]
+        headers = self._blocks.get(block)
+        if headers is None and block:
+            entries = self._decoder.header_table.dynamic_entries
+            was_empty = not entries
+            headers = cast(list[tuple[str, str]], self._decoder.decode(block))
+            # A block decoded with an empty dynamic table that leaves it empty (and does not
+            # resize it) neither reads nor changes HPACK state, so the same bytes always mean
+            # the same headers: peers that never index (ours) are decoded once per block.
+            if was_empty and not entries and block[0] & 0xE0 != 0x20 and len(self._blocks) < 512:
+                self._blocks[block] = headers
+        self.on_headers(sid, headers or [], bool(flags & f.END_STREAM))
 
     def _on_settings(self, pairs: list[tuple[int, int]]) -> None:
         for key, value in pairs:
@@ -352,27 +362,34 @@ class Connection(asyncio.Protocol):
         if end_stream:
             stream.local_closed = True
 
-    async def send_message(self, stream: Stream, data: bytes | memoryview, end_stream: bool = False) -> None:
-        """Sends one gRPC message on ``stream`` within the peer's windows."""
+    def try_send_message(self, stream: Stream, data: bytes | memoryview, end_stream: bool = False) -> bool:
+        """Sends one gRPC message on ``stream`` if it fits the windows and the transport is
+        not paused, without waiting; False (nothing sent) otherwise."""
         total = len(data) + 5
-        flags = f.END_STREAM if end_stream else 0
-        if (total <= stream.send_window and total <= self.send_window and total <= self.peer_max_frame
-                and not self._paused and not stream.local_closed and not self.closed):
-            stream.send_window -= total
-            self.send_window -= total
-            head = f.frame_head(f.DATA, flags, stream.id, total) + f.message_prefix(total - 5)
-            assert self.transport is not None
-            if total <= _JOIN_LIMIT:
-                self.transport.write(head + data)
-            else:
-                self.transport.write(head)
-                self.transport.write(data)
+        if (total > stream.send_window or total > self.send_window or total > self.peer_max_frame
+                or self._paused or stream.local_closed or self.closed):
+            return False
+        stream.send_window -= total
+        self.send_window -= total
+        head = f.frame_head(f.DATA, f.END_STREAM if end_stream else 0, stream.id, total) + f.message_prefix(total - 5)
+        assert self.transport is not None
+        if total <= _JOIN_LIMIT:
+            self.transport.write(head + data)
         else:
-            await self._send_chunked(stream, f.message_prefix(total - 5), data, flags)
+            self.transport.write(head)
+            self.transport.write(data)
         if end_stream:
             stream.local_closed = True
+        return True
 
-    async def send_end(self, stream: Stream) -> None:
+    async def send_message(self, stream: Stream, data: bytes | memoryview, end_stream: bool = False) -> None:
+        """Sends one gRPC message on ``stream`` within the peer's windows."""
+        if not self.try_send_message(stream, data, end_stream):
+            await self._send_chunked(stream, f.message_prefix(len(data)), data, f.END_STREAM if end_stream else 0)
+            if end_stream:
+                stream.local_closed = True
+
+    def write_end(self, stream: Stream) -> None:
         """Ends our side of ``stream`` with an empty DATA frame."""
         if not stream.local_closed and not self.closed:
             self.write(f.frame(f.DATA, f.END_STREAM, stream.id))
