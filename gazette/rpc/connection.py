@@ -148,6 +148,9 @@ class Connection(asyncio.Protocol):
         self._continuation: tuple[int, int, list[bytes]] | None = None  # stream, flags, parts
         self._send_waiters: list[asyncio.Future[None]] = []
         self._paused = False
+        self._out: list[bytes | memoryview] = []
+        self._out_bytes = 0
+        self._flush_scheduled = False
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._ping_acks: dict[bytes, Callable[[], None]] = {}
 
@@ -195,14 +198,44 @@ class Connection(asyncio.Protocol):
             if not w.done():
                 w.set_result(None)
 
-    def write(self, data: bytes) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.write(data)
+    def write(self, data: bytes | memoryview) -> None:
+        """Queues ``data`` (whole frames) for the transport. Frames written within one turn
+        of the event loop leave in one send: a unary response (headers, message, trailers)
+        or a small append (headers, three messages, end) costs one syscall, not five."""
+        if self.transport is None or self.closed:
+            return
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if self._out_bytes >= _JOIN_LIMIT * 8:
+            self.flush()  # a producer that does not yield still meets the transport's back-pressure
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def write_large(self, head: bytes, body: bytes | memoryview) -> None:
+        """Writes a frame with a large payload: queued frames and ``head`` leave first (in
+        order), and ``body`` goes to the transport uncopied."""
+        if self.transport is None or self.closed:
+            return
+        self._out.append(head)
+        self.flush()
+        self.transport.write(body)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        self._out_bytes = 0
+        out = self._out
+        if not out or self.transport is None or self.closed:
+            out.clear()
+            return
+        self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        out.clear()
 
     def connection_error(self, message: str, code: int = f.PROTOCOL_ERROR) -> None:
         log.warning("HTTP/2 connection error", extra={"err": message, "peer": self.peer()})
         if self.transport is not None and not self.closed:
-            self.transport.write(f.goaway(self.last_peer_stream(), code, message.encode()[:256]))
+            self.write(f.goaway(self.last_peer_stream(), code, message.encode()[:256]))
+            self.flush()
             self.transport.close()
         self.connection_lost(ConnectionError(message))
 
@@ -372,12 +405,10 @@ class Connection(asyncio.Protocol):
         stream.send_window -= total
         self.send_window -= total
         head = f.frame_head(f.DATA, f.END_STREAM if end_stream else 0, stream.id, total) + f.message_prefix(total - 5)
-        assert self.transport is not None
         if total <= _JOIN_LIMIT:
-            self.transport.write(head + data)
+            self.write(head + data)
         else:
-            self.transport.write(head)
-            self.transport.write(data)
+            self.write_large(head, data)
         if end_stream:
             stream.local_closed = True
         return True
@@ -433,10 +464,14 @@ class Connection(asyncio.Protocol):
             stream.send_window -= n
             self.send_window -= n
             last = flags if remaining == 0 else 0
-            assert self.transport is not None
-            self.transport.write(f.frame_head(f.DATA, last, stream.id, n))
-            for c in chunks:
-                self.transport.write(c)
+            head = f.frame_head(f.DATA, last, stream.id, n)
+            if n <= _JOIN_LIMIT:
+                self.write(head + b"".join(chunks))
+            else:
+                self.write(head)
+                for c in chunks[:-1]:
+                    self.write(c)
+                self.write_large(b"", chunks[-1])
 
     def reset_stream(self, stream: Stream, code: int, err: BaseException | None = None) -> None:
         """Resets ``stream`` (RST_STREAM ``code``) and fails it locally."""
