@@ -7,7 +7,8 @@ moments apart on the same machine:
 
 * append: one journal (replication 1) / one stream (1 replica, file storage) per payload size;
   100 B, 4 KiB, 64 KiB and 1 MiB payloads with 1 and 16 concurrent writers. Gazette: one
-  ``Append`` RPC per append (header, content, commit) on a raw ``grpc.aio`` JournalStub, the
+  ``Append`` RPC per append (header, content, commit) on a JournalStub over a ``gazette.rpc``
+  channel (grpcio's with ``GAZETTE_RPC=grpcio``), the
   response (status OK, commit) awaited. JetStream: ``js.publish`` per message, its ack awaited.
   Each case runs for a bounded time, count and byte budget, whichever ends first.
 * read: the whole journal from offset 0 to its head (a non-blocking ``Read``), and the whole
@@ -54,6 +55,7 @@ from _peers import NATS_SERVER, Peers  # noqa: E402
 
 from gazette.protocol import protocol_pb2 as pb  # noqa: E402
 from gazette.protocol import protocol_pb2_grpc as pb_grpc  # noqa: E402
+from gazette.rpc import use_grpcio  # noqa: E402
 from gazette.rpc.channel import insecure_channel  # noqa: E402
 
 KiB = 1 << 10
@@ -109,7 +111,7 @@ class Row:
     workload: str
     gazette: Result | None = None
     jetstream: Result | None = None
-    null: Result | None = None  # the grpcio null-Append ceiling, when measured
+    null: Result | None = None  # the null-Append ceiling of the transport, when measured
     is_append: bool = True
     size: int = 0
 
@@ -165,7 +167,7 @@ async def run_writers(op: Callable[[], Awaitable[None]], writers: int, size: int
 
 
 class GazetteSide:
-    """Raw grpc.aio client of one broker: one channel, every RPC multiplexed on it."""
+    """A JournalStub client of one broker: one channel, every RPC multiplexed on it."""
 
     def __init__(self, target: str, http_base: str | None = None) -> None:
         self.channel = insecure_channel(target, options=CHANNEL_OPTIONS)
@@ -449,14 +451,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="comma-separated payload sizes in bytes (default 100,4096,65536,1048576)")
     ap.add_argument("--seconds", type=float, default=0.0, help="time bound per append case")
     ap.add_argument("--direct", action="store_true",
-                    help="dial the broker's private grpcio socket, skipping the port's splice")
+                    help="with GAZETTE_RPC=grpcio: dial the broker's private grpcio socket, skipping the splice")
     ap.add_argument("--profile-broker", metavar="OUT", default="",
                     help="run the broker under cProfile, write OUT, print its top costs")
     ap.add_argument("--profile-client", metavar="OUT", default="",
                     help="cProfile this (client) process, write OUT, print its top costs")
     ap.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=None,
-                    help="also time a grpcio server whose Append stores nothing: the ceiling of "
-                         "one Append RPC per append here (default: on for full runs)")
+                    help="also time a server (the broker's transport) whose Append stores nothing: "
+                         "the ceiling of one Append RPC per append here (default: on for full runs)")
     ap.add_argument("--http", action="store_true",
                     help="also append through the broker's HTTP gateway (PUT, aiohttp client, "
                          "keep-alive): rows marked [http], beside the same JetStream figure")
@@ -492,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
           "across runs; client and servers share the same cores.")
     print(f"plan: {'quick' if args.quick else 'full'}; each append case <= {plan.seconds:g} s, "
           f"<= {plan.max_count} appends, <= {plan.max_bytes // MiB} MiB; reads <= "
-          f"{plan.read_seconds:g} s. gazette client: raw grpc.aio JournalStub, one channel, one "
+          f"{plan.read_seconds:g} s. gazette client: JournalStub on a "
+          f"{'grpcio' if use_grpcio() else 'gazette.rpc'} channel, one "
           f"Append RPC per append; JetStream client: nats-py, publish awaiting each ack, pull "
           f"consumer with batched fetch.", flush=True)
 

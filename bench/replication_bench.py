@@ -120,7 +120,7 @@ async def measure_throughput(op: Op, size: int, writers: int, seconds: float) ->
 
 
 class GazetteSide:
-    """grpc.aio clients of every broker; appends go to the journal's primary."""
+    """Clients (gazette.rpc channels) of every broker; appends go to the journal's primary."""
 
     def __init__(self, ports: list[int]) -> None:
         self.channels = {f"127.0.0.1:{p}": insecure_channel(f"127.0.0.1:{p}",
