@@ -142,7 +142,7 @@ class FrameReader:
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.max_frame = max_frame
-        self._parts: list[bytes] = []
+        self._parts: list[bytes | memoryview] = []
         self._have = 0
         self._need = 9
 
@@ -172,7 +172,7 @@ class FrameReader:
             yield ftype, flags, sid & 0x7FFFFFFF, view[pos + 9:end]
             pos = end
         if pos < n:
-            rest = data[pos:]
+            rest = view[pos:]  # a view: a large frame's first chunk is copied once, by the join
             self._parts = [rest]
             self._have = len(rest)
             self._need = need
