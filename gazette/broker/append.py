@@ -56,6 +56,7 @@ from gazette.broker.flow import AppendFlowControl, flow_controlled
 from gazette.broker.fragment import Fragment, sum_to_proto
 from gazette.broker.pipeline import Pipeline, ReplicationError
 from gazette.broker.replica import acquire_unless, wait_unless
+from gazette.broker.replicate import _varint
 from gazette.protocol import protocol_pb2 as pb
 
 if TYPE_CHECKING:
@@ -414,7 +415,7 @@ class AppendFSM:
 
     # -- streaming ------------------------------------------------------------------------
 
-    async def stream(self, rest: AsyncIterator[pb.AppendRequest]) -> pb.AppendResponse:
+    async def stream(self, rest: AsyncIterator[AppendChunk]) -> pb.AppendResponse:
         """STREAM_CONTENT through the acknowledgements; returns the response (or raises)."""
         res, pln = self.res, self.pln
         assert res is not None and res.spec is not None and pln is not None
@@ -443,7 +444,7 @@ class AppendFSM:
         max_rate = spec.max_append_rate
         if cfg.max_append_rate and (max_rate == 0 or cfg.max_append_rate < max_rate):
             max_rate = cfg.max_append_rate
-        policed: AsyncGenerator[pb.AppendRequest, None] | None = None
+        policed: AsyncGenerator[AppendChunk, None] | None = None
         if max_rate or cfg.min_append_rate:
             fc = self.replica.flow if self.replica is not None else AppendFlowControl()
             rest = policed = flow_controlled(rest, fc, _content_length, max_rate=max_rate,
@@ -569,8 +570,45 @@ _STEPS = {
 _STOPS = frozenset((STREAM_CONTENT, ERROR, PROXY))
 
 
-def _content_length(req: pb.AppendRequest) -> int:
-    return req.ByteSize()  # the chunk's size on the wire, without copying its content
+class ContentChunk:
+    """An AppendRequest that carries only ``content``, held as a view of the received bytes.
+
+    Content chunks are nearly every request of an append; decoding them with protobuf would
+    copy the content once to parse it and again on each access of the field (and sizing it
+    costs a serialization). Everything that reads a chunk reads ``journal`` and ``content``.
+    """
+
+    __slots__ = ("content",)
+    journal = ""
+
+    def __init__(self, content: memoryview) -> None:
+        self.content = content
+
+    def to_proto(self) -> pb.AppendRequest:
+        return pb.AppendRequest(content=bytes(self.content))
+
+
+AppendChunk = pb.AppendRequest | ContentChunk
+"""A request of an Append stream after the first."""
+
+
+def decode_append_request(data: bytes | memoryview) -> pb.AppendRequest | ContentChunk:
+    """Request deserializer of Append: a content-only chunk (exactly field 4, non-empty) as a
+    :class:`ContentChunk`, anything else (the first request, the empty commit) by protobuf."""
+    if data[:1] == b"\x22":
+        try:
+            n, pos = _varint(data, 1)
+        except ValueError:
+            n, pos = -1, 0
+        if n > 0 and pos + n == len(data):
+            return ContentChunk(memoryview(data)[pos:])
+    return pb.AppendRequest.FromString(data)  # type: ignore[arg-type]  # bytes-like is accepted
+
+
+def _content_length(req: AppendChunk) -> int:
+    if type(req) is ContentChunk:
+        return len(req.content)
+    return req.ByteSize()  # type: ignore[union-attr]  # the chunk's size on the wire
 
 
 def _consume(task: asyncio.Future[None]) -> None:
@@ -578,7 +616,7 @@ def _consume(task: asyncio.Future[None]) -> None:
         task.exception()
 
 
-async def append(broker: Broker, first: pb.AppendRequest, rest: AsyncIterator[pb.AppendRequest]) -> pb.AppendResponse:
+async def append(broker: Broker, first: pb.AppendRequest, rest: AsyncIterator[AppendChunk]) -> pb.AppendResponse:
     """Serves one Append; ``rest`` yields the content chunks after ``first``."""
     fsm = AppendFSM(broker, first)
     try:
@@ -624,7 +662,7 @@ async def pulse(broker: Broker, replica: Replica) -> None:
                     extra={"journal": replica.journal, "status": pb.Status.Name(resp.status)})
 
 
-async def _proxy(broker: Broker, first: pb.AppendRequest, rest: AsyncIterator[pb.AppendRequest], header: pb.Header) -> pb.AppendResponse:
+async def _proxy(broker: Broker, first: pb.AppendRequest, rest: AsyncIterator[AppendChunk], header: pb.Header) -> pb.AppendResponse:
     stub = broker.peer_stub(header.route.endpoints[header.route.primary] if header.route.endpoints else "")
     fwd = pb.AppendRequest()
     fwd.CopyFrom(first)
@@ -633,7 +671,7 @@ async def _proxy(broker: Broker, first: pb.AppendRequest, rest: AsyncIterator[pb
     async def requests() -> AsyncIterator[pb.AppendRequest]:
         yield fwd
         async for req in rest:
-            yield req
+            yield req.to_proto() if isinstance(req, ContentChunk) else req
 
     resp: pb.AppendResponse = await stub.Append(requests())
     return resp

@@ -183,9 +183,10 @@ class Gateway:
         except BadRequest as err:
             return web.Response(status=400, text=f"{err}\n")
 
-        async def chunks() -> AsyncIterator[pb.AppendRequest]:
+        async def chunks() -> AsyncIterator[append_mod.AppendChunk]:
             async for data in request.content.iter_chunked(APPEND_CHUNK):
-                yield pb.AppendRequest(content=data)
+                if data:
+                    yield append_mod.ContentChunk(memoryview(data))
             yield pb.AppendRequest()  # commit
 
         try:

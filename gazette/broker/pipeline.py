@@ -81,7 +81,7 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def encode_content(content: bytes, delta: int) -> bytes:
+def encode_content(content: bytes | memoryview, delta: int) -> bytes:
     """A content ReplicateRequest in wire form, built with a single copy of ``content``.
 
     Fields in number order, as protobuf encoders write them: ``content`` (4), then
@@ -178,7 +178,7 @@ class Pipeline:
                 if sender is not None and self.send_errs[i] is None:
                     await sender.wait_space()
 
-    async def scatter_content(self, content: bytes, delta: int) -> None:
+    async def scatter_content(self, content: bytes | memoryview, delta: int) -> None:
         """Sends a content chunk at ``delta`` to every peer and applies it locally."""
         spool = self.spool
 

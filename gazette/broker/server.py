@@ -387,8 +387,9 @@ class _Shutdown(Exception):
 
 def _add_journal_service(svc: JournalService, server: grpc.aio.Server | RpcServer) -> None:
     """Registers the ``protocol.Journal`` service, as the generated code would, except that
-    Replicate receives its requests as raw bytes (decoded by ``replicate.decode_request``,
-    which reads content without copying it)."""
+    Replicate receives its requests as raw bytes (decoded by ``replicate.decode_request``)
+    and Append's content chunks are views (``append.decode_append_request``): neither copies
+    content."""
     from google.protobuf import message_factory
 
     desc = pb.DESCRIPTOR.services_by_name["Journal"]
@@ -396,7 +397,7 @@ def _add_journal_service(svc: JournalService, server: grpc.aio.Server | RpcServe
     for m in desc.methods:
         req_cls = message_factory.GetMessageClass(m.input_type)
         resp_cls = message_factory.GetMessageClass(m.output_type)
-        deserializer = None if m.name == "Replicate" else req_cls.FromString
+        deserializer = {"Replicate": None, "Append": append_mod.decode_append_request}.get(m.name, req_cls.FromString)
         kind = {
             (False, False): grpc.unary_unary_rpc_method_handler,
             (False, True): grpc.unary_stream_rpc_method_handler,

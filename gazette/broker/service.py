@@ -115,6 +115,9 @@ class JournalService(pb_grpc.JournalServicer):
         except StopAsyncIteration:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "expected an initial AppendRequest")
             raise AssertionError("unreachable") from None
+        if isinstance(first, append_mod.ContentChunk):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "expected an initial AppendRequest naming a journal, not a content chunk")
         try:
             validate.validate_append_request(first)
         except ValidationError as err:

@@ -254,7 +254,7 @@ class Spool:
         resp = self.apply(req, primary)
         assert resp.status == pb.OK, f"{self!r} refused {req}: {resp}"
 
-    def _apply_content(self, content: bytes, content_delta: int) -> None:
+    def _apply_content(self, content: bytes | memoryview, content_delta: int) -> None:
         if content_delta != self._delta:
             raise SpoolError(
                 f"invalid content_delta ({content_delta}; expected {self._delta}) "
