@@ -164,6 +164,9 @@ class ClientConnection(Connection):
                 stream.fail(_rpc_error(_UNAVAILABLE, f"{self.channel.target} is going away"))
         self._maybe_close()
 
+    def message_too_large(self, stream: Stream, err: f.MessageTooLarge) -> None:
+        self.reset_stream(stream, f.CANCEL, _rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err)))
+
     def _maybe_close(self) -> None:
         if self.going_away and not self.streams and self.transport is not None:
             self.transport.close()
@@ -399,7 +402,7 @@ class _Call:
     async def _next(self, stream: ClientStream) -> Any:
         try:
             msg = await stream.next_message()
-        except (StreamReset, grpc.aio.AioRpcError):
+        except (StreamReset, grpc.aio.AioRpcError, f.ProtocolError):
             if stream.status is None:
                 stream.set_status(_UNAVAILABLE, str(stream.error))
             self._finished()

@@ -133,7 +133,9 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, max_message: int = DEFAULT_MAX_MESSAGE) -> None:
         self.loop = asyncio.get_event_loop()
-        self.max_message = max_message
+        # A message's bytes return to the peer's window once it is consumed whole, so no
+        # message may exceed the window.
+        self.max_message = min(max_message, STREAM_WINDOW - 5)
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, Stream] = {}
         self.closed = False
@@ -321,6 +323,8 @@ class Connection(asyncio.Protocol):
             stream.on_data(content, bool(flags & f.END_STREAM))
             if len(content) != n:
                 stream.credit(n - len(content))
+        except f.MessageTooLarge as err:
+            self.message_too_large(stream, err)
         except f.ProtocolError as err:
             self.reset_stream(stream, f.PROTOCOL_ERROR, err)
         except StreamReset as err:
@@ -367,6 +371,9 @@ class Connection(asyncio.Protocol):
 
     def on_goaway(self, last_stream_id: int, code: int, debug: bytes) -> None:
         raise NotImplementedError
+
+    def message_too_large(self, stream: Stream, err: f.MessageTooLarge) -> None:
+        self.reset_stream(stream, f.CANCEL, StreamReset(str(err)))
 
     def last_peer_stream(self) -> int:
         return 0

@@ -82,6 +82,10 @@ class ProtocolError(Exception):
         self.code = code
 
 
+class MessageTooLarge(ProtocolError):
+    """A gRPC message longer than the receiver's maximum: the call ends RESOURCE_EXHAUSTED."""
+
+
 def frame_head(ftype: int, flags: int, stream_id: int, length: int) -> bytes:
     return _HEAD.pack(length >> 8, length & 0xFF, ftype, flags, stream_id)
 
@@ -248,7 +252,7 @@ class MessageReader:
         if flag & 1:
             raise ProtocolError("compressed gRPC messages are not supported (no grpc-encoding agreed)")
         if length > self.max_message:
-            raise ProtocolError(f"gRPC message of {length} bytes exceeds the maximum of {self.max_message}")
+            raise MessageTooLarge(f"gRPC message of {length} bytes exceeds the maximum of {self.max_message}")
         self._body = True
         self._need = length
         return int(length)
@@ -318,7 +322,7 @@ _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1
 def parse_timeout(value: str) -> float:
     unit = _TIMEOUT_UNITS.get(value[-1:]) if value else None
     digits = value[:-1]
-    if unit is None or not digits.isdigit() or len(digits) > 8:
+    if unit is None or not (digits.isascii() and digits.isdigit()) or len(digits) > 8:
         raise ValueError(f"malformed grpc-timeout {value!r}")
     return int(digits) * unit
 

@@ -127,6 +127,11 @@ class ServerStream(Stream):
         self.deadline_handle: asyncio.TimerHandle | None = None
         self.expired = False
 
+    def on_reset(self, code: int) -> None:
+        super().on_reset(code)
+        if self.task is not None and not self.task.done():
+            self.task.cancel()  # the client is gone: its handler stops (and cleans up) now
+
     async def next_request(self) -> Any:
         msg = await self.next_message()
         if msg is None or self.deserialize is None:
@@ -236,6 +241,13 @@ class ServerConnection(Connection):
         stream.task = self.loop.create_task(self.server._serve(stream, ctx))
         if deadline is not None:
             stream.deadline_handle = self.loop.call_at(deadline, self._expire, stream)
+
+    def message_too_large(self, stream: Stream, err: f.MessageTooLarge) -> None:
+        assert isinstance(stream, ServerStream)
+        stream.finish(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+        stream.fail(StreamReset(str(err)))
+        if stream.task is not None and not stream.task.done():
+            stream.task.cancel()
 
     def _refuse(self, sid: int, code: grpc.StatusCode, details: str) -> None:
         block = f.trailers(code, details, with_headers=True)
@@ -369,7 +381,7 @@ class RpcServer:
             elif stream.error is not None or stream.conn.closed:
                 return  # the client went away: nobody to tell
             else:
-                code, details = grpc.StatusCode.CANCELLED, "the server is stopping"
+                code, details = grpc.StatusCode.UNAVAILABLE, "the server is stopping"
         except StreamReset:
             return  # the stream is gone (reset, connection lost): nobody to tell
         except Exception as err:

@@ -15,7 +15,7 @@ new ones; a lost connection fails calls with UNAVAILABLE and the channel dials a
 concurrent calls on one channel; keepalive gives up on a peer that never answers; garbage
 instead of the HTTP/2 preface (or broken framing) closes that connection with GOAWAY only;
 a hand-driven client's CONTINUATION, padding and HPACK indexing are understood. Known bugs of
-gazette.rpc are strict xfails whose reason names the place and the cause.
+gazette.rpc (now fixed) are kept as regular tests of the behaviour.
 """
 
 from __future__ import annotations
@@ -245,10 +245,9 @@ async def assert_serving(stub: Any, what: str = "still serving") -> None:
     assert resp.header.process_id.suffix == f"echo:{what}"
 
 
-def xfail_ours_server(reason: str) -> list[Any]:
-    """Server kinds, with ours marked as a known failure."""
-    return [pytest.param("ours", marks=pytest.mark.xfail(reason=reason, strict=True), id="server-ours"),
-            pytest.param("grpcio", id="server-grpcio")]
+def both_servers(behaviour: str) -> list[Any]:
+    """Server kinds, both expected to show ``behaviour`` (once a bug of ours, now fixed)."""
+    return [pytest.param("ours", id="server-ours"), pytest.param("grpcio", id="server-grpcio")]
 
 
 # -- the four call kinds ------------------------------------------------------------------------
@@ -409,12 +408,10 @@ async def test_unknown_method_is_unimplemented(rig: Rig, path: str) -> None:
 
 # -- cancellation, deadlines --------------------------------------------------------------------
 
-CANCEL_BUG = ("server.py: a client's RST_STREAM fails the ServerStream but never cancels its task "
-              "(ServerStream does not override on_reset), so a handler that is not reading requests "
-              "keeps running")
+CANCEL_BEHAVIOUR = "a client's RST_STREAM cancels its handler's task"
 
 
-@pytest.mark.parametrize("server_kind", xfail_ours_server(CANCEL_BUG))
+@pytest.mark.parametrize("server_kind", both_servers(CANCEL_BEHAVIOUR))
 async def test_client_cancellation_cancels_the_handler(rig: Rig) -> None:
     svc, stub = rig.svc, rig.stub
     unary = asyncio.ensure_future(stub.Apply(apply_req("block:unary")))
@@ -490,12 +487,10 @@ async def test_stop_lets_running_calls_finish_within_grace(rig: Rig) -> None:
     assert not gate.cancelled.is_set()
 
 
-STOP_BUG = ("server.py RpcServer._serve: a handler cancelled because the grace period of stop() "
-            "ended finishes with CANCELLED ('the server is stopping'); grpcio ends such calls with "
-            "UNAVAILABLE, which clients retry")
+STOP_BEHAVIOUR = "calls cancelled at the end of stop()'s grace end UNAVAILABLE (retryable), as grpcio's do"
 
 
-@pytest.mark.parametrize("server_kind", xfail_ours_server(STOP_BUG))
+@pytest.mark.parametrize("server_kind", both_servers(STOP_BEHAVIOUR))
 async def test_stop_past_grace_ends_calls_with_unavailable(rig: Rig) -> None:
     svc, stub = rig.svc, rig.stub
     reading = stub.Read(pb.ReadRequest(journal="block:read"))
@@ -582,13 +577,12 @@ async def test_a_lost_connection_fails_calls_with_unavailable(served: Served, cl
         await proxy.close()
 
 
-CLOSE_BUG = CANCEL_BUG + " (grpcio's channel.close() resets its streams but keeps the connection)"
+CLOSE_BEHAVIOUR = 'closing a channel resets its streams, which cancels their handlers'
 
 
 @pytest.mark.parametrize(("server_kind", "client_kind"), [
     pytest.param("ours", "ours", id="server-ours-client-ours"),
-    pytest.param("ours", "grpcio", id="server-ours-client-grpcio",
-                 marks=pytest.mark.xfail(reason=CLOSE_BUG, strict=True)),
+    pytest.param("ours", "grpcio", id="server-ours-client-grpcio"),
     pytest.param("grpcio", "ours", id="server-grpcio-client-ours"),
     pytest.param("grpcio", "grpcio", id="server-grpcio-client-grpcio"),
 ])
@@ -606,14 +600,10 @@ async def test_closing_the_channel_ends_calls_in_flight(served: Served, client_k
     await within(served.svc.gate("read").ended.wait(), CANCEL_WITHIN)
 
 
-OVERSIZED_REQUEST_BUG = ("connection.py Connection._on_data: a request over the server's max_message "
-                         "(MessageReader's ProtocolError) resets the stream with PROTOCOL_ERROR (and "
-                         "logs 'RPC handler failed') instead of ending the call with "
-                         "RESOURCE_EXHAUSTED as grpcio does; our channel reports the reset as "
-                         "UNAVAILABLE, which clients retry forever")
+OVERSIZED_REQUEST = "a request over the server's max_message ends the call RESOURCE_EXHAUSTED"
 
 
-@pytest.mark.parametrize("server_kind", xfail_ours_server(OVERSIZED_REQUEST_BUG))
+@pytest.mark.parametrize("server_kind", both_servers(OVERSIZED_REQUEST))
 async def test_an_oversized_request_is_resource_exhausted(server_kind: str, client_kind: str) -> None:
     served = await serve(server_kind, max_message=1000)
     channel = dial(client_kind, served.target)
@@ -627,14 +617,11 @@ async def test_an_oversized_request_is_resource_exhausted(server_kind: str, clie
         await served.stop(0)
 
 
-OVERSIZED_RESPONSE_BUG = ("channel.py _Call._next catches StreamReset and AioRpcError only: a response "
-                          "over the channel's max_message fails the stream with MessageReader's "
-                          "ProtocolError, which escapes the call raw instead of an AioRpcError "
-                          "(grpcio: RESOURCE_EXHAUSTED)")
+OVERSIZED_RESPONSE = "a response over the channel's max_message raises AioRpcError RESOURCE_EXHAUSTED"
 
 
 @pytest.mark.parametrize("client_kind", [
-    pytest.param("ours", id="client-ours", marks=pytest.mark.xfail(reason=OVERSIZED_RESPONSE_BUG, strict=True)),
+    pytest.param("ours", id="client-ours"),
     pytest.param("grpcio", id="client-grpcio"),
 ])
 async def test_an_oversized_response_is_resource_exhausted(served: Served, client_kind: str) -> None:
@@ -849,19 +836,19 @@ async def test_a_hand_driven_client_with_continuation_padding_and_indexing() -> 
         await served.stop(0)
 
 
-LARGE_BUG = ("connection.py Stream: receive windows are credited only when whole messages are "
-             "consumed, so a message longer than STREAM_WINDOW (16 MiB; max_message allows 256 MiB) "
-             "can never arrive and the call hangs")
 
-
-@pytest.mark.xfail(reason=LARGE_BUG, strict=True)
-async def test_a_message_larger_than_the_stream_window() -> None:
+async def test_a_message_larger_than_the_stream_window_is_refused() -> None:
+    """A message's window is returned when it is consumed whole, so the maximum message is
+    one window: a larger one is refused (RESOURCE_EXHAUSTED), never left hanging."""
     served = await serve("ours")
     channel = Channel(served.target)
     try:
         stub = pb_grpc.JournalStub(channel)
-        sizes = [17 << 20]
-        expect_commit(await within(stub.Append(iter(append_requests(sizes))), 2.0), sizes)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await within(stub.Append(iter(append_requests([17 << 20]))), 5.0)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        sizes = [8 << 20]
+        expect_commit(await within(stub.Append(iter(append_requests(sizes))), 5.0), sizes)
     finally:
         await channel.close()
         await served.stop(0)
