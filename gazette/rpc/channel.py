@@ -519,12 +519,8 @@ class UnaryUnaryCall(_Call):
             raise
 
 
-class UnaryStreamCall(_Call):
-    async def _start_on(self, conn: ClientConnection) -> ClientStream:
-        data = self._ser(self._request) if self._ser is not None else self._request
-        stream = self._open(conn)
-        await conn.send_message(stream, data, end_stream=True)
-        return stream
+class _ResponseStream(_Call):
+    """Reading a stream of responses: ``read()`` (EOF at the end) or ``async for``."""
 
     async def read(self) -> Any:
         try:
@@ -543,6 +539,14 @@ class UnaryStreamCall(_Call):
             if msg is grpc.aio.EOF:
                 return
             yield msg
+
+
+class UnaryStreamCall(_ResponseStream):
+    async def _start_on(self, conn: ClientConnection) -> ClientStream:
+        data = self._ser(self._request) if self._ser is not None else self._request
+        stream = self._open(conn)
+        await conn.send_message(stream, data, end_stream=True)
+        return stream
 
 
 class StreamUnaryCall(_Call):
@@ -604,27 +608,9 @@ class StreamUnaryCall(_Call):
             raise
 
 
-class StreamStreamCall(StreamUnaryCall):
+class StreamStreamCall(StreamUnaryCall, _ResponseStream):
     def __await__(self) -> Any:
         raise TypeError("a stream-stream call is read, not awaited")
-
-    async def read(self) -> Any:
-        try:
-            msg = await self._next(await self._started())
-        except asyncio.CancelledError:
-            self.cancel()
-            raise
-        return grpc.aio.EOF if msg is None else msg
-
-    def __aiter__(self) -> AsyncIterator[Any]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[Any]:
-        while True:
-            msg = await self.read()
-            if msg is grpc.aio.EOF:
-                return
-            yield msg
 
 
 def insecure_channel(target: str, options: Sequence[tuple[str, Any]] = ()) -> Channel:
