@@ -197,7 +197,7 @@ class Broker:
             grpc_server.protocol if isinstance(grpc_server, RpcServer) else None))
 
         try:
-            await self.keyspace.load(self.etcd)
+            await self._load_keyspace()
             if not isinstance(grpc_server, RpcServer):
                 await grpc_server.start()
             self.bound_port = await mux.start(self.config.host, self.config.port)
@@ -242,6 +242,22 @@ class Broker:
                     await self._announcement.revoke()
             with contextlib.suppress(Exception):
                 await self.etcd.close()
+
+    async def _load_keyspace(self) -> None:
+        """The first load of the keyspace, retried while etcd is transiently unreachable
+        (a connection refused or cut under load) for up to the etcd lease."""
+        deadline = asyncio.get_running_loop().time() + max(5.0, self.config.etcd_lease)
+        delay = 0.05
+        while True:
+            try:
+                await self.keyspace.load(self.etcd)
+                return
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or asyncio.get_running_loop().time() >= deadline:
+                    raise
+                log.warning("etcd unavailable at start; retrying", extra={"err": err.details()})
+            await asyncio.sleep(delay)  # a retry back-off, not a synchronisation
+            delay = min(1.0, delay * 2)
 
     async def _drain(self, alloc_task: asyncio.Task[Any]) -> None:
         """Zero capacity, wait for the allocator to hand off every journal, persist spools."""
