@@ -24,7 +24,7 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 import hpack
 
@@ -494,17 +494,3 @@ class Connection(asyncio.Protocol):
 
     def forget_ping(self, opaque: bytes) -> None:
         self._ping_acks.pop(opaque, None)
-
-    async def drained(self) -> None:
-        if self._paused and not self.closed:
-            w = self.loop.create_future()
-            self._drain_waiters.append(w)
-            await w
-
-
-def header_dict(headers: list[tuple[str, str]] | list[tuple[bytes, bytes]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in headers:
-        key = k.decode() if isinstance(k, bytes) else k
-        out[key] = v.decode() if isinstance(v, bytes) else v
-    return out

@@ -245,9 +245,8 @@ async def assert_serving(stub: Any, what: str = "still serving") -> None:
     assert resp.header.process_id.suffix == f"echo:{what}"
 
 
-def both_servers(behaviour: str) -> list[Any]:
-    """Server kinds, both expected to show ``behaviour`` (once a bug of ours, now fixed)."""
-    return [pytest.param("ours", id="server-ours"), pytest.param("grpcio", id="server-grpcio")]
+# Server kinds for behaviours ours once lacked (now fixed): both must show them.
+BOTH_SERVERS = [pytest.param("ours", id="server-ours"), pytest.param("grpcio", id="server-grpcio")]
 
 
 # -- the four call kinds ------------------------------------------------------------------------
@@ -408,10 +407,10 @@ async def test_unknown_method_is_unimplemented(rig: Rig, path: str) -> None:
 
 # -- cancellation, deadlines --------------------------------------------------------------------
 
-CANCEL_BEHAVIOUR = "a client's RST_STREAM cancels its handler's task"
+# a client's RST_STREAM cancels its handler's task
 
 
-@pytest.mark.parametrize("server_kind", both_servers(CANCEL_BEHAVIOUR))
+@pytest.mark.parametrize("server_kind", BOTH_SERVERS)
 async def test_client_cancellation_cancels_the_handler(rig: Rig) -> None:
     svc, stub = rig.svc, rig.stub
     unary = asyncio.ensure_future(stub.Apply(apply_req("block:unary")))
@@ -487,10 +486,10 @@ async def test_stop_lets_running_calls_finish_within_grace(rig: Rig) -> None:
     assert not gate.cancelled.is_set()
 
 
-STOP_BEHAVIOUR = "calls cancelled at the end of stop()'s grace end UNAVAILABLE (retryable), as grpcio's do"
+# calls cancelled at the end of stop()'s grace end UNAVAILABLE (retryable), as grpcio's do
 
 
-@pytest.mark.parametrize("server_kind", both_servers(STOP_BEHAVIOUR))
+@pytest.mark.parametrize("server_kind", BOTH_SERVERS)
 async def test_stop_past_grace_ends_calls_with_unavailable(rig: Rig) -> None:
     svc, stub = rig.svc, rig.stub
     reading = stub.Read(pb.ReadRequest(journal="block:read"))
@@ -577,7 +576,7 @@ async def test_a_lost_connection_fails_calls_with_unavailable(served: Served, cl
         await proxy.close()
 
 
-CLOSE_BEHAVIOUR = 'closing a channel resets its streams, which cancels their handlers'
+# closing a channel resets its streams, which cancels their handlers
 
 
 @pytest.mark.parametrize(("server_kind", "client_kind"), [
@@ -600,10 +599,10 @@ async def test_closing_the_channel_ends_calls_in_flight(served: Served, client_k
     await within(served.svc.gate("read").ended.wait(), CANCEL_WITHIN)
 
 
-OVERSIZED_REQUEST = "a request over the server's max_message ends the call RESOURCE_EXHAUSTED"
+# a request over the server's max_message ends the call RESOURCE_EXHAUSTED
 
 
-@pytest.mark.parametrize("server_kind", both_servers(OVERSIZED_REQUEST))
+@pytest.mark.parametrize("server_kind", BOTH_SERVERS)
 async def test_an_oversized_request_is_resource_exhausted(server_kind: str, client_kind: str) -> None:
     served = await serve(server_kind, max_message=1000)
     channel = dial(client_kind, served.target)
@@ -617,7 +616,7 @@ async def test_an_oversized_request_is_resource_exhausted(server_kind: str, clie
         await served.stop(0)
 
 
-OVERSIZED_RESPONSE = "a response over the channel's max_message raises AioRpcError RESOURCE_EXHAUSTED"
+# a response over the channel's max_message raises AioRpcError RESOURCE_EXHAUSTED
 
 
 @pytest.mark.parametrize("client_kind", [
