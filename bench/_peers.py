@@ -347,6 +347,7 @@ def _null_journal(port: int) -> None:
 
     import grpc
 
+    from gazette import malloc
     from gazette.protocol import protocol_pb2 as pb
     from gazette.protocol import protocol_pb2_grpc as pb_grpc
 
@@ -380,6 +381,7 @@ def _null_journal(port: int) -> None:
         await server.start()
         await server.wait_for_termination()
 
+    malloc.tune()  # as the broker does: large messages reuse heap buffers
     asyncio.run(serve())
 
 

@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _jetstream import JetStreamClient  # noqa: E402
 from _peers import NATS_SERVER, Peers  # noqa: E402
 
+from gazette import malloc  # noqa: E402
 from gazette.protocol import protocol_pb2 as pb  # noqa: E402
 from gazette.protocol import protocol_pb2_grpc as pb_grpc  # noqa: E402
 from gazette.rpc import use_grpcio  # noqa: E402
@@ -532,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         if broker is not None and args.profile_broker:
             peers.start_profiling(broker)
         try:
+            malloc.tune()  # as the broker does: large messages reuse heap buffers
             asyncio.run(bench(report, plan, codecs, target, nats_port, null_port, http_base))
         finally:
             if client_prof is not None:

@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _jetstream import JetStreamClient  # noqa: E402
 from _peers import NATS_SERVER, Peers  # noqa: E402
 
+from gazette import malloc  # noqa: E402
 from gazette.client import AppendService, JournalClient  # noqa: E402
 from gazette.message import (  # noqa: E402
     CONTENT_TYPE,
@@ -442,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         if prof is not None:
             prof.enable()
         try:
+            malloc.tune()  # as the broker does: large messages reuse heap buffers
             asyncio.run(bench(report, plan, address, nats_port))
         finally:
             if prof is not None:

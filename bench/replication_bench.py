@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _jetstream import JetStreamClient  # noqa: E402
 from _peers import Peers  # noqa: E402
 
+from gazette import malloc  # noqa: E402
 from gazette.protocol import protocol_pb2 as pb  # noqa: E402
 from gazette.protocol import protocol_pb2_grpc as pb_grpc  # noqa: E402
 from gazette.rpc.channel import insecure_channel  # noqa: E402
@@ -303,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                 broker_ports.append(port)
         if args.systems in ("both", "jetstream"):
             nats_ports = peers.start_nats_cluster(3)
+        malloc.tune()  # as the broker does: large messages reuse heap buffers
         verdicts = asyncio.run(run(plan, replications, args.systems, broker_ports, nats_ports))
     print()
     for v in verdicts:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gazette import malloc
 from gazette.durations import parse_duration
 
 _FLAGS: list[tuple[str, str, Any, str]] = [
@@ -167,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(ns.log_level, ns.log_format)
     config = config_from_args(ns)
     os.makedirs(config.file_root, exist_ok=True)
+    malloc.tune()  # every append moves buffers of up to megabytes: keep them in the heap
     try:
         asyncio.run(_serve(config))
     except KeyboardInterrupt:
