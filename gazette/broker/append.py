@@ -47,6 +47,7 @@ import hashlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from gazette import labels
@@ -462,13 +463,10 @@ class AppendFSM:
                 if not writable or not content_allowed:
                     status = pb.NOT_ALLOWED
                     break
-                if local_only:
-                    spool._apply_content(content, delta)  # noqa: SLF001 - no peers: apply directly
-                else:
-                    await pln.scatter_content(content, delta)
-                    if pln.broken:
-                        break
-                summer.update(content)
+                # Our commit's SHA1 is computed while a worker writes and hashes the spool's.
+                await pln.scatter_content(content, delta, partial(summer.update, content))
+                if pln.broken:
+                    break
                 delta += len(content)
                 chunks += 1
             if status == pb.OK and not committed and not pln.broken:

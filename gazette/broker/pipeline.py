@@ -8,8 +8,10 @@ of the route. It is Gazette's ``pipeline`` (broker/pipeline.go), carried over to
 * **scatter**: every ReplicateRequest (content chunk or proposal) is queued to each peer
   whose stream has not failed, then applied to the local spool. Each peer has a sender task
   writing its queue in order, so a scatter does not wait for writes (unless a peer falls
-  ``MAX_QUEUED`` bytes behind); for large chunks the local ``pwrite`` + SHA1 runs while the
-  peers' writes are in flight. Content is encoded once; every peer is sent the same bytes.
+  ``MAX_QUEUED`` bytes behind). A long content chunk is written and hashed into the local
+  spool by a worker thread (``Spool.write_content``) while the peers' writes are in flight
+  and the append hashes it for its own commit. Content is encoded once; every peer is sent
+  the same bytes.
 * **full duplex**: the *send side* is owned by one append at a time (the replica's
   ``send_lock``); the *receive side* is handed from append to append in send order by the
   read barrier: :meth:`barrier` returns the future to wait for and the one to resolve after
@@ -44,8 +46,6 @@ from gazette.protocol import protocol_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-OVERLAP_MIN = 64 * 1024
-"""Content chunks at least this long are applied locally while peer writes are in flight."""
 MAX_QUEUED = 8 << 20
 """Bytes queued to one peer beyond which a scatter waits for its writes (back-pressure)."""
 
@@ -160,35 +160,62 @@ class Pipeline:
         except Exception as err:  # noqa: BLE001 - e.g. a full disk: the append fails
             self._fail_send(i, err)
 
-    async def _send(self, data: bytes | list[bytes], local: Callable[[], None], overlap: bool) -> None:
-        """Queues ``data`` (per route member when a list) to every live peer, then runs the
-        local apply; with ``overlap``, lets the peers' writes start first."""
-        wait = False
+    def _queue(self, data: bytes | list[bytes]) -> bool:
+        """Queues ``data`` (per route member when a list) to every live peer; returns whether
+        a peer's queue is now over ``MAX_QUEUED``."""
+        full = False
         for i in self.peers:
             sender = self._senders[i]
             if self.send_errs[i] is None and sender is not None:
                 sender.put(data[i] if isinstance(data, list) else data)
-                wait = wait or sender.full()
-        if overlap:
-            await asyncio.sleep(0)  # each sender hands its write to gRPC before the local apply blocks
+                full = full or sender.full()
+        return full
+
+    async def _wait_space(self) -> None:
+        for i in self.peers:
+            sender = self._senders[i]
+            if sender is not None and self.send_errs[i] is None:
+                await sender.wait_space()
+
+    async def _send(self, data: bytes | list[bytes], local: Callable[[], None]) -> None:
+        """Queues ``data`` to every live peer, then runs the local apply."""
+        full = self._queue(data)
         self._local(local)
-        if wait:
-            for i in self.peers:
-                sender = self._senders[i]
-                if sender is not None and self.send_errs[i] is None:
-                    await sender.wait_space()
+        if full:
+            await self._wait_space()
 
-    async def scatter_content(self, content: bytes | memoryview, delta: int) -> None:
-        """Sends a content chunk at ``delta`` to every peer and applies it locally."""
-        spool = self.spool
-
-        def local() -> None:
-            spool._apply_content(content, delta)  # noqa: SLF001 - the spool's content transition
-
-        if not self.peers:
-            self._local(local)
-            return
-        await self._send(encode_content(content, delta), local, len(content) >= OVERLAP_MIN)
+    async def scatter_content(self, content: bytes | memoryview, delta: int,
+                              alongside: Callable[[], None] | None = None) -> None:
+        """Sends a content chunk at ``delta`` to every peer and applies it locally, running
+        ``alongside`` (on this thread) while a worker thread writes a long chunk to the spool.
+        ``alongside`` runs exactly once, whatever fails."""
+        i = self.route.primary
+        full = self._queue(encode_content(content, delta)) if self.peers else False
+        write = None
+        if self.send_errs[i] is None:
+            try:
+                write = self.spool.write_content(content, delta)
+            except Exception as err:  # noqa: BLE001 - e.g. a full disk: the append fails
+                self._fail_send(i, err)
+        if write is not None:
+            try:
+                if self.peers:
+                    await asyncio.sleep(0)  # each sender hands its write to the transport first
+            finally:
+                try:
+                    if alongside is not None:
+                        alongside()
+                finally:
+                    try:
+                        await write.settle()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as err:  # noqa: BLE001 - the write failed: the append fails
+                        self._fail_send(i, err)
+        elif alongside is not None:
+            alongside()
+        if full:
+            await self._wait_space()
 
     async def scatter(self, req: pb.ReplicateRequest) -> None:
         """Sends a proposal to every peer (a header is re-addressed to each) and applies it
@@ -209,7 +236,7 @@ class Pipeline:
                 data = [b"" if s is None else _boxed(req, self.route.members[i]) for i, s in enumerate(self.streams)]
             else:
                 data = req.SerializeToString()
-            await self._send(data, local, False)
+            await self._send(data, local)
         if refused:
             raise AssertionError(f"local spool refused its own proposal {req.proposal}: {refused[0]}")
 

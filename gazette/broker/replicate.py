@@ -21,7 +21,9 @@ Peer side (:func:`serve`), Gazette's ``Replicate`` (broker/replicate_api.go):
   persister's replica delay, so content that only this peer holds reaches the store soon.
 
 Content requests take a fast path: their wire form is parsed here, without building a
-message, and the spool is handed a view of the received bytes (no copy). Anything that is
+message, and the spool is handed a view of the received bytes (no copy). A long chunk is
+written and hashed by a worker thread while the next request is read; it is settled before
+the spool takes anything else, and when the stream ends. Anything that is
 not a plain content request goes through the generated parser.
 
 Primary side: :class:`GrpcPeerStream` adapts a gRPC stream-stream call (whose requests are
@@ -38,6 +40,7 @@ import grpc
 
 from gazette.broker.fragment import Spool
 from gazette.broker.fragment.errors import SpoolError
+from gazette.broker.fragment.spool import ContentWrite
 from gazette.broker.replica import acquire_unless
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import validate
@@ -192,13 +195,18 @@ async def serve(broker: Broker, requests: AsyncIterator[Any]) -> AsyncIterator[p
 
     spool = replica.spool
     check = _Validator()
+    pending: ContentWrite | None = None
     try:
         header: pb.Header | None = res.header
         req: pb.ReplicateRequest | Content = first
         async_iter = requests
         while True:
+            if pending is not None:
+                await _settle(pending)
+                pending = None
             if isinstance(req, tuple):
-                _apply_content(spool, req)
+                # A long chunk is written by a worker while we read the next request.
+                pending = _write_content(spool, req)
             else:
                 resp = _apply(spool, req)
                 if req.acknowledge:
@@ -225,15 +233,32 @@ async def serve(broker: Broker, requests: AsyncIterator[Any]) -> AsyncIterator[p
                     raise ReplicateStreamError(grpc.StatusCode.INVALID_ARGUMENT, "unexpected Header after the first request")
     finally:
         # Roll back uncommitted content and release the spool, however the stream ended.
+        if pending is not None:
+            pending.settle_now(raise_error=False)
         spool.must_apply(pb.ReplicateRequest(proposal=spool.fragment.to_proto(), registers=spool.registers))
         replica.spool_lock.release()
+
+
+def _write_content(spool: Spool, req: Content) -> ContentWrite | None:
+    content, delta = req
+    try:
+        # A memoryview works wherever the spool uses content (pwrite, sha1): no copy.
+        return spool.write_content(content, delta)
+    except SpoolError as err:
+        raise ReplicateStreamError(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
+
+
+async def _settle(write: ContentWrite) -> None:
+    try:
+        await write.settle()
+    except SpoolError as err:
+        raise ReplicateStreamError(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
 
 
 def _apply_content(spool: Spool, req: Content) -> None:
     content, delta = req
     try:
-        # A memoryview works wherever the spool uses content (pwrite, sha1): no copy.
-        spool._apply_content(cast(bytes, content), delta)  # noqa: SLF001 - the content transition
+        spool._apply_content(content, delta)  # noqa: SLF001 - the content transition
     except SpoolError as err:
         raise ReplicateStreamError(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 from pathlib import Path
@@ -143,11 +144,36 @@ async def test_failed_write_leaves_no_partial_file(
     def failing_pread(self: SpoolFile, offset: int, n: int) -> bytes:
         raise OSError(5, "Input/output error")
 
+    def failing_copy(*args: object) -> int:
+        raise OSError(5, "Input/output error")
+
     monkeypatch.setattr(SpoolFile, "pread", failing_pread)
+    monkeypatch.setattr(os, "copy_file_range", failing_copy, raising=False)
     with pytest.raises(OSError, match="Input/output"):
         await store.persist(snap)
     assert list((tmp_path / "a/journal").iterdir()) == []
     assert await store.list("a/journal") == []
+
+
+async def test_persist_without_kernel_copy_falls_back_to_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An uncompressed spool is copied within the kernel; where that is refused (another
+    # filesystem, an old kernel) it is copied through reads and writes, with the same result.
+    content = bytes(range(256)) * 5000
+    calls: list[int] = []
+
+    def refusing_copy(*args: object) -> int:
+        calls.append(1)
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "copy_file_range", refusing_copy, raising=False)
+    store = FileStore("file:///", str(tmp_path))
+    frag = await store.persist(make_snapshot("a/journal", 0, content))
+    assert calls
+    [path] = list((tmp_path / "a/journal").iterdir())
+    assert path.read_bytes() == content
+    assert frag.end == len(content)
 
 
 def test_path_traversal_is_refused(tmp_path: Path) -> None:

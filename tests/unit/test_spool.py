@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import hashlib
 import threading
 from typing import Any
@@ -297,3 +299,82 @@ def test_spool_file_closes_when_unreferenced(tmp_path: Any) -> None:
 
     with pytest.raises(OSError):
         os.fstat(fd)
+
+
+BIG = bytes(range(256)) * 1024  # 256 KiB: at THREAD_MIN, so written by a worker thread
+
+
+async def test_worker_write_commits_like_an_inline_one() -> None:
+    spool = Observer().spool()
+    spool.apply(content(b"foo"))
+    w = spool.write_content(BIG, 3)
+    assert w is not None
+    with pytest.raises(AssertionError, match="in flight"):
+        spool.apply(proposal(spool.fragment.to_proto(), REG_EMPTY))  # a rollback must wait
+    await w.settle()
+    assert spool.delta == 3 + len(BIG)
+    spool.must_apply(proposal(spool.next(), REG_EMPTY))
+    assert spool.fragment.sum == hashlib.sha1(b"foo" + BIG).digest()
+    assert spool.fragment.file is not None
+    assert spool.fragment.file.pread(0, 1 << 20) == b"foo" + BIG
+    assert spool.write_content(b"short", 0) is None  # short chunks are applied inline
+
+
+async def test_worker_write_failure_leaves_spool_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    spool = Observer().spool()
+    spool.apply(content(b"foo"))
+    real = SpoolFile.pwrite
+
+    def failing(self: SpoolFile, data: bytes, offset: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(SpoolFile, "pwrite", failing)
+    w = spool.write_content(BIG, 3)
+    assert w is not None
+    with pytest.raises(OSError, match="No space"):
+        await w.settle()
+    assert spool.delta == 3
+    w.settle_now()  # settling again is a no-op
+
+    monkeypatch.setattr(SpoolFile, "pwrite", real)
+    w = spool.write_content(BIG, 3)  # the same chunk, retried
+    assert w is not None
+    w.settle_now()
+    spool.must_apply(proposal(spool.next(), REG_EMPTY))
+    assert spool.fragment.sum == hashlib.sha1(b"foo" + BIG).digest()
+
+
+async def test_cancelled_settle_waits_for_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A cancelled owner must not give up the spool while the worker may still write into it:
+    # a later chunk at the same offset would otherwise be overwritten by the stale one.
+    spool = Observer().spool()
+    started, release = threading.Event(), threading.Event()
+    real = SpoolFile.pwrite
+
+    def slow(self: SpoolFile, data: bytes, offset: int) -> None:
+        started.set()
+        assert release.wait(10)
+        real(self, data, offset)
+
+    monkeypatch.setattr(SpoolFile, "pwrite", slow)
+    w = spool.write_content(BIG, 0)
+    assert w is not None
+    task = asyncio.ensure_future(w.settle())
+    await asyncio.to_thread(started.wait, 10)
+    blocked = threading.Event()
+    real_wait = concurrent.futures.wait
+
+    def observed_wait(fs: Any) -> Any:
+        blocked.set()  # the cancelled settle now blocks on the worker
+        return real_wait(fs)
+
+    monkeypatch.setattr(concurrent.futures, "wait", observed_wait)
+    # The worker may finish only once the cancelled settle is waiting for it.
+    threading.Thread(target=lambda: blocked.wait(10) and release.set()).start()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert release.is_set()  # the cancelled settle returned only once the worker was done
+    assert spool.delta == len(BIG)  # the chunk landed: the owner now rolls it back as usual
+    spool.must_apply(proposal(spool.fragment.to_proto(), REG_EMPTY))
+    assert spool.delta == 0

@@ -1,6 +1,6 @@
 """Stateful property test: a Spool, its Index and a FileStore against a byte-string model.
 
-Any interleaving of content chunks, commits, rollbacks, rolls (with gaps and codec changes),
+Any interleaving of content chunks (applied at once, or by a worker thread), commits, rollbacks, rolls (with gaps and codec changes),
 mismatched proposals and persists must leave fragments that exactly tile the committed bytes,
 each summed over its content, and every committed offset must read back the model's bytes,
 from the spool file or from the store.
@@ -26,6 +26,7 @@ from gazette.broker.fragment import (
     SpoolSnapshot,
     sum_to_proto,
 )
+from gazette.broker.fragment import spool as spool_mod
 from gazette.broker.fragment.codecs import Codec
 from gazette.protocol import protocol_pb2 as pb
 
@@ -42,6 +43,7 @@ class SpoolMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
+        self.thread_min, spool_mod.THREAD_MIN = spool_mod.THREAD_MIN, 100
         self.root = tempfile.mkdtemp(prefix="spool-sm-")
         self.store = FileStore("file:///", self.root)
         self.index = Index()
@@ -59,6 +61,7 @@ class SpoolMachine(RuleBasedStateMachine):
         self.registers = regs(None)
 
     def teardown(self) -> None:
+        spool_mod.THREAD_MIN = self.thread_min
         self.loop.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -77,6 +80,23 @@ class SpoolMachine(RuleBasedStateMachine):
     def write(self, data: bytes) -> None:
         resp = self.spool.apply(pb.ReplicateRequest(content=data, content_delta=len(self.pending)))
         assert resp == pb.ReplicateResponse()
+        self.pending += data
+
+    @rule(data=st.binary(min_size=1, max_size=300), blocking=st.booleans())
+    def write_in_worker(self, data: bytes, blocking: bool) -> None:
+        # The event loop's content transition: chunks of THREAD_MIN or more (lowered here)
+        # are written and hashed by a worker thread, then settled.
+        w = self.spool.write_content(data, len(self.pending))
+        if len(data) >= spool_mod.THREAD_MIN:
+            assert w is not None
+            assert self.spool.delta == len(self.pending)  # not pending until settled
+            if blocking:
+                w.settle_now()
+            else:
+                self.loop.run_until_complete(w.settle())
+        else:
+            assert w is None
+        assert self.spool.delta == len(self.pending) + len(data)
         self.pending += data
 
     @rule(reg=st.sampled_from([None, "foo", "bar"]))

@@ -24,13 +24,22 @@ Invariants: the spool fragment is always a valid fragment whose sum is the SHA1 
 ``[0, end - begin)``; bytes of the file below that are never rewritten, so readers may ``pread``
 committed content while appends continue; ``apply`` costs one ``pwrite`` and one
 ``sha1.update`` per content chunk and never compresses (completed spools are compressed when
-persisted, off the append path, see :class:`SpoolSnapshot`). A proposal's missing registers are
+persisted, off the append path, see :class:`SpoolSnapshot`).
+
+:meth:`Spool.write_content` is the content transition for an event loop: a chunk of at least
+``THREAD_MIN`` bytes is written and hashed by a worker thread (both release the GIL), so the
+loop meanwhile receives, forwards and hashes for its own purposes; the returned
+:class:`ContentWrite` must be settled before anything else changes the spool (any other
+transition while a write is in flight is a bug and raises AssertionError), and settling
+always waits for the worker, so no write of an abandoned chunk can land after a later one. A proposal's missing registers are
 taken as the empty label set. Backing store and path postfix are never part of a spool's
 fragment: they are attached when it is persisted.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import hashlib
 import os
 import tempfile
@@ -45,10 +54,17 @@ from gazette.broker.fragment.errors import SpoolError
 from gazette.broker.fragment.fragment import ZERO_SUM, Fragment
 from gazette.protocol import protocol_pb2 as pb
 
-__all__ = ["Spool", "SpoolFile", "SpoolSnapshot"]
+__all__ = ["THREAD_MIN", "ContentWrite", "Spool", "SpoolFile", "SpoolSnapshot"]
 
 READ_CHUNK = 1 << 20
 """Chunk size of reads of a completed spool, when persisting it."""
+THREAD_MIN = 256 * 1024
+"""Content chunks at least this long are written and hashed by a worker thread: below it the
+hand-off (two thread wake-ups) costs more than the loop gains."""
+
+# Writes of different spools run in parallel; those of one spool never do (its owner settles
+# each before the next). Two workers: one per core of the machines this is built for.
+_WRITERS = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="spool-write")
 
 
 class SpoolFile:
@@ -143,11 +159,85 @@ class SpoolSnapshot:
 
     def write_compressed(self, out: IO[bytes]) -> int:
         """Write the stored form of the fragment to ``out``; returns its length."""
+        if self.fragment.codec == pb.CompressionCodec.NONE and _copy_range(self, out):
+            return self.fragment.content_length
         n = 0
         for chunk in self.iter_compressed():
             out.write(chunk)
             n += len(chunk)
         return n
+
+
+def _copy_range(snap: SpoolSnapshot, out: IO[bytes]) -> bool:
+    """Copies an uncompressed spool into a fresh file within the kernel (no user-space
+    copies); False, with nothing written, where the files or the platform do not allow it."""
+    try:
+        dst = out.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a buffer, an upload body)
+        return False
+    copy = getattr(os, "copy_file_range", None)
+    if copy is None:
+        return False
+    out.flush()
+    src, length, done = snap.file.fileno(), snap.fragment.content_length, 0
+    start = os.lseek(dst, 0, os.SEEK_CUR)
+    try:
+        while done < length:
+            n = copy(src, dst, length - done, done)
+            if n == 0:
+                raise SpoolError(f"spool file of {snap.fragment} is short at {done}")
+            done += n
+    except OSError:
+        if done:
+            raise
+        os.lseek(dst, start, os.SEEK_SET)  # e.g. EXDEV or ENOSYS: copy through user space
+        return False
+    return True
+
+
+class ContentWrite:
+    """A content chunk being written and hashed by a worker thread for its spool.
+
+    :meth:`settle` (or :meth:`settle_now`) completes the transition exactly once: the spool
+    then counts the chunk as pending content, or, if the write failed, is as it was and the
+    error is raised. Neither returns before the worker is done with the chunk.
+    """
+
+    __slots__ = ("_future", "_settled", "_spool", "length")
+
+    def __init__(self, spool: Spool, length: int, future: concurrent.futures.Future[None]) -> None:
+        self._spool = spool
+        self.length = length
+        self._future = future
+        self._settled = False
+
+    async def settle(self) -> None:
+        """Waits for the worker. A cancelled caller still waits it out (blocking the loop for
+        at most one chunk's write) before the cancellation propagates."""
+        try:
+            await asyncio.wrap_future(self._future)
+        except asyncio.CancelledError:
+            self.settle_now(raise_error=False)
+            raise
+        except BaseException:
+            self.settle_now()
+            raise
+        self.settle_now()
+
+    def settle_now(self, raise_error: bool = True) -> None:
+        """Waits for the worker, blocking; idempotent."""
+        if self._settled:
+            return
+        concurrent.futures.wait([self._future])
+        self._settled = True
+        fut = self._future
+        err = None if fut.cancelled() else fut.exception()
+        # A write cancelled before it started never touched the spool: it is a failure too.
+        self._spool._written(self, not fut.cancelled() and err is None)  # noqa: SLF001
+        if fut.cancelled() and raise_error:
+            raise SpoolError(f"content write of {self._spool.journal} was cancelled")
+        if err is not None and raise_error:
+            raise err
 
 
 CommitCallback = Callable[[Fragment], None]
@@ -181,6 +271,7 @@ class Spool:
         self._next: Fragment | None = None  # cache of `next_fragment()` while delta is unchanged
         self._first_append_time: float | None = None
         self._delta = 0
+        self._inflight: ContentWrite | None = None
         self._summer: Any = hashlib.sha1()  # hashlib's hash type is private.
         self._committed_summer: Any = self._summer.copy()
 
@@ -245,6 +336,7 @@ class Spool:
         completed spools this call may produce as the primary's (persisted right away).
         """
         if req.HasField("proposal"):
+            assert self._inflight is None, "spool changed while a content write is in flight"
             return self._apply_proposal(req, primary)
         self._apply_content(req.content, req.content_delta)
         return pb.ReplicateResponse()
@@ -255,6 +347,25 @@ class Spool:
         assert resp.status == pb.OK, f"{self!r} refused {req}: {resp}"
 
     def _apply_content(self, content: bytes | memoryview, content_delta: int) -> None:
+        file = self._prepare_content(content_delta)
+        self._write(file, content, self._fragment.content_length + self._delta)
+        self._delta += len(content)
+        self._next = None
+
+    def write_content(self, content: bytes | memoryview, content_delta: int) -> ContentWrite | None:
+        """The content transition, begun: a short chunk is applied at once (None); a long one
+        is written and hashed by a worker thread, and the returned write must be settled
+        before the spool is used again. Raises :class:`SpoolError` for a wrong delta."""
+        if len(content) < THREAD_MIN:
+            self._apply_content(content, content_delta)
+            return None
+        file = self._prepare_content(content_delta)
+        offset = self._fragment.content_length + self._delta
+        w = self._inflight = ContentWrite(self, len(content), _WRITERS.submit(self._write, file, content, offset))
+        return w
+
+    def _prepare_content(self, content_delta: int) -> SpoolFile:
+        assert self._inflight is None, "spool changed while a content write is in flight"
         if content_delta != self._delta:
             raise SpoolError(
                 f"invalid content_delta ({content_delta}; expected {self._delta}) "
@@ -264,11 +375,19 @@ class Spool:
             assert self._fragment.content_length == 0, "a non-empty spool has a file"
             self._file = SpoolFile(self._directory)
             self._view = None
+        return self._file
+
+    def _write(self, file: SpoolFile, content: bytes | memoryview, offset: int) -> None:
         # Write before hashing: if the write fails the spool is unchanged and may be retried.
-        self._file.pwrite(content, self._fragment.content_length + self._delta)
+        file.pwrite(content, offset)
         self._summer.update(content)
-        self._delta += len(content)
-        self._next = None
+
+    def _written(self, w: ContentWrite, ok: bool) -> None:
+        assert self._inflight is w
+        self._inflight = None
+        if ok:
+            self._delta += w.length
+            self._next = None
 
     def _apply_proposal(self, req: pb.ReplicateRequest, primary: bool) -> pb.ReplicateResponse:
         proposal = Fragment.from_proto(req.proposal)
