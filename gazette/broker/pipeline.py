@@ -46,6 +46,9 @@ from gazette.protocol import protocol_pb2 as pb
 
 log = logging.getLogger(__name__)
 
+OVERLAP_MIN = 64 * 1024
+"""Content chunks at least this long are handed to the peers' transports before the local
+write and hash begin, so peers receive them while the primary writes."""
 MAX_QUEUED = 8 << 20
 """Bytes queued to one peer beyond which a scatter waits for its writes (back-pressure)."""
 
@@ -190,7 +193,11 @@ class Pipeline:
         ``alongside`` (on this thread) while a worker thread writes a long chunk to the spool.
         ``alongside`` runs exactly once, whatever fails."""
         i = self.route.primary
-        full = self._queue(encode_content(content, delta)) if self.peers else False
+        full = False
+        if self.peers:
+            full = self._queue(encode_content(content, delta))
+            if len(content) >= OVERLAP_MIN:
+                await asyncio.sleep(0)  # each sender hands its write to the transport first
         write = None
         if self.send_errs[i] is None:
             try:
@@ -199,19 +206,15 @@ class Pipeline:
                 self._fail_send(i, err)
         if write is not None:
             try:
-                if self.peers:
-                    await asyncio.sleep(0)  # each sender hands its write to the transport first
+                if alongside is not None:
+                    alongside()
             finally:
                 try:
-                    if alongside is not None:
-                        alongside()
-                finally:
-                    try:
-                        await write.settle()
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception as err:  # noqa: BLE001 - the write failed: the append fails
-                        self._fail_send(i, err)
+                    await write.settle()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:  # noqa: BLE001 - the write failed: the append fails
+                    self._fail_send(i, err)
         elif alongside is not None:
             alongside()
         if full:
