@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 from collections.abc import Callable
 from typing import cast
 
@@ -41,6 +42,21 @@ DEFAULT_MAX_MESSAGE = 256 << 20
 _JOIN_LIMIT = 32 << 10          # frames up to this size are joined into one write
 
 _HEADERS_FLAG_END = f.END_HEADERS | f.END_STREAM
+
+
+_IOV_MAX = 1024  # buffers per writev (POSIX leaves it to the platform; Linux allows 1024)
+
+
+def _gather_fd(transport: asyncio.Transport) -> int:
+    """The descriptor of a plain socket transport (TCP or Unix) whose writes may be
+    gathered, or -1 (TLS, pipes, anything else: such transports get joined writes)."""
+    if transport.get_extra_info("sslcontext") is not None or not hasattr(os, "writev"):
+        return -1
+    sock = transport.get_extra_info("socket")
+    try:
+        return int(sock.fileno()) if sock is not None else -1
+    except (AttributeError, OSError, ValueError):
+        return -1
 
 
 class StreamReset(Exception):
@@ -150,6 +166,7 @@ class Connection(asyncio.Protocol):
         self._continuation: tuple[int, int, list[bytes]] | None = None  # stream, flags, parts
         self._send_waiters: list[asyncio.Future[None]] = []
         self._paused = False
+        self._fd = -1  # a socket whose writes may be gathered (see flush)
         self._out: list[bytes | memoryview] = []
         self._out_bytes = 0
         self._flush_scheduled = False
@@ -161,6 +178,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self._fd = _gather_fd(transport)
         head = f.PREFACE if self.is_client else b""
         transport.write(head + f.settings_frame({
             f.SETTINGS_ENABLE_PUSH: 0,
@@ -215,23 +233,50 @@ class Connection(asyncio.Protocol):
             self.loop.call_soon(self.flush)
 
     def write_large(self, head: bytes, body: bytes | memoryview) -> None:
-        """Writes a frame with a large payload: queued frames and ``head`` leave first (in
-        order), and ``body`` goes to the transport uncopied."""
+        """Writes a frame with a large payload now: queued frames, ``head`` and ``body`` leave
+        in order, in one gathered write (``body`` uncopied)."""
         if self.transport is None or self.closed:
             return
-        self._out.append(head)
+        if head:
+            self._out.append(head)
+        self._out.append(body)
         self.flush()
-        self.transport.write(body)
 
     def flush(self) -> None:
         self._flush_scheduled = False
         self._out_bytes = 0
         out = self._out
-        if not out or self.transport is None or self.closed:
+        transport = self.transport
+        if not out or transport is None or self.closed:
             out.clear()
             return
-        self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if len(out) == 1:
+            transport.write(out[0])
+        elif self._fd >= 0 and not transport.get_write_buffer_size():
+            self._gather(transport, out)
+        else:
+            transport.write(b"".join(out))
         out.clear()
+
+    def _gather(self, transport: asyncio.Transport, out: list[bytes | memoryview]) -> None:
+        # With nothing buffered in the transport, writing to its socket directly keeps the
+        # order, and one writev replaces a join (a copy of every part) or a send per part
+        # (each of which, on loopback, runs the receiver's TCP stack and may wake it).
+        # What the socket does not take goes to the transport, which then owns the rest.
+        try:
+            n = os.writev(self._fd, out if len(out) <= _IOV_MAX else out[:_IOV_MAX])
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError:
+            transport.write(b"".join(out))  # the transport reports the failure its own way
+            return
+        for part in out:
+            size = len(part)
+            if n >= size:
+                n -= size
+                continue
+            transport.write(memoryview(part)[n:] if n else part)
+            n = 0
 
     def connection_error(self, message: str, code: int = f.PROTOCOL_ERROR) -> None:
         log.warning("HTTP/2 connection error", extra={"err": message, "peer": self.peer()})

@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import importlib
 import inspect
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ import hpack
 import pytest
 
 from gazette.protocol import protocol_pb2 as pb
+from gazette.rpc import connection as rpc_connection
 from gazette.rpc import frames as f
 from gazette.rpc.channel import Channel, insecure_channel
 from gazette.rpc.server import RpcServer
@@ -334,6 +336,39 @@ async def test_bidi_from_an_iterator(rig: Rig) -> None:
     got = await within(read_all(rig.stub.Replicate(iter(reqs))))
     assert [(r.fragment.begin, r.fragment.end, r.fragment.backing_store, len(r.registers.labels[0].value))
             for r in got] == [(i, 50_000, sha(pattern(i, 50_000)), 30_000) for i in range(40)]
+
+
+async def test_gathered_writes_that_overflow_the_socket_arrive_whole(
+        served: Served, client_kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Our connections write queued frames with one writev straight to the socket; with send
+    # buffers of a few KiB most of each write is left over and goes through the transport.
+    # Messages both ways must arrive whole and in order.
+    if served.kind == client_kind == "grpcio":
+        pytest.skip("neither end is ours")
+    real = rpc_connection._gather_fd
+    gathered: list[int] = []
+
+    def tiny_buffers(transport: asyncio.Transport) -> int:
+        sock = transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        fd = real(transport)
+        gathered.append(fd)
+        return fd
+
+    monkeypatch.setattr(rpc_connection, "_gather_fd", tiny_buffers)
+    channel = dial(client_kind, served.target)
+    try:
+        stub = pb_grpc.JournalStub(channel)
+        sizes = [300_000, 40_000, 1_000_000, 70_000]
+        expect_commit(await within(stub.Append(iter(append_requests(sizes)))), sizes)
+        reqs = [pb.ReplicateRequest(deprecated_journal=f"echo:{i}", content=pattern(i, 200_000), content_delta=100_000)
+                for i in range(8)]
+        got = await within(read_all(stub.Replicate(iter(reqs))))
+        assert [(r.fragment.begin, r.fragment.backing_store, len(r.registers.labels[0].value)) for r in got] == [
+            (i, sha(pattern(i, 200_000)), 100_000) for i in range(8)]
+    finally:
+        await channel.close()
+    assert gathered and all(fd >= 0 for fd in gathered)  # our ends wrote gathered
 
 
 # -- statuses ----------------------------------------------------------------------------------
