@@ -127,6 +127,10 @@ ERROR = "error"
 PROXY = "proxy"
 
 
+_Acks = tuple["Pipeline", "Replica", "asyncio.Future[None]", "asyncio.Future[None]", bool, "ReplicationError | None"]
+"""What an append needs to read its acknowledgements (see ``AppendFSM._send_final``)."""
+
+
 class AppendFSM:
     """One append's walk through the state machine (see the module docstring)."""
 
@@ -495,12 +499,15 @@ class AppendFSM:
             commit = False
         final = pb.ReplicateRequest(proposal=proposal_pb, registers=regs, acknowledge=True)
 
+        # Sent from this task, with no await since the last content chunk: when the whole
+        # append arrived at once, its content and commit leave for each peer in one write.
+        acks = self._send_final(final)
         if local_only:
-            await self._finish(final)
+            await self._finish(*acks)
         else:
             # Shielded: the acknowledgements on the streams must be read by us, in turn,
             # whatever happens to the client's RPC meanwhile.
-            finishing = asyncio.ensure_future(self._finish(final))
+            finishing = asyncio.ensure_future(self._finish(*acks))
             try:
                 await asyncio.shield(finishing)
             except asyncio.CancelledError:
@@ -527,27 +534,39 @@ class AppendFSM:
         resp.total_chunks = chunks
         return resp
 
-    async def _finish(self, final: pb.ReplicateRequest) -> None:
-        """Scatter the commit (or rollback), hand the send side on, read our acks in turn."""
+    def _send_final(self, final: pb.ReplicateRequest) -> _Acks:
+        """Scatters the commit (or rollback), takes the read barrier and hands the send side
+        on; returns what :meth:`_finish` needs. Never awaits: it cannot be interrupted
+        between the send and the hand-off."""
         pln, replica = self.pln, self.replica
         assert pln is not None and replica is not None
         # A pipeline that broke meanwhile (a peer failed, maybe under an earlier append) is
         # not sent our proposal: no healthy peer would answer a proposal half the route lacks.
+        # A peer over MAX_QUEUED is not waited for here: the next scatter of content waits.
         sent = not pln.broken
         if sent:
-            await pln.scatter(final)
+            pln.scatter_nowait(final)
         send_err = pln.send_err()
         wait_for, close_after = pln.barrier()
         if send_err is not None or not sent:
             self._retire(expect_err=True)  # peers roll back; its shutdown reads after our turn
         self.release()
+        return pln, replica, wait_for, close_after, sent, send_err
+
+    async def _finish(self, pln: Pipeline, replica: Replica, wait_for: asyncio.Future[None],
+                      close_after: asyncio.Future[None], sent: bool,
+                      send_err: ReplicationError | None) -> None:
+        """Reads our acknowledgements in turn, then lets the next append read its own."""
         try:
             await wait_for
             if sent:
                 await pln.gather_ok()
         finally:
             close_after.set_result(None)
-        self.err = pln.recv_err() or send_err
+        recv_err = pln.recv_err()
+        # A peer whose write failed after our send (its sender runs later) fails its read
+        # too: the write's error is the one that explains it.
+        self.err = send_err or (recv_err and (pln.send_err() or recv_err))
         if self.err is None and not sent:
             self.err = ReplicationError("the replication pipeline broke during the append")
         if self.err is not None:

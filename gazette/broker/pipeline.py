@@ -180,13 +180,6 @@ class Pipeline:
             if sender is not None and self.send_errs[i] is None:
                 await sender.wait_space()
 
-    async def _send(self, data: bytes | list[bytes], local: Callable[[], None]) -> None:
-        """Queues ``data`` to every live peer, then runs the local apply."""
-        full = self._queue(data)
-        self._local(local)
-        if full:
-            await self._wait_space()
-
     async def scatter_content(self, content: bytes | memoryview, delta: int,
                               alongside: Callable[[], None] | None = None) -> None:
         """Sends a content chunk at ``delta`` to every peer and applies it locally, running
@@ -222,7 +215,15 @@ class Pipeline:
 
     async def scatter(self, req: pb.ReplicateRequest) -> None:
         """Sends a proposal to every peer (a header is re-addressed to each) and applies it
-        locally; a local refusal is a bug and raises AssertionError."""
+        locally, waiting while a peer is ``MAX_QUEUED`` bytes behind; a local refusal is a bug
+        and raises AssertionError."""
+        if self.scatter_nowait(req):
+            await self._wait_space()
+
+    def scatter_nowait(self, req: pb.ReplicateRequest) -> bool:
+        """:meth:`scatter` without the wait: queues and applies at once (no await, so frames
+        queued in this turn of the loop, such as the content just before a commit, leave
+        together); returns whether a peer is now over ``MAX_QUEUED``."""
         spool = self.spool
         refused: list[pb.ReplicateResponse] = []
 
@@ -231,17 +232,18 @@ class Pipeline:
             if resp.status != pb.OK:
                 refused.append(resp)
 
-        if not self.peers:
-            self._local(local)
-        else:
+        full = False
+        if self.peers:
             data: bytes | list[bytes]
             if req.HasField("header"):
                 data = [b"" if s is None else _boxed(req, self.route.members[i]) for i, s in enumerate(self.streams)]
             else:
                 data = req.SerializeToString()
-            await self._send(data, local)
+            full = self._queue(data)
+        self._local(local)
         if refused:
             raise AssertionError(f"local spool refused its own proposal {req.proposal}: {refused[0]}")
+        return full
 
     def send_err(self) -> ReplicationError | None:
         """The first send-side error (the local spool counts as a member), if any."""
