@@ -24,16 +24,16 @@ Invariants: the spool fragment is always a valid fragment whose sum is the SHA1 
 ``[0, end - begin)``; bytes of the file below that are never rewritten, so readers may ``pread``
 committed content while appends continue; ``apply`` costs one ``pwrite`` and one
 ``sha1.update`` per content chunk and never compresses (completed spools are compressed when
-persisted, off the append path, see :class:`SpoolSnapshot`).
+persisted, off the append path, see :class:`SpoolSnapshot`). A proposal's missing registers
+are taken as the empty label set. Backing store and path postfix are never part of a spool's
+fragment: they are attached when it is persisted.
 
 :meth:`Spool.write_content` is the content transition for an event loop: a chunk of at least
 ``THREAD_MIN`` bytes is written and hashed by a worker thread (both release the GIL), so the
 loop meanwhile receives, forwards and hashes for its own purposes; the returned
 :class:`ContentWrite` must be settled before anything else changes the spool (any other
 transition while a write is in flight is a bug and raises AssertionError), and settling
-always waits for the worker, so no write of an abandoned chunk can land after a later one. A proposal's missing registers are
-taken as the empty label set. Backing store and path postfix are never part of a spool's
-fragment: they are attached when it is persisted.
+always waits for the worker, so no write of an abandoned chunk can land after a later one.
 """
 
 from __future__ import annotations
