@@ -39,6 +39,8 @@ from typing import IO
 
 import aetcd
 
+from gazette.errors import GazetteError
+
 __all__ = [
     "EtcdError",
     "EtcdNotFoundError",
@@ -56,7 +58,7 @@ _LOG_TAIL_BYTES = 4000
 _START_ATTEMPTS = 5
 
 
-class EtcdError(Exception):
+class EtcdError(GazetteError):
     """Base of errors raised while locating or running an etcd server."""
 
 

@@ -43,6 +43,7 @@ from typing import Any, NoReturn
 import aetcd
 import grpc
 
+from gazette.errors import GazetteError
 from gazette.protocol import consumer_pb2
 from gazette.protocol import protocol_pb2 as pb
 
@@ -85,7 +86,7 @@ log = logging.getLogger(__name__)
 # Errors
 
 
-class KeySpaceError(Exception):
+class KeySpaceError(GazetteError):
     """Base of keyspace errors; raised as-is when a mirror cannot stay consistent with etcd."""
 
 

@@ -9,8 +9,10 @@
 
 from __future__ import annotations
 
+from gazette.errors import GazetteError
 
-class AllocatorError(Exception):
+
+class AllocatorError(GazetteError):
     """Base of all allocator errors."""
 
 

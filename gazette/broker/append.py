@@ -50,7 +50,6 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from gazette import labels
 from gazette.allocator import desired_replication
 from gazette.broker import metrics
 from gazette.broker.flow import AppendFlowControl, flow_controlled
@@ -58,6 +57,8 @@ from gazette.broker.fragment import Fragment, sum_to_proto
 from gazette.broker.pipeline import Pipeline, ReplicationError
 from gazette.broker.replica import acquire_unless, wait_unless
 from gazette.broker.replicate import _varint
+from gazette.errors import GazetteError
+from gazette.protocol import labels
 from gazette.protocol import protocol_pb2 as pb
 
 if TYPE_CHECKING:
@@ -73,8 +74,11 @@ DEFAULT_FLUSH_INTERVAL = 24 * 3600
 """Seconds: a journal's index counts as clean once all of it was remote this long."""
 
 
-class AppendStreamError(Exception):
+class AppendStreamError(GazetteError):
     """The client's request stream broke the Append protocol."""
+
+    grpc_code = "INVALID_ARGUMENT"
+    http_status = 400
 
 
 def may_write(spec: pb.JournalSpec) -> bool:

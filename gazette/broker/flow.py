@@ -30,6 +30,8 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TypeVar
 
+from gazette.errors import GazetteError
+
 __all__ = [
     "AppendFlowControl",
     "FlowControlUnderflow",
@@ -49,8 +51,11 @@ QUANTUM = 0.05
 """Seconds between looks at a stream whose chunk the broker is still handling (Gazette's quantum)."""
 
 
-class FlowControlUnderflow(Exception):
-    """The client did not sustain the minimum append data rate."""
+class FlowControlUnderflow(GazetteError):
+    """The client did not sustain the minimum append data rate: the stalled client gives
+    the pipeline back (RESOURCE_EXHAUSTED)."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
 
     def __init__(self) -> None:
         super().__init__("client stream didn't sustain the minimum append data rate")

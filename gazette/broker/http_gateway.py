@@ -19,21 +19,21 @@ append rolled back, like any broken Append stream.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from email.utils import formatdate
 from typing import TYPE_CHECKING
 
-import grpc
 from aiohttp import web
 
 from gazette.broker import append as append_mod
 from gazette.broker import read as read_mod
 from gazette.broker.fragment import Fragment, sum_from_proto
+from gazette.errors import GazetteError
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import validate
 from gazette.protocol.errors import ValidationError
+from gazette.server.edge import http_error
 
 if TYPE_CHECKING:
     from gazette.broker.server import Broker
@@ -46,8 +46,11 @@ _FALSE = {"0", "f", "false"}
 APPEND_CHUNK = 1 << 20
 
 
-class BadRequest(ValueError):
+class BadRequest(GazetteError, ValueError):
     """The HTTP request's path or query is malformed."""
+
+    grpc_code = "INVALID_ARGUMENT"
+    http_status = 400
 
 
 def _parse_bool(key: str, value: str) -> bool:
@@ -137,7 +140,7 @@ class Gateway:
         try:
             req = parse_read_request(request)
         except BadRequest as err:
-            return web.Response(status=400, text=f"{err}\n")
+            return http_error(err)
         stream = read_mod.read(self.broker, req).__aiter__()
         try:
             first = await stream.__anext__()
@@ -145,7 +148,7 @@ class Gateway:
             return web.Response(status=500, text="broker ended the read without a response\n")
         except Exception as err:  # a failed proxy or store: answer, never crash the server
             log.warning("http gateway: read failed", extra={"journal": req.journal, "err": str(err)})
-            return web.Response(status=500, text=f"{_describe(err)}\n")
+            return http_error(err)
         headers = _read_headers(first, request.path)
         if first.status != pb.OK:
             await _aclose(stream)
@@ -181,7 +184,7 @@ class Gateway:
         try:
             req = parse_append_request(request)
         except BadRequest as err:
-            return web.Response(status=400, text=f"{err}\n")
+            return http_error(err)
 
         async def chunks() -> AsyncIterator[append_mod.AppendChunk]:
             async for data in request.content.iter_chunked(APPEND_CHUNK):
@@ -191,10 +194,6 @@ class Gateway:
 
         try:
             resp = await append_mod.append(self.broker, req, chunks())
-        except append_mod.AppendStreamError as err:
-            return web.Response(status=400, text=f"{err}\n")
-        except asyncio.CancelledError:
-            raise
         except ConnectionError as err:
             # The client went away before its body was complete; append() has already rolled
             # the partial content back. Nobody is left to read an answer: note it quietly
@@ -202,9 +201,10 @@ class Gateway:
             log.info("http gateway: client disconnected mid-append; rolled back",
                      extra={"journal": req.journal, "err": str(err)})
             return web.Response(status=400, text="client disconnected mid-body\n")
-        except Exception as err:  # a failed proxy: answer, never crash the server
-            log.warning("http gateway: append failed", extra={"journal": req.journal, "err": str(err)})
-            return web.Response(status=500, text=f"{_describe(err)}\n")
+        except Exception as err:  # a broken stream (400), a failed proxy: answer, never crash
+            if not isinstance(err, append_mod.AppendStreamError):
+                log.warning("http gateway: append failed", extra={"journal": req.journal, "err": str(err)})
+            return http_error(err)
         headers: dict[str, str] = {}
         _route_headers(headers, resp.header, request.path)
         if resp.HasField("commit"):
@@ -216,12 +216,6 @@ class Gateway:
             return web.Response(status=204, headers=headers)
         name = pb.Status.Name(resp.status)
         return web.Response(status=404 if resp.status == pb.JOURNAL_NOT_FOUND else 500, text=f"{name}\n", headers=headers)
-
-
-def _describe(err: Exception) -> str:
-    if isinstance(err, grpc.aio.AioRpcError):
-        return f"{err.code().name}: {err.details()}"
-    return f"{type(err).__name__}: {err}"
 
 
 async def _aclose(stream: AsyncIterator[pb.ReadResponse]) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from gazette.durations import format_duration_ns, ns_from_pb, ns_to_pb, parse_duration_ns
+from gazette.errors import GazetteError
 from gazette.protocol import protocol_pb2 as pb
 
 __all__ = [
@@ -54,7 +55,7 @@ __all__ = [
 ]
 
 
-class SpecSpaceError(ValueError):
+class SpecSpaceError(GazetteError, ValueError):
     """A spec space (journal tree or shard set) is malformed.
 
     ``where`` names the node (``node 'foo/bar'``, ``shard 'a'``, ``common``, ``document``),

@@ -42,6 +42,7 @@ from typing import Protocol
 import grpc
 
 from gazette.broker.fragment import Spool
+from gazette.errors import GazetteError
 from gazette.protocol import protocol_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,11 @@ class PeerStream(Protocol):
         """Abort the stream."""
 
 
-class ReplicationError(Exception):
-    """A peer of the pipeline failed (send or receive), or answered unexpectedly."""
+class ReplicationError(GazetteError):
+    """A peer of the pipeline failed (send or receive), or answered unexpectedly: transient,
+    the client retries."""
+
+    grpc_code = "UNAVAILABLE"
 
 
 def _varint(n: int) -> bytes:

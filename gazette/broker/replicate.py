@@ -42,6 +42,7 @@ from gazette.broker.fragment import Spool
 from gazette.broker.fragment.errors import SpoolError
 from gazette.broker.fragment.spool import ContentWrite
 from gazette.broker.replica import acquire_unless
+from gazette.errors import GazetteError
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import validate
 from gazette.protocol.errors import ValidationError
@@ -52,12 +53,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class ReplicateStreamError(Exception):
+class ReplicateStreamError(GazetteError):
     """The Replicate stream broke the protocol; ends the RPC with ``code``."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+        self.grpc_code = code.name
 
 
 Content = tuple[memoryview, int]

@@ -32,13 +32,17 @@ from functools import cached_property
 
 from gazette import keyspace as ks_mod
 from gazette.broker.replica import Replica
+from gazette.errors import GazetteError
 from gazette.protocol import protocol_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 
-class ResolverStopped(Exception):
-    """The resolver no longer serves local replicas (the broker is shutting down)."""
+class ResolverStopped(GazetteError):
+    """The resolver no longer serves local replicas (the broker is shutting down): transient,
+    the client retries elsewhere."""
+
+    grpc_code = "UNAVAILABLE"
 
 
 @dataclass

@@ -36,7 +36,6 @@ import grpc
 from aiohttp import web
 
 from gazette import keyspace as ks_mod
-from gazette import labels
 from gazette.allocator import Announcement, allocate, announce, journal_is_consistent
 from gazette.broker import append as append_mod
 from gazette.broker.fragment import Fragment, Persister, Stores
@@ -50,6 +49,7 @@ from gazette.broker.replicate import FailedPeerStream, GrpcPeerStream, raw_reque
 from gazette.broker.resolver import Resolution, Resolver
 from gazette.broker.service import JournalService
 from gazette.etcd import connect as etcd_connect
+from gazette.protocol import labels
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.rpc import use_grpcio

@@ -1,13 +1,14 @@
 """The ``protocol.Journal`` gRPC service of a broker.
 
-Each RPC validates its request (a ``ValidationError`` becomes
-INVALID_ARGUMENT naming the field), resolves the journal at the keyspace's
+Each RPC validates its request, resolves the journal at the keyspace's
 revision, and either serves it from the local replica or proxies it to the
 broker that should (unless ``do_not_proxy``), so any broker accepts any
 request. Protocol-level refusals (JOURNAL_NOT_FOUND, NOT_ALLOWED, ...) are
 responses carrying a ``Status`` and a ``Header``, as in Gazette; only
-malformed requests and internal faults are gRPC errors. A server never
-crashes on a request: unexpected exceptions end that RPC alone.
+malformed requests and internal faults are gRPC errors: handlers raise typed errors
+and ``gazette.server.edge.grpc_edge`` ends the RPC with each error's own code (a
+``ValidationError`` INVALID_ARGUMENT naming the field). A server never crashes on a
+request: unexpected exceptions end that RPC alone.
 """
 
 from __future__ import annotations
@@ -16,20 +17,15 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-import grpc
-
-from gazette import labels
 from gazette.broker import append as append_mod
 from gazette.broker import read as read_mod
 from gazette.broker import replicate as replicate_mod
-from gazette.broker.flow import FlowControlUnderflow
 from gazette.broker.fragment.health import check_delete
-from gazette.broker.pipeline import ReplicationError
-from gazette.broker.resolver import ResolverStopped
+from gazette.errors import ValidationError
+from gazette.protocol import labels, validate
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
-from gazette.protocol import validate
-from gazette.protocol.errors import ValidationError
+from gazette.server.edge import grpc_edge
 
 if TYPE_CHECKING:
     from gazette.broker.server import Broker
@@ -39,23 +35,21 @@ log = logging.getLogger(__name__)
 MAX_JOURNALS_PER_LIST_RESPONSE = 1000
 
 
-async def _abort_invalid(context: grpc.aio.ServicerContext[Any, Any], err: Exception) -> None:
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-
-
 class JournalService(pb_grpc.JournalServicer):
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
 
     # -- List / Apply -----------------------------------------------------------------
 
+    @grpc_edge
     async def List(self, request: pb.ListRequest, context: Any) -> AsyncIterator[pb.ListResponse]:
+        validate.validate_list_request(request)
         try:
-            validate.validate_list_request(request)
             selector = labels.LabelSelector.from_proto(request.selector)
-        except (ValidationError, ValueError) as err:
-            await _abort_invalid(context, err)
-            return
+        except ValueError as err:
+            if isinstance(err, ValidationError):
+                raise
+            raise ValidationError("selector", str(err)) from err
         ks = self.broker.keyspace
         min_rev = request.watch_resume.etcd.revision + 1 if request.HasField("watch_resume") else 0
         last: tuple[int, int] | None = None
@@ -84,70 +78,42 @@ class JournalService(pb_grpc.JournalServicer):
                 return
             yield pb.ListResponse()  # end of this snapshot
 
+    @grpc_edge
     async def Apply(self, request: pb.ApplyRequest, context: Any) -> pb.ApplyResponse:
-        try:
-            validate.validate_apply_request(request)
-        except ValidationError as err:
-            await _abort_invalid(context, err)
-            raise AssertionError("unreachable") from err
+        validate.validate_apply_request(request)
         return await self.broker.apply_journals(request)
 
     # -- Read -------------------------------------------------------------------------
 
+    @grpc_edge
     async def Read(self, request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.ReadResponse]:
-        try:
-            validate.validate_read_request(request)
-        except ValidationError as err:
-            await _abort_invalid(context, err)
-            return
-        try:
-            async for resp in read_mod.read(self.broker, request):
-                yield resp
-        except grpc.aio.AioRpcError as err:  # a proxied read failed: pass its status on
-            await context.abort(err.code(), err.details() or "")
+        validate.validate_read_request(request)
+        async for resp in read_mod.read(self.broker, request):  # a failed proxy: its status
+            yield resp
 
     # -- Append -----------------------------------------------------------------------
 
+    @grpc_edge
     async def Append(self, request_iterator: AsyncIterator[pb.AppendRequest], context: Any) -> pb.AppendResponse:
+        # Errors end the RPC at the edge: a broken stream INVALID_ARGUMENT, a failed peer or
+        # a stopping resolver UNAVAILABLE (the client retries), a stalled client
+        # RESOURCE_EXHAUSTED (it gives the pipeline back), a failed proxy with its own status.
         it = request_iterator.__aiter__()
         try:
             first = await it.__anext__()
         except StopAsyncIteration:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "expected an initial AppendRequest")
-            raise AssertionError("unreachable") from None
+            raise append_mod.AppendStreamError("expected an initial AppendRequest") from None
         if isinstance(first, append_mod.ContentChunk):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "expected an initial AppendRequest naming a journal, not a content chunk")
-        try:
-            validate.validate_append_request(first)
-        except ValidationError as err:
-            await _abort_invalid(context, err)
-            raise AssertionError("unreachable") from err
-        try:
-            return await append_mod.append(self.broker, first, it)
-        except append_mod.AppendStreamError as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-            raise AssertionError("unreachable") from err
-        except grpc.aio.AioRpcError as err:  # a proxied append failed: pass its status on
-            await context.abort(err.code(), err.details() or "")
-            raise AssertionError("unreachable") from err
-        except (ReplicationError, ResolverStopped) as err:  # transient: the client retries
-            log.info("append failed", extra={"journal": first.journal, "err": str(err)})
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-            raise AssertionError("unreachable") from err
-        except FlowControlUnderflow as err:  # a stalled client gives the pipeline back
-            log.info("append aborted", extra={"journal": first.journal, "err": str(err)})
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
-            raise AssertionError("unreachable") from err
+            raise append_mod.AppendStreamError(
+                "expected an initial AppendRequest naming a journal, not a content chunk")
+        validate.validate_append_request(first)
+        return await append_mod.append(self.broker, first, it)
 
     # -- Fragments --------------------------------------------------------------------
 
+    @grpc_edge
     async def ListFragments(self, request: pb.FragmentsRequest, context: Any) -> pb.FragmentsResponse:
-        try:
-            validate.validate_fragments_request(request)
-        except ValidationError as err:
-            await _abort_invalid(context, err)
-            raise AssertionError("unreachable") from err
+        validate.validate_fragments_request(request)
         return await read_mod.list_fragments(self.broker, request)
 
     async def FragmentStoreHealth(
@@ -166,6 +132,7 @@ class JournalService(pb_grpc.JournalServicer):
             resp.store_health_error = error
         return resp
 
+    @grpc_edge
     async def Replicate(
         self, request_iterator: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[pb.ReplicateResponse]:
@@ -176,6 +143,4 @@ class JournalService(pb_grpc.JournalServicer):
                 yield resp
         except replicate_mod.ReplicateStreamError as err:
             log.warning("served Replicate RPC failed", extra={"err": str(err), "peer": context.peer()})
-            await context.abort(err.code, str(err))
-        except ResolverStopped as err:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+            raise

@@ -169,7 +169,7 @@ def run_attach_uuids(ns: argparse.Namespace, log: Log, stdin: IO[bytes],
     """``gazctl attach-uuids``: needs no broker. Returns the exit status."""
     try:
         template = attach_uuids.Template.parse(ns.template)
-    except attach_uuids.TemplateError as exc:
+    except attach_uuids.UUIDTemplateError as exc:
         log.fatal("failed to parse --template", err=str(exc))
         return 1
     if ns.max_length <= 0:

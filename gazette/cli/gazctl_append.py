@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from gazette.errors import GazetteError
 from gazette.message.errors import MappingError
 from gazette.message.framing import FIXED_FRAME_HEADER_LENGTH, FIXED_FRAME_WORD
 from gazette.message.mapping import modulo_mapping, random_mapping, rendezvous_mapping
@@ -38,7 +39,7 @@ PartitionsFunc = Callable[[], pb.ListResponse]
 Router = Callable[[bytes | None], str]
 
 
-class RecordError(Exception):
+class RecordError(GazetteError):
     """Input that is not a whole record (or key) of the framing."""
 
 

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Final
 
+from gazette.errors import GazetteError
 from gazette.message.uuid import OUTSIDE_TXN, Clock, build_uuid, new_producer_id
 
 DEFAULT_TEMPLATE: Final = "{{.UUID}},{{.Line}}\n"
@@ -42,7 +43,7 @@ _COMMENT = re.compile(r"\s*/\*.*?\*/\s*", re.S)
 _SPACE = b" \t\r\n"
 
 
-class TemplateError(ValueError):
+class UUIDTemplateError(GazetteError, ValueError):
     pass
 
 
@@ -73,14 +74,14 @@ class Template:
                 literal = b""
             elif not _COMMENT.fullmatch(body):
                 col = m.start() + 1
-                raise TemplateError(
+                raise UUIDTemplateError(
                     f"template: col {col}: unsupported action {m.group(0)!r} (attach-uuids "
                     "templates may use {{.UUID}} and {{.Line}})")
             trim_next = bool(m.group(3))
             pos = m.end()
         rest = text[pos:]
         if "{{" in rest:
-            raise TemplateError(f"template: col {pos + rest.index('{{') + 1}: unclosed action")
+            raise UUIDTemplateError(f"template: col {pos + rest.index('{{') + 1}: unclosed action")
         tail = rest.encode()
         literal += tail.lstrip(_SPACE) if trim_next else tail
         parts.append(literal)
@@ -134,7 +135,7 @@ Wrap JSON inputs with a UUID:
 """
 
 
-class LineTooLong(ValueError):
+class LineTooLong(GazetteError, ValueError):
     pass
 
 

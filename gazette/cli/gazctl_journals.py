@@ -4,7 +4,7 @@ reset-head and suspend.
 Invariants:
 - Each command is an async function of a ``Context``; failures the user can act upon
   raise ``CommandError`` (a message plus log fields), which gazctl prints as one line.
-- Selectors use Gazette's grammar (gazette.labels), spec YAML is Gazette's journal-space
+- Selectors use Gazette's grammar (gazette.protocol.labels), spec YAML is Gazette's journal-space
   hierarchy (gazette.broker.journalspace), durations are Go's (gazette.durations).
 - ``read`` writes each journal's content in whole-fragment spans: while one journal's
   span is being copied no other journal writes, so appends holding whole messages stay
@@ -56,12 +56,12 @@ from gazette.client.errors import (
 from gazette.client.journal_client import JournalClient
 from gazette.client.listing import PolledList, parse_selector
 from gazette.client.reader import Reader, RetryReader
+from gazette.errors import GazetteError
 from gazette.message.errors import MappingError
 from gazette.protocol import protocol_pb2 as pb
-from gazette.protocol.errors import GazetteError
 
 
-class CommandError(Exception):
+class CommandError(GazetteError):
     def __init__(self, message: str, **fields: Any) -> None:
         super().__init__(message)
         self.message = message

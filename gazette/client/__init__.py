@@ -26,8 +26,8 @@ from gazette.client.errors import (
     ListError,
     OffsetNotYetAvailable,
     ReadError,
+    ResponseValidationError,
     TransportError,
-    ValidationError,
 )
 from gazette.client.journal_client import DEFAULT_ADDRESS, JournalClient, grpc_target
 from gazette.client.listing import (
@@ -40,6 +40,7 @@ from gazette.client.listing import (
 from gazette.client.reader import Reader, RetryReader, open_fragment
 from gazette.client.route_cache import RouteCache
 from gazette.client.sync import SyncJournalClient
+from gazette.errors import ValidationError
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -65,6 +66,7 @@ __all__ = [
     "RouteCache",
     "SyncJournalClient",
     "TransportError",
+    "ResponseValidationError",
     "ValidationError",
     "append",
     "apply_journals",

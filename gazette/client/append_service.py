@@ -62,11 +62,12 @@ from gazette.client.appender import MAX_CHUNK, Appender, Content
 from gazette.client.errors import (
     BrokerStatusError,
     ClientError,
+    ResponseValidationError,
     TransportError,
-    ValidationError,
 )
 from gazette.client.journal_client import JournalClient
 from gazette.client.reader import backoff as default_backoff
+from gazette.errors import ValidationError
 from gazette.protocol import protocol_pb2 as pb
 
 __all__ = [
@@ -145,7 +146,7 @@ def is_permanent(err: ClientError) -> bool:
         return err.status in PERMANENT_STATUSES
     if isinstance(err, TransportError):
         return not err.transient
-    return isinstance(err, ValidationError | AppendServiceClosed)
+    return isinstance(err, ValidationError | ResponseValidationError | AppendServiceClosed)
 
 
 class AsyncAppend:
@@ -412,7 +413,7 @@ class AppendService:
         if self._closing:
             raise AppendServiceClosed(f"append to {journal!r}: the AppendService is closed")
         if not journal:
-            raise ValidationError("an append needs a journal name")
+            raise ValidationError("journal", "an append needs a journal name")
         deps = frozenset(dependencies) if dependencies else _NO_DEPS
         key: bytes | None = None
         if check_registers is not None or union_registers is not None or \

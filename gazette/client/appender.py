@@ -29,10 +29,10 @@ from gazette.client.errors import (
     AppendError,
     ClientError,
     TransportError,
-    ValidationError,
 )
 from gazette.client.journal_client import JournalClient, rpc_error
 from gazette.client.reader import backoff
+from gazette.errors import ValidationError
 from gazette.protocol import protocol_pb2 as pb
 
 # Content is sent in chunks of at most this size: large enough to keep per-message
@@ -63,7 +63,7 @@ class Appender:
                  suspend: int = pb.AppendRequest.SUSPEND_RESUME,
                  do_not_proxy: bool = False) -> None:
         if not journal:
-            raise ValidationError("an append needs a journal name")
+            raise ValidationError("journal", "an append needs a journal name")
         self.client = client
         self.request = pb.AppendRequest(journal=journal, offset=offset, do_not_proxy=do_not_proxy,
                                         suspend=suspend)  # type: ignore[arg-type]

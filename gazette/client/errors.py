@@ -21,8 +21,9 @@ class ClientError(GazetteError):
     """Base of every error raised by gazette.client."""
 
 
-class ValidationError(ClientError, ValueError):
-    """A request or a broker response violates the protocol contract."""
+class ResponseValidationError(ClientError, ValueError):
+    """A broker's response violates the protocol contract (requests that break a rule raise
+    ``gazette.errors.ValidationError`` instead)."""
 
 
 def status_name(status: int) -> str:

@@ -26,8 +26,8 @@ from gazette.client.errors import (
     ApplyError,
     FragmentsError,
     ListError,
+    ResponseValidationError,
     TransportError,
-    ValidationError,
 )
 from gazette.client.route_cache import RouteCache, pick
 from gazette.protocol import protocol_pb2 as pb
@@ -164,13 +164,13 @@ class JournalClient:
                         raise ListError(resp.status)
                     out = resp
                 elif len(resp.journals) == 0:
-                    raise ValidationError("unexpected empty ListResponse.journals in a listing")
+                    raise ResponseValidationError("unexpected empty ListResponse.journals in a listing")
                 else:
                     out.journals.extend(resp.journals)
         except grpc.aio.AioRpcError as err:
             raise rpc_error(err, self.address) from None
         if out is None:
-            raise ValidationError("broker closed the List stream without a response")
+            raise ResponseValidationError("broker closed the List stream without a response")
         for j in out.journals:
             self.update_route(j.spec.name, j.route)
         return out

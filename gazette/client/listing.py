@@ -1,7 +1,7 @@
 """Listing and applying journal specs, once or by polling.
 
 Invariants:
-- A selector given as text is parsed with Gazette's grammar (gazette.labels); a bad
+- A selector given as text is parsed with Gazette's grammar (gazette.protocol.labels); a bad
   selector raises ``labels.SelectorError`` naming the position.
 - ``PolledList.list`` is the most recent successful listing (None before the first).
   ``on_change`` runs once per listing whose journals (specs, revisions, routes) differ
@@ -25,7 +25,7 @@ Selector = str | pb.LabelSelector | None
 
 def parse_selector(text: str) -> pb.LabelSelector:
     """The protocol LabelSelector of Gazette's selector text (e.g. ``prefix=a/, x in (y)``)."""
-    from gazette.labels import LabelSelector
+    from gazette.protocol.labels import LabelSelector
 
     return LabelSelector.parse(text).to_proto()
 

@@ -38,10 +38,11 @@ from gazette.client.errors import (
     FragmentFetchError,
     OffsetNotYetAvailable,
     ReadError,
+    ResponseValidationError,
     TransportError,
-    ValidationError,
 )
 from gazette.client.journal_client import JournalClient, rpc_error
+from gazette.errors import ValidationError
 from gazette.protocol import protocol_pb2 as pb
 
 JumpCallback = Callable[[int, int], None]
@@ -69,7 +70,7 @@ class Reader:
                  route: pb.Route | None = None, on_jump: JumpCallback | None = None,
                  file_root: str | None = None) -> None:
         if not request.journal:
-            raise ValidationError("ReadRequest.journal is required")
+            raise ValidationError("journal", "ReadRequest.journal is required")
         self.client = client
         self.request = pb.ReadRequest()
         self.request.CopyFrom(request)
@@ -176,7 +177,7 @@ class Reader:
 
         if resp.offset < self.request.offset:
             await self.aclose()
-            raise ValidationError(f"invalid ReadResponse offset ({resp.offset}; expected >= "
+            raise ResponseValidationError(f"invalid ReadResponse offset ({resp.offset}; expected >= "
                                   f"{self.request.offset}) reading {self.journal!r}")
 
         content = resp.content
@@ -185,7 +186,7 @@ class Reader:
             return None
         if resp.HasField("fragment"):
             await self.aclose()
-            raise ValidationError(f"ReadResponse of {self.journal!r} has both content "
+            raise ResponseValidationError(f"ReadResponse of {self.journal!r} has both content "
                                   "and fragment")
         return self._advance(content)
 

@@ -17,6 +17,8 @@ Errors carry the journal and offsets they concern so a log line can point at the
 
 from __future__ import annotations
 
+from gazette.errors import GazetteError
+
 __all__ = [
     "DesyncError",
     "EmptyListResponseError",
@@ -30,7 +32,7 @@ __all__ = [
 ]
 
 
-class MessageError(Exception):
+class MessageError(GazetteError):
     """Base of every error raised by gazette.message."""
 
 

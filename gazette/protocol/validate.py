@@ -33,7 +33,11 @@ from urllib.parse import unquote, unquote_plus, urlsplit
 
 from google.protobuf.duration_pb2 import Duration
 
-from gazette.labels import (
+from gazette.protocol import consumer_pb2 as cpb
+from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol import recoverylog_pb2 as rpb
+from gazette.protocol.errors import ValidationError
+from gazette.protocol.labels import (
     CONTENT_TYPE,
     MESSAGE_SUB_TYPE,
     MESSAGE_TYPE,
@@ -46,10 +50,6 @@ from gazette.labels import (
     validate_single_value_labels,
     validate_token,
 )
-from gazette.protocol import consumer_pb2 as cpb
-from gazette.protocol import protocol_pb2 as pb
-from gazette.protocol import recoverylog_pb2 as rpb
-from gazette.protocol.errors import ValidationError
 
 __all__ = [
     "MAX_JOURNAL_REPLICATION",

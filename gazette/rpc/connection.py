@@ -29,6 +29,7 @@ from typing import cast
 
 import hpack
 
+from gazette.errors import GazetteError
 from gazette.rpc import frames as f
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def _gather_fd(transport: asyncio.Transport) -> int:
         return -1
 
 
-class StreamReset(Exception):
+class StreamReset(GazetteError):
     """The stream ended without its status: reset by the peer or the connection lost."""
 
     def __init__(self, message: str, code: int = f.CANCEL) -> None:

@@ -22,6 +22,8 @@ from urllib.parse import quote, unquote
 
 import grpc
 
+from gazette.errors import GazetteError
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 # Frame types (RFC 9113 section 6).
@@ -74,7 +76,7 @@ _U32 = struct.Struct(">I")
 _MSG_PREFIX = struct.Struct(">BI")
 
 
-class ProtocolError(Exception):
+class ProtocolError(GazetteError):
     """The peer broke HTTP/2 or gRPC framing; the connection ends with ``code``."""
 
     def __init__(self, message: str, code: int = PROTOCOL_ERROR) -> None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, NamedTuple, TypeVar
 
+from gazette.errors import GazetteError
 from gazette.etcd import free_port
 
 __all__ = [
@@ -56,7 +57,7 @@ _START_ATTEMPTS = 3
 _STARTED = b"broker started"  # logged by `gazette serve` once it has announced itself
 
 
-class BrokerStartError(RuntimeError):
+class BrokerStartError(GazetteError, RuntimeError):
     """A broker exited, or did not become ready, before its start deadline."""
 
 

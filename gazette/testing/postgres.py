@@ -14,10 +14,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from gazette.errors import GazetteError
+
 __all__ = ["PostgresError", "PostgresServer", "temporary_database"]
 
 
-class PostgresError(Exception):
+class PostgresError(GazetteError):
     """psql is missing, the server cannot be reached, or a statement failed."""
 
 

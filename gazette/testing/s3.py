@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from gazette.errors import GazetteError
 from gazette.etcd import free_port
 
 __all__ = ["MotoS3Server", "MotoStartError", "DUMMY_CREDENTIALS", "s3_client", "create_bucket"]
@@ -33,7 +34,7 @@ DUMMY_CREDENTIALS: dict[str, str] = {
 }
 
 
-class MotoStartError(Exception):
+class MotoStartError(GazetteError):
     """The moto server exited or did not answer before its start deadline."""
 
 

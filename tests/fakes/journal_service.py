@@ -26,8 +26,8 @@ from typing import Any
 
 import grpc
 
-from gazette.labels import LabelSelector, LabelSet, with_meta_labels
 from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol.labels import LabelSelector, LabelSet, with_meta_labels
 
 pb_grpc: Any = importlib.import_module("gazette.protocol.protocol_pb2_grpc")
 

@@ -10,8 +10,8 @@ from fakes.journal_service import FakeBroker, FakeCluster, start_broker
 
 from gazette.client import Appender, AppendError, JournalClient, TransportError, append
 from gazette.client.route_cache import RouteCache, pick
-from gazette.labels import LabelSelector, LabelSet
 from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol.labels import LabelSelector, LabelSet
 
 
 @pytest.fixture

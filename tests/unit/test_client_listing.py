@@ -17,8 +17,8 @@ from gazette.client import (
     get_journal,
     list_journals,
 )
-from gazette.labels import SelectorError
 from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol.labels import SelectorError
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from gazette.cli.gazctl import main
 from gazette.cli.gazctl_attach_uuids import (
     LineTooLong,
     Template,
-    TemplateError,
+    UUIDTemplateError,
     attach,
     scan_lines,
 )
@@ -58,7 +58,7 @@ def test_template_rendering(text: str, want: bytes) -> None:
 @pytest.mark.parametrize("text", ["{{.Foo}}", "{{printf \"%s\" .Line}}", "{{.Line", "x{{ }}",
                                   "{{.Line | html}}"])
 def test_unsupported_templates_are_refused(text: str) -> None:
-    with pytest.raises(TemplateError):
+    with pytest.raises(UUIDTemplateError):
         Template.parse(text)
     code, out, err = run("--template", text, stdin=b"line\n")
     assert code == 1 and out == b"" and err.startswith("FATA") and "--template" in err

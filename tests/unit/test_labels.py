@@ -11,8 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gazette import labels as L
-from gazette.labels import (
+from gazette.protocol import labels as L
+from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol.errors import ValidationError
+from gazette.protocol.labels import (
     Label,
     LabelSelector,
     LabelSet,
@@ -23,8 +25,6 @@ from gazette.labels import (
     with_meta_labels,
     with_shard_meta_labels,
 )
-from gazette.protocol import protocol_pb2 as pb
-from gazette.protocol.errors import ValidationError
 
 
 def test_well_known_label_constants() -> None:

@@ -14,9 +14,8 @@ import grpc
 import pytest
 from google.protobuf.message import Message
 
-from gazette import labels as L
-from gazette.labels import LabelSet
 from gazette.protocol import consumer_pb2 as cpb
+from gazette.protocol import labels as L
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import recoverylog_pb2 as rpb
 from gazette.protocol import validate as v
@@ -27,6 +26,7 @@ from gazette.protocol.errors import (
     grpc_code_of,
     status_of,
 )
+from gazette.protocol.labels import LabelSet
 
 _SEGMENT = re.compile(r"\.?(\w+)|\[(\d+)\]|\[('[^']*')\]")
 

@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+from gazette.errors import GazetteError
+
 __all__ = [
     "CodecError",
     "ContentNameError",
@@ -30,7 +32,7 @@ __all__ = [
 ]
 
 
-class FragmentError(Exception):
+class FragmentError(GazetteError):
     """Base of all errors of the fragment layer."""
 
 

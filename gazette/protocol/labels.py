@@ -35,8 +35,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from gazette.errors import ValidationError
 from gazette.protocol import protocol_pb2 as pb
-from gazette.protocol.errors import ValidationError
 
 __all__ = [
     "CONTENT_TYPE",

@@ -1,0 +1,101 @@
+"""The one edge where errors become statuses, for every gRPC service and HTTP route.
+
+Handlers raise typed errors (``gazette.errors.GazetteError`` subclasses, each naming its
+``grpc_code`` and ``http_status``) and never map exceptions themselves. ``grpc_edge`` wraps a
+servicer method (unary or streaming response) and ``http_error`` renders an error for the
+HTTP gateway.
+
+Invariants:
+
+* A ``GazetteError`` ends the RPC with ``context.abort(err.grpc_code, str(err))``.
+* A failed proxied call (``grpc.aio.AioRpcError``) passes its code and details on unchanged,
+  so a client sees the status the owning server gave.
+* gRPC's own abort (``grpc.aio.AbortError``, raised by ``context.abort``) and cancellation
+  (``asyncio.CancelledError``, a ``BaseException``) pass through untouched: the edge never
+  swallows a cancellation or re-maps an abort.
+* Any other exception is a bug: it propagates, and the server (grpcio or ``gazette.rpc``)
+  ends that RPC alone with ``UNKNOWN`` and logs it. No request crashes a server.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar, cast
+
+import grpc
+from aiohttp import web
+
+from gazette.errors import GazetteError
+
+__all__ = ["grpc_edge", "grpc_status", "http_error"]
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def grpc_status(err: BaseException) -> tuple[grpc.StatusCode, str] | None:
+    """The (code, details) an RPC failing with ``err`` ends with, or None to let it propagate."""
+    if isinstance(err, grpc.aio.AbortError):
+        return None
+    if isinstance(err, GazetteError):
+        return getattr(grpc.StatusCode, err.grpc_code), str(err)
+    if isinstance(err, grpc.aio.AioRpcError):
+        return err.code(), err.details() or ""
+    return None
+
+
+def _note(name: str, err: BaseException, code: grpc.StatusCode) -> None:
+    # Client-caused and transient endings are routine: info, not warning, so a misbehaving
+    # client cannot flood the log at a high level.
+    log.info("rpc ended", extra={"rpc": name, "code": code.name, "err": str(err)})
+
+
+def grpc_edge(method: F) -> F:
+    """Wraps a grpc.aio servicer method (``async def`` or async generator) with the edge."""
+    name = method.__name__
+    if inspect.isasyncgenfunction(method):
+        @functools.wraps(method)
+        async def stream(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
+            try:
+                async for resp in method(self, request, context):
+                    yield resp
+            except Exception as err:
+                status = grpc_status(err)
+                if status is None:
+                    raise
+                _note(name, err, status[0])
+                await context.abort(*status)
+        return cast(F, stream)
+
+    @functools.wraps(method)
+    async def unary(self: Any, request: Any, context: Any) -> Any:
+        try:
+            return await cast(Callable[..., Awaitable[Any]], method)(self, request, context)
+        except Exception as err:
+            status = grpc_status(err)
+            if status is None:
+                raise
+            _note(name, err, status[0])
+            await context.abort(*status)
+            raise  # not reached: abort raises
+    return cast(F, unary)
+
+
+def http_error(err: BaseException) -> web.Response:
+    """The gateway's answer for ``err``: the error's ``http_status`` with a one-line text.
+
+    A client error (4xx) says just what was wrong; a server-side failure says what kind of
+    failure it was (a proxied call's gRPC code, else the exception's type), as the log does.
+    """
+    if isinstance(err, GazetteError):
+        status = err.http_status
+        text = str(err) if status < 500 else f"{type(err).__name__}: {err}"
+    elif isinstance(err, grpc.aio.AioRpcError):
+        status, text = 500, f"{err.code().name}: {err.details()}"
+    else:
+        status, text = 500, f"{type(err).__name__}: {err}"
+    return web.Response(status=status, text=f"{text}\n")
