@@ -53,11 +53,11 @@ from typing import TYPE_CHECKING, Any
 from gazette.allocator import desired_replication
 from gazette.broker import metrics
 from gazette.broker.flow import AppendFlowControl, flow_controlled
-from gazette.broker.fragment import Fragment, sum_to_proto
 from gazette.broker.pipeline import Pipeline, ReplicationError
 from gazette.broker.replica import acquire_unless, wait_unless
 from gazette.broker.replicate import _varint
 from gazette.errors import GazetteError
+from gazette.fragment import Fragment, sum_to_proto
 from gazette.protocol import labels
 from gazette.protocol import protocol_pb2 as pb
 

@@ -28,8 +28,8 @@ from aiohttp import web
 
 from gazette.broker import append as append_mod
 from gazette.broker import read as read_mod
-from gazette.broker.fragment import Fragment, sum_from_proto
 from gazette.errors import GazetteError
+from gazette.fragment import Fragment, sum_from_proto
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import validate
 from gazette.protocol.errors import ValidationError

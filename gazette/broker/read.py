@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from gazette.broker import metrics
 from gazette.broker.append import may_read
-from gazette.broker.fragment import Fragment
+from gazette.fragment import Fragment
 from gazette.protocol import protocol_pb2 as pb
 
 if TYPE_CHECKING:

@@ -36,9 +36,10 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from gazette.broker.flow import AppendFlowControl
-from gazette.broker.fragment import Fragment, Index, Persister, Spool, SpoolSnapshot, Stores
-from gazette.broker.fragment.store import walk_all_stores
+from gazette.broker.fragment import Index, Persister, Spool, SpoolSnapshot
+from gazette.fragment import Fragment
 from gazette.protocol import protocol_pb2 as pb
+from gazette.stores import Stores, walk_all_stores
 
 if TYPE_CHECKING:
     from gazette.broker.pipeline import Pipeline

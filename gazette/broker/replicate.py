@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any, cast
 import grpc
 
 from gazette.broker.fragment import Spool
-from gazette.broker.fragment.errors import SpoolError
 from gazette.broker.fragment.spool import ContentWrite
 from gazette.broker.replica import acquire_unless
 from gazette.errors import GazetteError
+from gazette.fragment.errors import SpoolError
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import validate
 from gazette.protocol.errors import ValidationError

@@ -38,7 +38,7 @@ from aiohttp import web
 from gazette import keyspace as ks_mod
 from gazette.allocator import Announcement, allocate, announce, journal_is_consistent
 from gazette.broker import append as append_mod
-from gazette.broker.fragment import Fragment, Persister, Stores
+from gazette.broker.fragment import Persister
 from gazette.broker.fragment.health import StoreHealth
 from gazette.broker.http_gateway import Gateway
 from gazette.broker.metrics import metrics_app_routes
@@ -49,12 +49,14 @@ from gazette.broker.replicate import FailedPeerStream, GrpcPeerStream, raw_reque
 from gazette.broker.resolver import Resolution, Resolver
 from gazette.broker.service import JournalService
 from gazette.etcd import connect as etcd_connect
+from gazette.fragment import Fragment
 from gazette.protocol import labels
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.rpc import use_grpcio
 from gazette.rpc.channel import insecure_channel
 from gazette.rpc.server import RpcServer
+from gazette.stores import Stores
 
 log = logging.getLogger(__name__)
 

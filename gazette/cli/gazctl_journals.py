@@ -720,8 +720,8 @@ def _prune_flags(p: argparse.ArgumentParser) -> None:
 
 
 async def _remove_fragment(spec: pb.Fragment, file_root: str | None) -> None:
-    from gazette.broker.fragment.fragment import Fragment
-    from gazette.broker.fragment.store import store_for_url
+    from gazette.fragment.fragment import Fragment
+    from gazette.stores import store_for_url
 
     await store_for_url(spec.backing_store, file_root).remove(Fragment.from_proto(spec))
 

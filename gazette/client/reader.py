@@ -368,17 +368,17 @@ def decompressor(codec: int) -> _Decompressor:
 
     GZIP_OFFLOAD_DECOMPRESSION content arrives decoded by the store (``_fetch`` switches
     to GZIP when a store ignores the request to decode); the others come from
-    gazette.broker.fragment.codecs."""
+    gazette.fragment.codecs."""
     if codec in (pb.NONE, pb.GZIP_OFFLOAD_DECOMPRESSION):
         return _Identity()
     name = pb.CompressionCodec.Name(codec)  # type: ignore[arg-type]
     try:
-        from gazette.broker.fragment import codecs
-        from gazette.broker.fragment.errors import CodecError
+        from gazette.fragment import codecs
+        from gazette.fragment.errors import CodecError
     except ImportError:
         raise CodecUnavailable(
             f"cannot read a {name} fragment directly: its decompressor comes from "
-            "gazette.broker.fragment.codecs, which is not available") from None
+            "gazette.fragment.codecs, which is not available") from None
     try:
         return _Checked(codecs.new_decompressor(cast(Any, codec)), CodecError)
     except CodecError as err:

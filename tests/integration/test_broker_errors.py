@@ -21,8 +21,8 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from gazette.broker.fragment import codecs
 from gazette.etcd import EtcdProcess
+from gazette.fragment import codecs
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.testing.cluster import (

@@ -21,9 +21,9 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from gazette.broker.fragment import codecs, parse_content_name
 from gazette.broker.fragment.health import RETRY_INTERVALS_ENV
 from gazette.client import JournalClient, RetryReader
+from gazette.fragment import codecs, parse_content_name
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.testing.cluster import BrokerProcess, Cluster, wait_until

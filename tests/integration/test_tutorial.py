@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gazette.broker.fragment import codecs
+from gazette.fragment import codecs
 from gazette.protocol import protocol_pb2 as pb
 from gazette.testing.cluster import BrokerProcess, Cluster, console_script, wait_until
 

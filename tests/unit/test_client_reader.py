@@ -8,7 +8,6 @@ import grpc
 import pytest
 from fakes.journal_service import FakeBroker, FakeCluster, start_broker
 
-from gazette.broker.fragment import codecs
 from gazette.client import (
     FragmentFetchError,
     JournalClient,
@@ -18,6 +17,7 @@ from gazette.client import (
     RetryReader,
     TransportError,
 )
+from gazette.fragment import codecs
 from gazette.protocol import protocol_pb2 as pb
 
 

@@ -10,9 +10,9 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gazette.broker.fragment import codecs
-from gazette.broker.fragment.codecs import Codec
-from gazette.broker.fragment.errors import CodecError
+from gazette.fragment import codecs
+from gazette.fragment.codecs import Codec
+from gazette.fragment.errors import CodecError
 from gazette.protocol import protocol_pb2 as pb
 
 CC = pb.CompressionCodec

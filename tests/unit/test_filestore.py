@@ -10,25 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from gazette.broker.fragment import (
+from gazette.broker.fragment import Spool, SpoolFile, SpoolSnapshot
+from gazette.fragment import (
     CoverSet,
-    FileStore,
     Fragment,
-    Spool,
-    SpoolFile,
-    SpoolSnapshot,
     StoreAuthError,
     StoreError,
     StorePathError,
-    Stores,
     UnsupportedStoreError,
     codecs,
     parse_content_name,
-    store_for_url,
-    walk_all_stores,
 )
-from gazette.broker.fragment.codecs import Codec
+from gazette.fragment.codecs import Codec
 from gazette.protocol import protocol_pb2 as pb
+from gazette.stores import FileStore, Stores, store_for_url, walk_all_stores
 
 CC = pb.CompressionCodec
 ALL = [CC.NONE, CC.GZIP, CC.ZSTANDARD, CC.SNAPPY, CC.GZIP_OFFLOAD_DECOMPRESSION]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gazette.broker.fragment import (
+from gazette.fragment import (
     ZERO_SUM,
     ContentNameError,
     CoverSet,
@@ -17,7 +17,7 @@ from gazette.broker.fragment import (
     sum_from_proto,
     sum_to_proto,
 )
-from gazette.broker.fragment.codecs import Codec
+from gazette.fragment.codecs import Codec
 from gazette.protocol import protocol_pb2 as pb
 
 CC = pb.CompressionCodec

@@ -6,13 +6,8 @@ import asyncio
 
 import pytest
 
-from gazette.broker.fragment import (
-    OFFSET_JUMP_AGE,
-    CoverSet,
-    Fragment,
-    Index,
-    IndexClosedError,
-)
+from gazette.broker.fragment import OFFSET_JUMP_AGE, Index
+from gazette.fragment import CoverSet, Fragment, IndexClosedError
 from gazette.protocol import protocol_pb2 as pb
 
 OK = pb.Status.OK

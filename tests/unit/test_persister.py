@@ -10,21 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gazette.broker.fragment import (
-    FileStore,
-    Fragment,
-    FragmentStore,
-    Index,
-    Persister,
-    Spool,
-    SpoolSnapshot,
-    StoreAuthError,
-    StoreError,
-    Stores,
-    TemplateError,
-    eval_path_postfix,
-)
+from gazette.broker.fragment import Index, Persister, Spool, SpoolSnapshot, eval_path_postfix
+from gazette.fragment import Fragment, StoreAuthError, StoreError, TemplateError
 from gazette.protocol import protocol_pb2 as pb
+from gazette.stores import FileStore, FragmentStore, Stores
 
 CC = pb.CompressionCodec
 

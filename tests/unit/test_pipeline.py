@@ -23,10 +23,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gazette.broker.fragment import Fragment, Spool
+from gazette.broker.fragment import Spool
 from gazette.broker.pipeline import Pipeline, ReplicationError, encode_content
 from gazette.broker.replicate import ReplicateStreamError, decode_request, serve
 from gazette.broker.resolver import Resolution
+from gazette.fragment import Fragment
 from gazette.protocol import protocol_pb2 as pb
 
 JOURNAL = "a/journal"

@@ -24,11 +24,13 @@ from test_pipeline import JOURNAL, MEMBERS, FakeBroker, FakePeer, header, route
 
 from gazette import keyspace as ks_mod
 from gazette.broker import append as append_mod
-from gazette.broker.fragment import CoverSet, Fragment, Persister, Spool, Stores
+from gazette.broker.fragment import Persister, Spool
 from gazette.broker.pipeline import PeerStream, ReplicationError
 from gazette.broker.replica import Replica
 from gazette.broker.resolver import Resolution
+from gazette.fragment import CoverSet, Fragment
 from gazette.protocol import protocol_pb2 as pb
+from gazette.stores import Stores
 
 
 class FSMBroker:

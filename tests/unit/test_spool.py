@@ -10,17 +10,9 @@ from typing import Any
 
 import pytest
 
-from gazette.broker.fragment import (
-    ZERO_SUM,
-    Fragment,
-    Spool,
-    SpoolError,
-    SpoolFile,
-    SpoolSnapshot,
-    codecs,
-    sum_to_proto,
-)
-from gazette.broker.fragment.codecs import Codec
+from gazette.broker.fragment import Spool, SpoolFile, SpoolSnapshot
+from gazette.fragment import ZERO_SUM, Fragment, SpoolError, codecs, sum_to_proto
+from gazette.fragment.codecs import Codec
 from gazette.protocol import protocol_pb2 as pb
 
 CC = pb.CompressionCodec

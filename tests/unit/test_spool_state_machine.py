@@ -17,18 +17,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from gazette.broker.fragment import (
-    ZERO_SUM,
-    FileStore,
-    Fragment,
-    Index,
-    Spool,
-    SpoolSnapshot,
-    sum_to_proto,
-)
+from gazette.broker.fragment import Index, Spool, SpoolSnapshot
 from gazette.broker.fragment import spool as spool_mod
-from gazette.broker.fragment.codecs import Codec
+from gazette.fragment import ZERO_SUM, Fragment, sum_to_proto
+from gazette.fragment.codecs import Codec
 from gazette.protocol import protocol_pb2 as pb
+from gazette.stores import FileStore
 
 CC = pb.CompressionCodec
 JOURNAL = "a/journal"

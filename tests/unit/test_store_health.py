@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from gazette.broker.fragment.errors import StoreError
 from gazette.broker.fragment.health import (
     FIRST_CHECK_PENDING,
     LAST_CHECK,
@@ -20,8 +19,9 @@ from gazette.broker.fragment.health import (
     check_delete,
     default_retry_intervals,
 )
-from gazette.broker.fragment.store import FragmentStore, Stores
+from gazette.fragment.errors import StoreError
 from gazette.protocol import protocol_pb2 as pb
+from gazette.stores import FragmentStore, Stores
 
 URL = "fake://store/"
 

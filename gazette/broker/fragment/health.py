@@ -37,9 +37,9 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import Counter
 
-from gazette.broker.fragment.errors import StoreError
-from gazette.broker.fragment.store import Stores
+from gazette.fragment.errors import StoreError
 from gazette.protocol import protocol_pb2 as pb
+from gazette.stores import Stores
 
 __all__ = [
     "FIRST_CHECK_PENDING",

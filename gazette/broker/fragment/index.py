@@ -26,8 +26,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from gazette.broker.fragment.errors import IndexClosedError
-from gazette.broker.fragment.fragment import CoverSet, File, Fragment
+from gazette.fragment.errors import IndexClosedError
+from gazette.fragment.fragment import CoverSet, File, Fragment
 from gazette.protocol import protocol_pb2 as pb
 
 __all__ = ["OFFSET_JUMP_AGE", "SIGNED_URL_TTL", "Index", "Signer"]

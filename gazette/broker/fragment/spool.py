@@ -49,9 +49,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from gazette.broker.fragment.codecs import Codec, new_compressor
-from gazette.broker.fragment.errors import SpoolError
-from gazette.broker.fragment.fragment import ZERO_SUM, Fragment
+from gazette.fragment.codecs import Codec, new_compressor
+from gazette.fragment.errors import SpoolError
+from gazette.fragment.fragment import ZERO_SUM, Fragment
 from gazette.protocol import protocol_pb2 as pb
 
 __all__ = ["THREAD_MIN", "ContentWrite", "Spool", "SpoolFile", "SpoolSnapshot"]

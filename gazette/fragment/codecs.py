@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeAlias
 
 import cramjam
 
-from gazette.broker.fragment.errors import CodecError
+from gazette.fragment.errors import CodecError
 from gazette.protocol import protocol_pb2 as pb
 
 __all__ = [

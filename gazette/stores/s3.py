@@ -45,19 +45,23 @@ import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
-from gazette.broker.fragment.codecs import GZIP_OFFLOAD_DECOMPRESSION, NONE
-from gazette.broker.fragment.errors import ContentNameError, StoreAuthError, StoreError
-from gazette.broker.fragment.fragment import Fragment, parse_content_name
-from gazette.broker.fragment.spool import SpoolSnapshot
-from gazette.broker.fragment.store import read_stored
+from gazette.fragment.codecs import GZIP_OFFLOAD_DECOMPRESSION, NONE
+from gazette.fragment.errors import ContentNameError, StoreAuthError, StoreError
+from gazette.fragment.fragment import Fragment, parse_content_name
+from gazette.stores.base import (
+    HEALTH_CHECK_CONTENT,
+    HEALTH_CHECK_PATH,
+    OPEN_CHUNK,
+    Content,
+    open_offset,
+    persisted,
+    read_stored,
+)
 
 __all__ = ["S3Store", "S3StoreArgs", "parse_s3_url"]
 
 log = logging.getLogger(__name__)
 
-OPEN_CHUNK = 1 << 20
-HEALTH_CHECK_PATH = ".test/health-check"
-_HEALTH_CHECK_CONTENT = b"health-check\n"
 _DELETE_PROBE_CONTENT = b"gazette-delete-probe\n"
 
 # Gazette's argument names; the key is the lower-cased form we match on.
@@ -319,7 +323,7 @@ class S3Store:
             except ContentNameError as err:
                 log.warning("skipping stray object %r of journal %s: %s", rel, journal, err)
                 continue
-            out.append(_persisted(f, self._url, mtime))
+            out.append(persisted(f, self._url, mtime))
         out.sort(key=lambda f: (f.begin, f.end))
         return out
 
@@ -332,9 +336,7 @@ class S3Store:
     async def open(
         self, fragment: Fragment, offset: int | None = None
     ) -> AsyncGenerator[bytes, None]:
-        begin = fragment.begin if offset is None else offset
-        if not fragment.begin <= begin <= fragment.end:
-            raise StoreError(f"offset {begin} is outside of fragment {fragment}")
+        begin = open_offset(fragment, offset)
         key = self._fragment_key(fragment)
         kwargs: dict[str, Any] = {"Key": key}
         pos = fragment.begin  # Journal offset of the next decompressed byte.
@@ -384,21 +386,21 @@ class S3Store:
 
     # -- Writing.
 
-    async def persist(self, snapshot: SpoolSnapshot, path_postfix: str = "") -> Fragment:
-        return await asyncio.to_thread(self._persist_sync, snapshot, path_postfix)
+    async def persist(self, content: Content, path_postfix: str = "") -> Fragment:
+        return await asyncio.to_thread(self._persist_sync, content, path_postfix)
 
-    def _persist_sync(self, snapshot: SpoolSnapshot, path_postfix: str) -> Fragment:
-        f = snapshot.fragment
+    def _persist_sync(self, content: Content, path_postfix: str) -> Fragment:
+        f = content.fragment
         target = Fragment(f.journal, f.begin, f.end, f.sum, f.codec, self._url, 0, path_postfix)
         key = self._fragment_key(target)
         head = self._head(key)
         if head is None:
             encoding = "gzip" if f.codec == GZIP_OFFLOAD_DECOMPRESSION else ""
-            self._put(key, _ChunkStream(snapshot.iter_compressed()), encoding)
+            self._put(key, _ChunkStream(content.iter_compressed()), encoding)
             head = self._head(key)
             if head is None:
                 raise StoreError(f"PUT {key} to {self._url}: object is absent after upload")
-        return _persisted(target, self._url, head["LastModified"].timestamp())
+        return persisted(target, self._url, head["LastModified"].timestamp())
 
     async def remove(self, fragment: Fragment) -> None:
         """Delete ``fragment``; as S3 (and Gazette's S3 store), a missing object is no error."""
@@ -413,11 +415,11 @@ class S3Store:
     def _health_check_sync(self) -> None:
         """Gazette's check: PUT, GET and compare, LIST, sign and fetch the signed URL."""
         key = self._key(HEALTH_CHECK_PATH)
-        self._put(key, _ChunkStream(iter([_HEALTH_CHECK_CONTENT])))
+        self._put(key, _ChunkStream(iter([HEALTH_CHECK_CONTENT])))
         resp = self._call(f"GET {key}", "get_object", Key=key)
         with resp["Body"] as body:
             got = body.read()
-        if got != _HEALTH_CHECK_CONTENT:
+        if got != HEALTH_CHECK_CONTENT:
             raise StoreError(f"health check of {self._url!r}: GET returned {got!r}")
         listed = {rel for rel, _ in self._list_keys(self._key(".test/"))}
         if "health-check" not in listed:
@@ -429,7 +431,7 @@ class S3Store:
                     fetched = r.read()
             except (urllib.error.URLError, OSError) as err:
                 raise StoreError(f"health check of {self._url!r}: fetching signed URL: {err}") from err
-            if fetched != _HEALTH_CHECK_CONTENT:
+            if fetched != HEALTH_CHECK_CONTENT:
                 raise StoreError(
                     f"health check of {self._url!r}: signed URL returned {fetched!r}"
                 )
@@ -443,7 +445,3 @@ class S3Store:
             self._call(f"DELETE {key}", "delete_object", Key=key)
 
         await asyncio.to_thread(probe)
-
-
-def _persisted(f: Fragment, url: str, mtime: float) -> Fragment:
-    return Fragment(f.journal, f.begin, f.end, f.sum, f.codec, url, int(mtime), f.path_postfix)

@@ -26,8 +26,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Protocol, overload
 
-from gazette.broker.fragment.codecs import Codec, codec_for_extension, extension
-from gazette.broker.fragment.errors import CodecError, ContentNameError
+from gazette.fragment.codecs import Codec, codec_for_extension, extension
+from gazette.fragment.errors import CodecError, ContentNameError
 from gazette.protocol import protocol_pb2 as pb
 
 __all__ = [

@@ -1,0 +1,68 @@
+"""Fragments: content-addressed spans of a journal, their names and their codecs.
+
+A leaf below the client, the broker and the stores (Gazette keeps ``broker/codecs`` and the
+fragment type as leaves the client imports): reading a compressed fragment loads nothing of
+the broker.
+
+* :mod:`.fragment` — :class:`Fragment` and :class:`CoverSet`, content names and SHA1 sums.
+* :mod:`.codecs` — streaming (de)compressors, Gazette's file extensions.
+* :mod:`.errors` — the fragment layer's exception tree (fragments, codecs, spools, stores).
+"""
+
+from gazette.fragment.codecs import (
+    Codec,
+    Compressor,
+    Decompressor,
+    codec_for_extension,
+    extension,
+    new_compressor,
+    new_decompressor,
+)
+from gazette.fragment.errors import (
+    CodecError,
+    ContentNameError,
+    FragmentError,
+    IndexClosedError,
+    SpoolError,
+    StoreAuthError,
+    StoreError,
+    StorePathError,
+    TemplateError,
+    UnsupportedStoreError,
+)
+from gazette.fragment.fragment import (
+    ZERO_SUM,
+    CoverSet,
+    File,
+    Fragment,
+    parse_content_name,
+    sum_from_proto,
+    sum_to_proto,
+)
+
+__all__ = [
+    "ZERO_SUM",
+    "Codec",
+    "CodecError",
+    "Compressor",
+    "ContentNameError",
+    "CoverSet",
+    "Decompressor",
+    "File",
+    "Fragment",
+    "FragmentError",
+    "IndexClosedError",
+    "SpoolError",
+    "StoreAuthError",
+    "StoreError",
+    "StorePathError",
+    "TemplateError",
+    "UnsupportedStoreError",
+    "codec_for_extension",
+    "extension",
+    "new_compressor",
+    "new_decompressor",
+    "parse_content_name",
+    "sum_from_proto",
+    "sum_to_proto",
+]
