@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from gazette.etcd import EtcdProcess
+from gazette.testing.etcd_process import EtcdProcess
 
 __all__ = ["PeerError", "PeerStartError", "ChildProcess", "Peers", "free_port", "NATS_SERVER"]
 

@@ -19,7 +19,7 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-$PY -m gazette.etcd --data-dir "$VAR/etcd" --port "$ETCD_PORT" >"$VAR/etcd.log" 2>&1 &
+$PY -m gazette.testing.etcd_process --data-dir "$VAR/etcd" --port "$ETCD_PORT" >"$VAR/etcd.log" 2>&1 &
 pids+=($!)
 export ETCD_ADDRESS="http://127.0.0.1:$ETCD_PORT"
 $PY -m gazette.cli.wait_ready --etcd "$ETCD_ADDRESS" --timeout 30

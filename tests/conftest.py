@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gazette.etcd import EtcdProcess
 from gazette.testing.cluster import Cluster
 from gazette.testing.etcd import EtcdFixture, etcd_context, start_test_etcd, unique_prefix
+from gazette.testing.etcd_process import EtcdProcess
 from gazette.testing.postgres import PostgresServer, temporary_database
 from gazette.testing.s3 import DUMMY_CREDENTIALS, MotoS3Server, create_bucket
 

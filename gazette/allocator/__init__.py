@@ -6,6 +6,9 @@ them in revision-checked transactions, never dropping an item below its desired 
 consistent replicas. See the modules' docstrings for the invariants of each part.
 """
 
+from gazette.etcd.errors import TxnFailedError
+from gazette.etcd.txn import BatchedTxn, Cmp, Delete, Put
+
 from .allocator import Round, RoundHook, allocate
 from .announce import Announcement, announce
 from .converge import Counters, converge
@@ -14,7 +17,6 @@ from .errors import (
     AnnounceConflictError,
     AnnouncementLostError,
     MemberNotFoundError,
-    TxnFailedError,
 )
 from .model import Assignment, Entry, Item, Member
 from .solver import Desired, solve
@@ -27,7 +29,6 @@ from .specs import (
     shard_is_consistent,
 )
 from .state import IsConsistentFn, LocalItem, State
-from .txn import BatchedTxn, Cmp, Delete, Put
 
 __all__ = [
     "AllocatorError",

@@ -30,13 +30,14 @@ from dataclasses import dataclass
 import aetcd
 import grpc
 
-from gazette.keyspace import KeySpace
+from gazette.etcd.errors import TxnFailedError
+from gazette.etcd.keyspace import KeySpace
+from gazette.etcd.txn import DEFAULT_MAX_OPS, BatchedTxn, Cmp
 
 from .converge import Counters, converge
-from .errors import MemberNotFoundError, TxnFailedError
+from .errors import MemberNotFoundError
 from .solver import Desired, solve
 from .state import IsConsistentFn, State, leader_view
-from .txn import DEFAULT_MAX_OPS, BatchedTxn, Cmp
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,9 @@ from types import TracebackType
 
 import aetcd
 
+from gazette.etcd.txn import Cmp, Put, commit
+
 from .errors import AnnounceConflictError, AnnouncementLostError
-from .txn import Cmp, Put, commit
 
 log = logging.getLogger(__name__)
 

@@ -28,12 +28,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gazette.keyspace import assignment_key, items_key
+from gazette.allocator.keys import assignment_key, items_key
+from gazette.etcd.txn import Cmp, Delete, Op, Put
 
 from .model import Assignment, Entry, Item
 from .solver import Desired
 from .state import State
-from .txn import Cmp, Delete, Op, Put
 
 
 class CheckpointTxn(Protocol):

@@ -3,8 +3,9 @@
     AllocatorError                 base of everything below
     ├── MemberNotFoundError        the local member key is absent from the keyspace
     ├── AnnounceConflictError      a live member already holds the key we want to announce
-    ├── AnnouncementLostError      our member key was changed or deleted by someone else
-    └── TxnFailedError             a revision-checked etcd transaction did not apply
+    └── AnnouncementLostError      our member key was changed or deleted by someone else
+
+(A transaction that did not apply is ``gazette.etcd.errors.TxnFailedError``.)
 """
 
 from __future__ import annotations
@@ -27,6 +28,3 @@ class AnnounceConflictError(AllocatorError):
 class AnnouncementLostError(AllocatorError):
     """The announced member key was modified or deleted by another party."""
 
-
-class TxnFailedError(AllocatorError):
-    """An etcd transaction's comparisons did not hold, so none of its operations applied."""

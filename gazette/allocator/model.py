@@ -1,6 +1,6 @@
 """Allocator entities: items, members and assignments, as the allocator sees them.
 
-Their keys (built and parsed by `gazette.keyspace`) live under a root prefix:
+Their keys (built and parsed by `gazette.allocator.keys`) live under a root prefix:
 
     {root}/items/{item}                          the item's spec
     {root}/members/{zone}#{suffix}               the member's spec, under the member's lease

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gazette.keyspace import KeyValue, parse_assignment_key, parse_item_key, parse_member_key
+from gazette.allocator.keys import parse_assignment_key, parse_item_key, parse_member_key
+from gazette.etcd.keyspace import KeyValue
 from gazette.protocol import consumer_pb2
 from gazette.protocol import protocol_pb2 as pb
 

@@ -24,13 +24,8 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gazette.keyspace import (
-    KeySpace,
-    assignments_prefix,
-    items_prefix,
-    members_key,
-    members_prefix,
-)
+from gazette.allocator.keys import assignments_prefix, items_prefix, members_key, members_prefix
+from gazette.etcd.keyspace import KeySpace
 
 from .model import Assignment, Entry, Item, Member
 from .specs import assignment_entry, item_entry, member_entry

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from gazette.allocator.keys import assignment_key, items_key, members_key
 from gazette.allocator.model import Assignment, Entry, Item, Member
 from gazette.allocator.solver import Desired
 from gazette.allocator.state import IsConsistentFn, State
-from gazette.keyspace import assignment_key, items_key, members_key
 
 ROOT = "/root"
 

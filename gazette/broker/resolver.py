@@ -30,9 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from gazette import keyspace as ks_mod
+from gazette.allocator import keys
 from gazette.broker.replica import Replica
 from gazette.errors import GazetteError
+from gazette.etcd.keyspace import KeySpace, KeyValue
 from gazette.protocol import protocol_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class Resolution:
     item_mod_revision: int = 0
     item_create_revision: int = 0
     replica: Replica | None = None
-    assignments: list[ks_mod.KeyValue] = field(default_factory=list)
+    assignments: list[KeyValue] = field(default_factory=list)
     signal: asyncio.Event | None = None  # set once this resolution's assignments change
 
     @property
@@ -89,7 +90,7 @@ def _id_key(pid: pb.ProcessSpec.ID) -> tuple[str, str]:
 class Resolver:
     def __init__(
         self,
-        keyspace: ks_mod.KeySpace,
+        keyspace: KeySpace,
         local_id: pb.ProcessSpec.ID,
         new_replica: Callable[[str, pb.JournalSpec], Replica],
     ) -> None:
@@ -105,16 +106,16 @@ class Resolver:
 
     # Key helpers over Gazette's layout.
     def _item_key(self, journal: str) -> str:
-        return ks_mod.items_key(self.ks.root, journal)
+        return keys.items_key(self.ks.root, journal)
 
     def _assign_prefix(self, journal: str) -> str:
         return f"{self.ks.root}/assign/{journal}#"
 
-    def route_of(self, assignments: list[ks_mod.KeyValue]) -> pb.Route:
+    def route_of(self, assignments: list[KeyValue]) -> pb.Route:
         """Gazette's Route.Init + AttachEndpoints over a journal's assignment keys."""
         members: list[tuple[tuple[str, str], int]] = []
         for kv in assignments:
-            a = ks_mod.parse_assignment_key(self.ks.root, kv.key)
+            a = keys.parse_assignment_key(self.ks.root, kv.key)
             members.append(((a.zone, a.suffix), a.slot))
         members.sort()
         route = pb.Route(primary=-1)
@@ -124,7 +125,7 @@ class Resolver:
                 route.primary = i
         endpoints = []
         for (zone, suffix), _ in members:
-            mkv = self.ks.search(ks_mod.members_key(self.ks.root, zone, suffix))
+            mkv = self.ks.search(keys.members_key(self.ks.root, zone, suffix))
             endpoints.append(mkv.value.process_spec.endpoint if mkv is not None and mkv.value is not None else "")
         if any(endpoints):
             route.endpoints.extend(endpoints)
@@ -233,7 +234,7 @@ class Resolver:
         sigs: dict[str, list[tuple[str, int]]] = {}
         prefix = f"{self.ks.root}/assign/"
         for kv in self.ks.prefixed(prefix):
-            a = ks_mod.parse_assignment_key(self.ks.root, kv.key)
+            a = keys.parse_assignment_key(self.ks.root, kv.key)
             sigs.setdefault(a.item, []).append((kv.key, kv.mod_revision))
             if (a.zone, a.suffix) != _id_key(self.local_id):
                 continue

@@ -35,12 +35,12 @@ import aetcd
 import grpc
 from aiohttp import web
 
-from gazette import keyspace as ks_mod
-from gazette.allocator import Announcement, allocate, announce, journal_is_consistent
+from gazette.allocator import Announcement, allocate, announce, journal_is_consistent, keys
 from gazette.broker import append as append_mod
 from gazette.broker.fragment import Persister
 from gazette.broker.fragment.health import StoreHealth
 from gazette.broker.http_gateway import Gateway
+from gazette.broker.keys import broker_decoder
 from gazette.broker.metrics import metrics_app_routes
 from gazette.broker.mux import Multiplexer
 from gazette.broker.pipeline import PeerStream
@@ -49,6 +49,8 @@ from gazette.broker.replicate import FailedPeerStream, GrpcPeerStream, raw_reque
 from gazette.broker.resolver import Resolution, Resolver
 from gazette.broker.service import JournalService
 from gazette.etcd import connect as etcd_connect
+from gazette.etcd import txn
+from gazette.etcd.keyspace import KeySpace
 from gazette.fragment import Fragment
 from gazette.protocol import labels
 from gazette.protocol import protocol_pb2 as pb
@@ -107,7 +109,7 @@ class Broker:
         self.config = config
         self.local_id = pb.ProcessSpec.ID(zone=config.zone, suffix=config.suffix)
         self.endpoint = ""
-        self.keyspace = ks_mod.KeySpace(config.etcd_prefix, ks_mod.broker_decoder(config.etcd_prefix))
+        self.keyspace = KeySpace(config.etcd_prefix, broker_decoder(config.etcd_prefix))
         self.stores = Stores(file_root=config.file_root)
         self.persister = Persister(self.stores, self._spec_for, on_persisted=self._on_persisted)
         self.store_health = StoreHealth(self.stores)
@@ -137,7 +139,7 @@ class Broker:
         await append_mod.pulse(self, replica)
 
     def _spec_for(self, journal: str) -> pb.JournalSpec | None:
-        kv = self.keyspace.search(ks_mod.items_key(self.keyspace.root, journal))
+        kv = self.keyspace.search(keys.items_key(self.keyspace.root, journal))
         return kv.value if kv is not None else None
 
     def _on_persisted(self, fragment: Fragment) -> None:
@@ -210,7 +212,7 @@ class Broker:
                 tg.create_task(self.keyspace.watch(self.etcd), name="keyspace-watch")
                 tg.create_task(self.persister.run(), name="persister")
                 tg.create_task(self.store_health.run(), name="store-health")
-                member_key = ks_mod.members_key(self.config.etcd_prefix, self.local_id.zone, self.local_id.suffix)
+                member_key = keys.members_key(self.config.etcd_prefix, self.local_id.zone, self.local_id.suffix)
                 self._announcement = await announce(
                     self.etcd, member_key, self.broker_spec().SerializeToString(),
                     ttl=max(1, int(self.config.etcd_lease)), conflict_timeout=self.config.etcd_lease,
@@ -288,8 +290,6 @@ class Broker:
         then move the primary to the new member, which never held the older content and must
         find it in the store.
         """
-        from aetcd.rpc import rpc_pb2 as etcd_rpc
-
         route = pb.Route()
         route.CopyFrom(res.route)
         del route.endpoints[:]
@@ -303,19 +303,17 @@ class Broker:
             except TimeoutError:
                 log.warning("advertising route before closed spools were persisted", extra={"journal": replica.journal})
         value = route.SerializeToString()
-        compare = []
-        success = []
+        # Checked against every assignment's mod revision; only values that differ are put
+        # (keeping each assignment's lease).
+        cmps = [txn.Cmp(kv.key, "mod", kv.mod_revision) for kv in res.assignments]
+        ops: list[txn.Op] = []
         for kv in res.assignments:
-            compare.append(etcd_rpc.Compare(key=kv.key.encode(), target=etcd_rpc.Compare.MOD,
-                                            result=etcd_rpc.Compare.EQUAL, mod_revision=kv.mod_revision))
             v = kv.value
             if not (isinstance(v, pb.Route) and v.primary == route.primary and list(v.members) == list(route.members)):
-                success.append(etcd_rpc.RequestOp(request_put=etcd_rpc.PutRequest(
-                    key=kv.key.encode(), value=value, ignore_lease=True)))
-        if not success:
+                ops.append(txn.Put(kv.key, value, ignore_lease=True))
+        if not ops:
             return int(res.header.etcd.revision)
-        resp = await self.etcd.kvstub.Txn(etcd_rpc.TxnRequest(compare=compare, success=success),
-                                          metadata=self.etcd.metadata)
+        resp = await txn.commit(self.etcd, cmps, ops)
         if not resp.succeeded:
             # Lost a race (e.g. with the allocator): the winning write is under our root,
             # after the resolution's revision. (etcd's header revision may be far beyond
@@ -325,8 +323,8 @@ class Broker:
 
     def _others_can_take_over(self) -> bool:
         """Whether another live broker has capacity to take this one's journals."""
-        me = ks_mod.members_key(self.keyspace.root, self.local_id.zone, self.local_id.suffix)
-        for kv in self.keyspace.prefixed(ks_mod.members_prefix(self.keyspace.root)):
+        me = keys.members_key(self.keyspace.root, self.local_id.zone, self.local_id.suffix)
+        for kv in self.keyspace.prefixed(keys.members_prefix(self.keyspace.root)):
             spec = kv.value
             if kv.key != me and isinstance(spec, pb.BrokerSpec) and spec.journal_limit > 0 and not spec.exiting:
                 return True
@@ -341,7 +339,7 @@ class Broker:
         resp = pb.ListResponse(status=pb.OK)
         resp.header.CopyFrom(self.resolver.header())
         resp.header.ClearField("process_id")
-        items_prefix = ks_mod.items_key(self.keyspace.root, "")
+        items_prefix = keys.items_key(self.keyspace.root, "")
         max_mod = -1
         for kv in self.keyspace.prefixed(items_prefix):
             spec: pb.JournalSpec | None = kv.value
@@ -359,24 +357,13 @@ class Broker:
                              unchanged: list[tuple[str, int]] | None = None) -> pb.ApplyResponse:
         """Applies journal spec changes in one etcd transaction; ``unchanged`` adds (key,
         mod revision) comparisons (a suspension also requires the assignments unchanged)."""
-        from aetcd.rpc import rpc_pb2 as etcd_rpc
-
-        compare = [etcd_rpc.Compare(key=k.encode(), target=etcd_rpc.Compare.MOD, result=etcd_rpc.Compare.EQUAL,
-                                    mod_revision=rev) for k, rev in (unchanged or [])]
-        success = []
-        for change in req.changes:
-            if change.HasField("upsert"):
-                key = ks_mod.items_key(self.keyspace.root, change.upsert.name)
-                success.append(etcd_rpc.RequestOp(request_put=etcd_rpc.PutRequest(key=key.encode(), value=change.upsert.SerializeToString())))
-            else:
-                key = ks_mod.items_key(self.keyspace.root, change.delete)
-                success.append(etcd_rpc.RequestOp(request_delete_range=etcd_rpc.DeleteRangeRequest(key=key.encode())))
-            if change.expect_mod_revision != -1:
-                compare.append(etcd_rpc.Compare(
-                    key=key.encode(), target=etcd_rpc.Compare.MOD, result=etcd_rpc.Compare.EQUAL,
-                    mod_revision=change.expect_mod_revision,
-                ))
-        resp = await self.etcd.kvstub.Txn(etcd_rpc.TxnRequest(compare=compare, success=success), metadata=self.etcd.metadata)
+        root = self.keyspace.root
+        changes = [
+            txn.ItemChange(keys.items_key(root, ch.upsert.name), ch.upsert.SerializeToString(), ch.expect_mod_revision)
+            if ch.HasField("upsert") else txn.ItemChange(keys.items_key(root, ch.delete), None, ch.expect_mod_revision)
+            for ch in req.changes
+        ]
+        resp = await txn.apply_changes(self.etcd, changes, [txn.Cmp(k, "mod", rev) for k, rev in (unchanged or [])])
         out = pb.ApplyResponse(status=pb.OK if resp.succeeded else pb.ETCD_TRANSACTION_FAILED)
         if resp.succeeded:
             await self.keyspace.wait_for_revision(resp.header.revision)

@@ -37,7 +37,7 @@ from types import TracebackType
 from typing import IO, NamedTuple, TypeVar
 
 from gazette.errors import GazetteError
-from gazette.etcd import free_port
+from gazette.testing.etcd_process import free_port
 
 __all__ = [
     "BrokerStartError",

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import aetcd
 
-from gazette.etcd import EtcdProcess, connect
+from gazette.etcd import connect
+from gazette.testing.etcd_process import EtcdProcess
 
 __all__ = ["EtcdFixture", "start_test_etcd", "unique_prefix", "etcd_context"]
 

@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from gazette.errors import GazetteError
-from gazette.etcd import free_port
+from gazette.testing.etcd_process import free_port
 
 __all__ = ["MotoS3Server", "MotoStartError", "DUMMY_CREDENTIALS", "s3_client", "create_bucket"]
 

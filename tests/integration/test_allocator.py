@@ -27,9 +27,11 @@ from gazette.allocator import (
     routes_equivalent,
     solve,
 )
-from gazette.allocator.txn import Cmp, Put, commit
+from gazette.allocator.keys import items_key, members_key
+from gazette.broker.keys import broker_decoder
 from gazette.etcd import connect
-from gazette.keyspace import KeySpace, broker_decoder, items_key, members_key
+from gazette.etcd.keyspace import KeySpace
+from gazette.etcd.txn import Cmp, Put, commit
 from gazette.protocol import protocol_pb2 as pb
 from gazette.testing.etcd import EtcdFixture
 

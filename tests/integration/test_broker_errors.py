@@ -21,7 +21,6 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from gazette.etcd import EtcdProcess
 from gazette.fragment import codecs
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
@@ -33,6 +32,7 @@ from gazette.testing.cluster import (
     wait_until,
 )
 from gazette.testing.etcd import unique_prefix
+from gazette.testing.etcd_process import EtcdProcess
 
 DEADLINE = 30.0
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gazette.etcd import EtcdProcess, EtcdStartError, connect, find_etcd_binary, parse_endpoint
+from gazette.etcd import connect, parse_endpoint
 from gazette.testing.etcd import EtcdFixture
+from gazette.testing.etcd_process import EtcdProcess, EtcdStartError, find_etcd_binary
 from gazette.testing.postgres import PostgresServer
 from gazette.testing.s3 import s3_client
 
@@ -98,7 +99,7 @@ def test_foreground_runner_stops_on_sigterm(tmp_path: Path) -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gazette.etcd", "--data-dir", str(tmp_path / "d"),
+        [sys.executable, "-m", "gazette.testing.etcd_process", "--data-dir", str(tmp_path / "d"),
          "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -11,9 +11,10 @@ from typing import Any
 import aetcd
 import pytest
 
-from gazette.etcd import EtcdProcess, connect
-from gazette.keyspace import KeySpace
+from gazette.etcd import connect
+from gazette.etcd.keyspace import KeySpace
 from gazette.testing.etcd import EtcdFixture, unique_prefix
+from gazette.testing.etcd_process import EtcdProcess
 
 WAIT = 15.0  # generous deadline for conditions; tests finish far sooner when correct
 
@@ -205,7 +206,7 @@ async def test_update_signal_wakes_waiters(etcd: EtcdFixture) -> None:
 async def test_watch_resumes_after_etcd_restart(
     etcd_fresh: EtcdProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="gazette.keyspace")
+    caplog.set_level(logging.WARNING, logger="gazette.etcd.keyspace")
     root = unique_prefix()
     client = await connect(etcd_fresh.endpoint)
     try:
@@ -236,7 +237,7 @@ async def test_watch_resumes_after_etcd_restart(
 async def test_watch_reloads_after_falling_behind_compaction(
     etcd_fresh: EtcdProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="gazette.keyspace")
+    caplog.set_level(logging.WARNING, logger="gazette.etcd.keyspace")
     root = unique_prefix()
     client = await connect(etcd_fresh.endpoint)
     try:

@@ -12,19 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gazette.allocator.converge import converge
-from gazette.allocator.errors import TxnFailedError
-from gazette.allocator.model import Assignment, Entry, Item, Member
-from gazette.allocator.solver import Desired, solve
-from gazette.allocator.state import State
-from gazette.allocator.testing import ROOT, build_state
-from gazette.allocator.txn import Cmp, Delete, Op, Put
-from gazette.keyspace import (
+from gazette.allocator.keys import (
     items_key,
     members_key,
     parse_assignment_key,
     parse_item_key,
     parse_member_key,
 )
+from gazette.allocator.model import Assignment, Entry, Item, Member
+from gazette.allocator.solver import Desired, solve
+from gazette.allocator.state import State
+from gazette.allocator.testing import ROOT, build_state
+from gazette.etcd.errors import TxnFailedError
+from gazette.etcd.txn import Cmp, Delete, Op, Put
 
 
 def consistent_if_marked(_item: Entry[Item], a: Entry[Assignment], _all: object) -> bool:

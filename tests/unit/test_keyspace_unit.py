@@ -11,16 +11,11 @@ from aetcd import rpc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gazette.keyspace import (
+from gazette.allocator.keys import (
     AssignmentKey,
-    DecodeError,
     KeyKind,
-    KeyLayoutError,
-    KeySpace,
     assignment_key,
-    broker_decoder,
     check_component,
-    consumer_decoder,
     item_assignments_prefix,
     items_key,
     key_kind,
@@ -28,8 +23,10 @@ from gazette.keyspace import (
     parse_assignment_key,
     parse_item_key,
     parse_member_key,
-    prefix_end,
 )
+from gazette.broker.keys import broker_decoder
+from gazette.consumer.keys import consumer_decoder
+from gazette.etcd.keyspace import DecodeError, KeyLayoutError, KeySpace, prefix_end
 from gazette.protocol import consumer_pb2
 from gazette.protocol import protocol_pb2 as pb
 

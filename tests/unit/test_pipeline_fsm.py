@@ -22,12 +22,13 @@ from typing import Any
 import pytest
 from test_pipeline import JOURNAL, MEMBERS, FakeBroker, FakePeer, header, route
 
-from gazette import keyspace as ks_mod
+from gazette.allocator import keys
 from gazette.broker import append as append_mod
 from gazette.broker.fragment import Persister, Spool
 from gazette.broker.pipeline import PeerStream, ReplicationError
 from gazette.broker.replica import Replica
 from gazette.broker.resolver import Resolution
+from gazette.etcd.keyspace import KeyValue
 from gazette.fragment import CoverSet, Fragment
 from gazette.protocol import protocol_pb2 as pb
 from gazette.stores import Stores
@@ -68,8 +69,8 @@ class FSMBroker:
         assignments = []
         for slot, (zone, suffix) in enumerate(MEMBERS):
             value = r if self.advertised else None
-            key = ks_mod.assignment_key("/root", journal, zone, suffix, 0 if slot == 0 else slot)
-            assignments.append(ks_mod.KeyValue(key, value, b"", 1, self.revision, 1, 0))
+            key = keys.assignment_key("/root", journal, zone, suffix, 0 if slot == 0 else slot)
+            assignments.append(KeyValue(key, value, b"", 1, self.revision, 1, 0))
         return Resolution(status=pb.OK, header=hdr, local_id=hdr.process_id, spec=self.spec,
                           replica=self.replica, assignments=assignments,
                           signal=self.replica.route_signal)

@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 from test_filestore import ALL, make_snapshot
 
 from gazette.client.reader import open_fragment
-from gazette.etcd import free_port
 from gazette.fragment import Fragment, StoreAuthError, StoreError, UnsupportedStoreError, codecs
 from gazette.fragment.codecs import Codec
 from gazette.protocol import protocol_pb2 as pb
 from gazette.stores import Stores, store_for_url
 from gazette.stores import s3 as s3store_mod
 from gazette.stores.s3 import S3Store, parse_s3_url
+from gazette.testing.etcd_process import free_port
 from gazette.testing.s3 import s3_client
 
 CC = pb.CompressionCodec

@@ -22,7 +22,7 @@ from typing import Literal
 
 import aetcd
 
-from .errors import TxnFailedError
+from gazette.etcd.errors import TxnFailedError
 
 DEFAULT_MAX_OPS = 128
 
@@ -102,6 +102,32 @@ async def commit(
     )
     response: aetcd.rpc.TxnResponse = await client.kvstub.Txn(request, metadata=client.metadata)
     return response
+
+
+@dataclass(frozen=True, slots=True)
+class ItemChange:
+    """An upsert (``value`` set) or delete (``value`` None) of the spec at ``key``, expecting
+    its mod revision to be ``expect_mod_revision`` (0: it must not exist; -1: unchecked), as
+    Gazette's ApplyRequest.Change for journals and shards alike."""
+
+    key: str
+    value: bytes | None
+    expect_mod_revision: int = -1
+
+
+async def apply_changes(
+    client: aetcd.Client, changes: Sequence[ItemChange], extra: Sequence[Cmp] = ()
+) -> aetcd.rpc.TxnResponse:
+    """Applies spec changes in one transaction, checked against each change's expected mod
+    revision and the ``extra`` comparisons; returns etcd's response (``succeeded`` says
+    whether it applied, its header the revision to read through)."""
+    cmps = list(extra)
+    ops: list[Op] = []
+    for ch in changes:
+        ops.append(Delete(ch.key) if ch.value is None else Put(ch.key, ch.value))
+        if ch.expect_mod_revision != -1:
+            cmps.append(Cmp(ch.key, "mod", ch.expect_mod_revision))
+    return await commit(client, cmps, ops)
 
 
 class BatchedTxn:

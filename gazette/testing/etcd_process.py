@@ -14,7 +14,7 @@ Invariants:
 * A data directory the object created itself is removed by `close()`; one handed in is kept.
 * Every exit path (`close()`, the context managers, a failed start) leaves no etcd process behind.
 
-`python -m gazette.etcd --data-dir DIR --port N` runs one in the foreground until SIGINT/SIGTERM.
+`python -m gazette.testing.etcd_process --data-dir DIR --port N` runs one in the foreground until SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -37,9 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-import aetcd
-
-from gazette.errors import GazetteError
+from gazette.etcd.errors import EtcdError
 
 __all__ = [
     "EtcdError",
@@ -47,19 +45,13 @@ __all__ = [
     "EtcdStartError",
     "EtcdProcess",
     "find_etcd_binary",
-    "parse_endpoint",
-    "connect",
-    "CHANNEL_OPTIONS",
+    "free_port",
 ]
 
 log = logging.getLogger(__name__)
 
 _LOG_TAIL_BYTES = 4000
 _START_ATTEMPTS = 5
-
-
-class EtcdError(GazetteError):
-    """Base of errors raised while locating or running an etcd server."""
 
 
 class EtcdNotFoundError(EtcdError):
@@ -374,50 +366,9 @@ class EtcdProcess:
             self._log_file = None
 
 
-def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """Splits "host:port" or "http://host:port[/]" into (host, port)."""
-    rest = endpoint.strip()
-    for scheme in ("http://", "https://"):
-        if rest.startswith(scheme):
-            rest = rest[len(scheme):]
-            break
-    rest = rest.rstrip("/")
-    host, sep, port_text = rest.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
-        raise ValueError(f"etcd endpoint {endpoint!r} is not of the form host:port")
-    return host.strip("[]"), int(port_text)
-
-
-# gRPC channel options for etcd clients. The reconnect backoff is capped low so a client
-# reconnects within about a second of etcd coming back (gRPC's default grows to two minutes).
-# Keepalive stays above etcd's minimum ping interval (5s) so the server does not drop us.
-CHANNEL_OPTIONS: dict[str, int] = {
-    "grpc.initial_reconnect_backoff_ms": 100,
-    "grpc.min_reconnect_backoff_ms": 100,
-    "grpc.max_reconnect_backoff_ms": 1000,
-    "grpc.keepalive_time_ms": 30_000,
-    "grpc.keepalive_timeout_ms": 10_000,
-}
-
-
-async def connect(endpoint: str, *, rpc_timeout: int | None = None) -> aetcd.Client:
-    """Returns a connected aetcd client for `endpoint` ("host:port" or "http://host:port").
-
-    The gRPC channel is lazy: this does not wait for etcd to be reachable, and calls made
-    while it is down fail with `aetcd.exceptions.ConnectionFailedError`. `rpc_timeout` bounds
-    each of the client's unary calls (seconds; None: unbounded).
-    """
-    host, port = parse_endpoint(endpoint)
-    client = aetcd.Client(
-        host=host, port=port, timeout=rpc_timeout, options=dict(CHANNEL_OPTIONS)
-    )
-    await client.connect()
-    return client
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gazette.etcd",
+        prog="python -m gazette.testing.etcd_process",
         description="Run a single-member etcd on 127.0.0.1 until SIGINT or SIGTERM.",
     )
     parser.add_argument("--data-dir", required=True, help="etcd data directory (kept)")

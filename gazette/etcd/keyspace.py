@@ -1,8 +1,9 @@
 """KeySpace: a decoded, in-memory mirror of one etcd key prefix, kept current by a watch.
 
 Brokers and consumers read their journals, shards, members and assignments from a KeySpace
-rooted at their etcd prefix (`{root}/items/`, `{root}/members/`, `{root}/assign/`); this
-module also holds the builders and parsers of those keys and the decoders of their values.
+rooted at their etcd prefix. This module is generic: the key layout they share is
+``gazette.allocator.keys``, and each decodes its values beside its own code
+(``gazette.broker.keys``, ``gazette.consumer.keys``).
 
 Invariants of a KeySpace:
 
@@ -23,19 +24,14 @@ Invariants of a KeySpace:
 * `watch()` survives etcd restarts and unavailability (retry with capped backoff, resuming
   after the last revision seen) and compaction of the history it needs (it re-loads the whole
   prefix at a current revision, then continues).
-
-Key layout (as Gazette): separators are '#', and every key component must consist only of
-characters above '#' so that key order agrees with the natural order of the entities.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import enum
 import logging
 import posixpath
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -43,8 +39,7 @@ from typing import Any, NoReturn
 import aetcd
 import grpc
 
-from gazette.errors import GazetteError
-from gazette.protocol import consumer_pb2
+from gazette.etcd.errors import EtcdError
 from gazette.protocol import protocol_pb2 as pb
 
 __all__ = [
@@ -56,27 +51,7 @@ __all__ = [
     "KeySpace",
     "Decoder",
     "Observer",
-    "KeyKind",
-    "AssignmentKey",
-    "SEP",
-    "ITEMS",
-    "MEMBERS",
-    "ASSIGN",
-    "items_prefix",
-    "members_prefix",
-    "assignments_prefix",
-    "items_key",
-    "members_key",
-    "assignment_key",
-    "item_assignments_prefix",
-    "key_kind",
-    "parse_item_key",
-    "parse_member_key",
-    "parse_assignment_key",
-    "check_component",
     "prefix_end",
-    "broker_decoder",
-    "consumer_decoder",
 ]
 
 log = logging.getLogger(__name__)
@@ -86,7 +61,7 @@ log = logging.getLogger(__name__)
 # Errors
 
 
-class KeySpaceError(GazetteError):
+class KeySpaceError(EtcdError):
     """Base of keyspace errors; raised as-is when a mirror cannot stay consistent with etcd."""
 
 
@@ -576,204 +551,3 @@ class KeySpace:
             observer()
         signal, self._updated = self._updated, asyncio.Event()
         signal.set()
-
-
-# ----------------------------------------------------------------------------------------------
-# Key layout
-
-SEP = "#"
-ITEMS = "items"
-MEMBERS = "members"
-ASSIGN = "assign"
-
-_SLOT_RE = re.compile(r"[0-9]+")
-
-
-class KeyKind(enum.Enum):
-    ITEM = ITEMS
-    MEMBER = MEMBERS
-    ASSIGNMENT = ASSIGN
-
-
-@dataclass(frozen=True, slots=True)
-class AssignmentKey:
-    """The parts of an assignment key: which item, which member, which slot."""
-
-    item: str
-    zone: str
-    suffix: str
-    slot: int
-
-
-def check_component(what: str, value: str, *, allow_empty: bool = False) -> str:
-    """Returns `value` if it is a valid key component: all characters above '#', and non-empty
-    unless `allow_empty` (builders allow it, as Gazette's do: `items_key(root, "")` is the
-    items prefix; parsers never do)."""
-    if not value:
-        if allow_empty:
-            return value
-        raise KeyLayoutError(f"{what} must not be empty")
-    if min(value) <= SEP:
-        bad = next(c for c in value if c <= SEP)
-        raise KeyLayoutError(
-            f"{what} {value!r} has character {bad!r}; components allow only characters above '#'"
-        )
-    return value
-
-
-def items_prefix(root: str) -> str:
-    return f"{root}/{ITEMS}/"
-
-
-def members_prefix(root: str) -> str:
-    return f"{root}/{MEMBERS}/"
-
-
-def assignments_prefix(root: str) -> str:
-    return f"{root}/{ASSIGN}/"
-
-
-def items_key(root: str, name: str) -> str:
-    """`{root}/items/{name}`: where a journal's or shard's spec lives."""
-    return items_prefix(root) + check_component("item name", name, allow_empty=True)
-
-
-def members_key(root: str, zone: str, suffix: str) -> str:
-    """`{root}/members/{zone}#{suffix}`: where a broker's or consumer's spec lives."""
-    return (
-        members_prefix(root)
-        + check_component("member zone", zone, allow_empty=True)
-        + SEP
-        + check_component("member suffix", suffix, allow_empty=True)
-    )
-
-
-def item_assignments_prefix(root: str, item: str) -> str:
-    """`{root}/assign/{item}#`: the prefix of all assignments of one item."""
-    return assignments_prefix(root) + check_component("item name", item, allow_empty=True) + SEP
-
-
-def assignment_key(root: str, item: str, zone: str, suffix: str, slot: int) -> str:
-    """`{root}/assign/{item}#{zone}#{suffix}#{slot}`: one replica assignment."""
-    if slot < 0:
-        raise KeyLayoutError(f"assignment slot {slot} must not be negative")
-    return (
-        item_assignments_prefix(root, item)
-        + check_component("member zone", zone, allow_empty=True)
-        + SEP
-        + check_component("member suffix", suffix, allow_empty=True)
-        + SEP
-        + str(slot)
-    )
-
-
-def key_kind(root: str, key: str) -> KeyKind:
-    """Which part of the layout `key` (under `root`) belongs to."""
-    for kind in KeyKind:
-        if key.startswith(f"{root}/{kind.value}/"):
-            return kind
-    raise KeyLayoutError(f"key {key!r} is not under {root}/items/, /members/ or /assign/")
-
-
-def _tail(root: str, key: str, kind: KeyKind) -> str:
-    prefix = f"{root}/{kind.value}/"
-    if not key.startswith(prefix):
-        raise KeyLayoutError(f"key {key!r} does not start with {prefix!r}")
-    return key[len(prefix):]
-
-
-def parse_item_key(root: str, key: str) -> str:
-    """The item name of an items key."""
-    return check_component("item name", _tail(root, key, KeyKind.ITEM))
-
-
-def parse_member_key(root: str, key: str) -> tuple[str, str]:
-    """The (zone, suffix) of a members key."""
-    parts = _tail(root, key, KeyKind.MEMBER).split(SEP)
-    if len(parts) != 2:
-        raise KeyLayoutError(f"member key {key!r} must end in zone#suffix")
-    return check_component("member zone", parts[0]), check_component("member suffix", parts[1])
-
-
-def parse_assignment_key(root: str, key: str) -> AssignmentKey:
-    """The item, member and slot of an assignment key."""
-    parts = _tail(root, key, KeyKind.ASSIGNMENT).split(SEP)
-    if len(parts) != 4:
-        raise KeyLayoutError(f"assignment key {key!r} must end in item#zone#suffix#slot")
-    item, zone, suffix, slot = parts
-    if not _SLOT_RE.fullmatch(slot):
-        raise KeyLayoutError(f"assignment key {key!r} has slot {slot!r}, not a decimal number")
-    return AssignmentKey(
-        check_component("item name", item),
-        check_component("member zone", zone),
-        check_component("member suffix", suffix),
-        int(slot),
-    )
-
-
-# ----------------------------------------------------------------------------------------------
-# Value decoders
-
-
-def _parse_message(message_type: Any, key: str, raw: bytes) -> Any:
-    try:
-        return message_type.FromString(raw)
-    except Exception as err:  # protobuf raises its own DecodeError; keep one error type
-        raise DecodeError(f"{key}: not a valid {message_type.__name__}: {err}") from err
-
-
-def broker_decoder(root: str) -> Decoder:
-    """Decodes a broker keyspace: items are JournalSpec, members BrokerSpec, assignments Route
-    (None for an empty value). A spec whose name or ID disagrees with its key is refused."""
-
-    def decode(key: str, raw: bytes) -> Any:
-        kind = key_kind(root, key)
-        if kind is KeyKind.ITEM:
-            name = parse_item_key(root, key)
-            journal: pb.JournalSpec = _parse_message(pb.JournalSpec, key, raw)
-            if journal.name != name:
-                raise DecodeError(f"{key}: JournalSpec name {journal.name!r} differs from key")
-            return journal
-        if kind is KeyKind.MEMBER:
-            zone, suffix = parse_member_key(root, key)
-            broker: pb.BrokerSpec = _parse_message(pb.BrokerSpec, key, raw)
-            _check_process_id(key, "BrokerSpec", broker.process_spec.id, zone, suffix)
-            return broker
-        parse_assignment_key(root, key)
-        if not raw:
-            return None
-        return _parse_message(pb.Route, key, raw)
-
-    return decode
-
-
-def consumer_decoder(root: str) -> Decoder:
-    """Decodes a consumer keyspace: items are ShardSpec, members ConsumerSpec, assignments
-    ReplicaStatus (an empty value is the IDLE status). Specs must agree with their keys."""
-
-    def decode(key: str, raw: bytes) -> Any:
-        kind = key_kind(root, key)
-        if kind is KeyKind.ITEM:
-            shard_id = parse_item_key(root, key)
-            shard: consumer_pb2.ShardSpec = _parse_message(consumer_pb2.ShardSpec, key, raw)
-            if shard.id != shard_id:
-                raise DecodeError(f"{key}: ShardSpec id {shard.id!r} differs from key")
-            return shard
-        if kind is KeyKind.MEMBER:
-            zone, suffix = parse_member_key(root, key)
-            consumer: consumer_pb2.ConsumerSpec = _parse_message(
-                consumer_pb2.ConsumerSpec, key, raw
-            )
-            _check_process_id(key, "ConsumerSpec", consumer.process_spec.id, zone, suffix)
-            return consumer
-        parse_assignment_key(root, key)
-        return _parse_message(consumer_pb2.ReplicaStatus, key, raw)
-
-    return decode
-
-
-def _check_process_id(key: str, what: str, pid: pb.ProcessSpec.ID, zone: str, suffix: str) -> None:
-    if pid.zone != zone or pid.suffix != suffix:
-        raise DecodeError(
-            f"{key}: {what} id {pid.zone}#{pid.suffix} differs from key ({zone}#{suffix})"
-        )
