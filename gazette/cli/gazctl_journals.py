@@ -5,7 +5,7 @@ Invariants:
 - Each command is an async function of a ``Context``; failures the user can act upon
   raise ``CommandError`` (a message plus log fields), which gazctl prints as one line.
 - Selectors use Gazette's grammar (gazette.protocol.labels), spec YAML is Gazette's journal-space
-  hierarchy (gazette.broker.journalspace), durations are Go's (gazette.durations).
+  hierarchy (gazette.journalspace), durations are Go's (gazette.durations).
 - ``read`` writes each journal's content in whole-fragment spans: while one journal's
   span is being copied no other journal writes, so appends holding whole messages stay
   whole in the merged output.
@@ -122,7 +122,7 @@ def _add_list_flags(p: argparse.ArgumentParser) -> None:
 # --- list ---------------------------------------------------------------------------------
 
 def _journals_yaml(resp: pb.ListResponse) -> str:
-    from gazette.broker.journalspace import from_list_response, to_yaml
+    from gazette.journalspace import from_list_response, to_yaml
 
     return to_yaml(from_list_response(resp))
 
@@ -204,7 +204,7 @@ def _apply_flags(p: argparse.ArgumentParser) -> None:
 
 def changes_from_yaml(text: str) -> pb.ApplyRequest:
     """The ApplyRequest of a journal-space YAML document (Gazette's hierarchy)."""
-    from gazette.broker.journalspace import flatten, parse_yaml
+    from gazette.journalspace import flatten, parse_yaml
 
     req = pb.ApplyRequest()
     for entry in flatten(parse_yaml(text)):

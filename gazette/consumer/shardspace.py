@@ -15,7 +15,7 @@ Invariants (Gazette's, reproduced exactly):
 * Flat specs are canonical: zero durations and empty ``labels`` are absent; labels are sorted
   by (name, value).
 
-Errors are :class:`~gazette.broker.journalspace.SpecSpaceError` naming the shard and field.
+Errors are :class:`~gazette.journalspace.SpecSpaceError` naming the shard and field.
 """
 
 from __future__ import annotations
@@ -24,31 +24,32 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gazette.broker.journalspace import (
+from gazette.durations import format_duration_ns, ns_from_pb, ns_to_pb
+from gazette.protocol import consumer_pb2 as pc
+from gazette.specspace import (
     INT32,
     INT64,
     UINT32,
     SpecSpaceError,
-    _as_bool,
-    _as_duration_ns,
-    _as_int,
-    _as_list,
-    _as_map,
-    _as_opt_bool,
-    _as_str,
-    _check_keys,
-    _dump,
-    _intersect_labels,
-    _labels_from_yaml,
-    _labels_of,
-    _labels_to_yaml,
-    _load_document,
-    _set_labels,
-    _subtract_labels,
-    _union_labels,
+    as_bool,
+    as_duration_ns,
+    as_int,
+    as_list,
+    as_map,
+    as_opt_bool,
+    as_str,
+    check_keys,
+    checked_map,
+    dump,
+    intersect_labels,
+    labels_from_yaml,
+    labels_of,
+    labels_to_yaml,
+    load_document,
+    set_labels,
+    subtract_labels,
+    union_labels,
 )
-from gazette.durations import format_duration_ns, ns_from_pb, ns_to_pb
-from gazette.protocol import consumer_pb2 as pc
 
 __all__ = [
     "FlatShard",
@@ -131,35 +132,33 @@ def _canonical(spec: pc.ShardSpec) -> pc.ShardSpec:
 
 def _spec_from_yaml(d: dict[Any, Any], where: str) -> pc.ShardSpec:
     spec = pc.ShardSpec()
-    spec.id = _as_str(d.get("id"), where, "id")
-    for i, item in enumerate(_as_list(d.get("sources"), where, "sources")):
+    spec.id = as_str(d.get("id"), where, "id")
+    for i, item in enumerate(as_list(d.get("sources"), where, "sources")):
         at = f"sources[{i}]"
-        src = _as_map(item, where, at)
-        _check_keys(src, ("journal", "min_offset"), where, at + ".")
+        src = as_map(item, where, at)
+        check_keys(src, ("journal", "min_offset"), where, at + ".")
         spec.sources.add(
-            journal=_as_str(src.get("journal"), where, at + ".journal"),
-            min_offset=_as_int(src.get("min_offset"), where, at + ".min_offset", *INT64),
+            journal=as_str(src.get("journal"), where, at + ".journal"),
+            min_offset=as_int(src.get("min_offset"), where, at + ".min_offset", *INT64),
         )
     for key in _STR_KEYS:
-        setattr(spec, key, _as_str(d.get(key), where, key))
-    spec.hint_backups = _as_int(d.get("hint_backups"), where, "hint_backups", *INT32)
+        setattr(spec, key, as_str(d.get(key), where, key))
+    spec.hint_backups = as_int(d.get("hint_backups"), where, "hint_backups", *INT32)
     for key in _DURATION_KEYS:
-        ns = _as_duration_ns(d.get(key), where, key)
+        ns = as_duration_ns(d.get(key), where, key)
         if ns:
             getattr(spec, key).CopyFrom(ns_to_pb(ns))
     for key in _BOOL_KEYS:
-        setattr(spec, key, _as_bool(d.get(key), where, key))
+        setattr(spec, key, as_bool(d.get(key), where, key))
     for key in _UINT_KEYS:
-        setattr(spec, key, _as_int(d.get(key), where, key, *UINT32))
-    _set_labels(spec.labels, _labels_from_yaml(d.get("labels"), where))
+        setattr(spec, key, as_int(d.get(key), where, key, *UINT32))
+    set_labels(spec.labels, labels_from_yaml(d.get("labels"), where))
     return _canonical(spec)
 
 
 def shard_spec_from_dict(d: dict[str, Any], where: str = "spec") -> pc.ShardSpec:
     """A ShardSpec from its YAML mapping; malformed input raises :class:`SpecSpaceError`."""
-    m = _as_map(d, where, "spec")
-    _check_keys(m, _SPEC_KEYS, where, "")
-    return _spec_from_yaml(m, where)
+    return _spec_from_yaml(checked_map(d, where, _SPEC_KEYS), where)
 
 
 def shard_spec_to_dict(spec: pc.ShardSpec) -> dict[str, Any]:
@@ -188,7 +187,7 @@ def shard_spec_to_dict(spec: pc.ShardSpec) -> dict[str, Any]:
         if getattr(spec, key):
             out[key] = getattr(spec, key)
     if spec.labels.labels:
-        out["labels"] = _labels_to_yaml(_labels_of(spec.labels))
+        out["labels"] = labels_to_yaml(labels_of(spec.labels))
     for key in ("disable_wait_for_ack", "ring_buffer_size", "read_channel_size"):
         if getattr(spec, key):
             out[key] = getattr(spec, key)
@@ -197,21 +196,21 @@ def shard_spec_to_dict(spec: pc.ShardSpec) -> dict[str, Any]:
 
 def set_from_dict(d: Any) -> ShardSet:
     """A :class:`ShardSet` from its YAML mapping (``common`` and ``shards``), checked."""
-    m = _as_map(d, "document", "set")
-    _check_keys(m, ("common", "shards"), "document", "")
-    common_map = _as_map(m.get("common"), "common", "common")
-    _check_keys(common_map, _SPEC_KEYS, "common", "")
+    m = as_map(d, "document", "set")
+    check_keys(m, ("common", "shards"), "document", "")
+    common_map = as_map(m.get("common"), "common", "common")
+    check_keys(common_map, _SPEC_KEYS, "common", "")
     out = ShardSet(common=_spec_from_yaml(common_map, "common"))
     if out.common.id:
         raise SpecSpaceError("common", "id", "the common template cannot name a shard")
 
     seen: set[str] = set()
-    for i, item in enumerate(_as_list(m.get("shards"), "document", "shards")):
+    for i, item in enumerate(as_list(m.get("shards"), "document", "shards")):
         fallback = f"shards[{i}]"
-        sm = _as_map(item, fallback, "shard")
-        shard_id = _as_str(sm.get("id"), fallback, "id")
+        sm = as_map(item, fallback, "shard")
+        shard_id = as_str(sm.get("id"), fallback, "id")
         where = f"shard {shard_id!r}" if shard_id else fallback
-        _check_keys(sm, _SHARD_KEYS, where, "")
+        check_keys(sm, _SHARD_KEYS, where, "")
         if not shard_id:
             raise SpecSpaceError(where, "id", "missing shard id")
         if shard_id in seen:
@@ -220,9 +219,9 @@ def set_from_dict(d: Any) -> ShardSet:
         out.shards.append(
             Shard(
                 spec=_spec_from_yaml(sm, where),
-                delete=_as_opt_bool(sm.get("delete"), where, "delete"),
-                revision=_as_int(sm.get("revision"), where, "revision", *INT64),
-                comment=_as_str(sm.get("comment"), where, "comment"),
+                delete=as_opt_bool(sm.get("delete"), where, "delete"),
+                revision=as_int(sm.get("revision"), where, "revision", *INT64),
+                comment=as_str(sm.get("comment"), where, "comment"),
             )
         )
     return out
@@ -252,7 +251,7 @@ def set_to_dict(s: ShardSet) -> dict[str, Any]:
 
 def parse_yaml(text: str) -> ShardSet:
     """Parse and check one YAML shard-set document."""
-    doc = _load_document(text)
+    doc = load_document(text)
     if doc is None:
         raise SpecSpaceError("document", None, "empty document")
     return set_from_dict(doc)
@@ -260,7 +259,7 @@ def parse_yaml(text: str) -> ShardSet:
 
 def to_yaml(s: ShardSet) -> str:
     """The YAML document of a :class:`ShardSet`."""
-    return _dump(set_to_dict(s))
+    return dump(set_to_dict(s))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,7 +299,7 @@ def _union(a: pc.ShardSpec, b: pc.ShardSpec) -> pc.ShardSpec:
     for key in _DURATION_KEYS:
         if not ns_from_pb(getattr(out, key)):
             getattr(out, key).CopyFrom(getattr(b, key))
-    _set_labels(out.labels, _union_labels(_labels_of(a.labels), _labels_of(b.labels)))
+    set_labels(out.labels, union_labels(labels_of(a.labels), labels_of(b.labels)))
     return _canonical(out)
 
 
@@ -314,7 +313,7 @@ def _intersect(a: pc.ShardSpec, b: pc.ShardSpec) -> pc.ShardSpec:
     for key in _DURATION_KEYS:
         if ns_from_pb(getattr(out, key)) != ns_from_pb(getattr(b, key)):
             out.ClearField(key)  # type: ignore[arg-type]
-    _set_labels(out.labels, _intersect_labels(_labels_of(a.labels), _labels_of(b.labels)))
+    set_labels(out.labels, intersect_labels(labels_of(a.labels), labels_of(b.labels)))
     return _canonical(out)
 
 
@@ -328,7 +327,7 @@ def _subtract(a: pc.ShardSpec, b: pc.ShardSpec) -> pc.ShardSpec:
     for key in _DURATION_KEYS:
         if ns_from_pb(getattr(out, key)) == ns_from_pb(getattr(b, key)):
             out.ClearField(key)  # type: ignore[arg-type]
-    _set_labels(out.labels, _subtract_labels(_labels_of(a.labels), _labels_of(b.labels)))
+    set_labels(out.labels, subtract_labels(labels_of(a.labels), labels_of(b.labels)))
     return _canonical(out)
 
 
@@ -365,7 +364,7 @@ def nest(entries: Iterable[FlatShard]) -> ShardSet:
         if out.shards and out.shards[-1].spec.id == e.spec.id:
             raise SpecSpaceError(where, "id", "shard appears more than once")
         spec = _copy(e.spec)
-        _set_labels(spec.labels, sorted(_labels_of(spec.labels)))
+        set_labels(spec.labels, sorted(labels_of(spec.labels)))
         spec = _canonical(spec)
         out.shards.append(
             Shard(spec, delete=True if e.delete else None, revision=e.revision, comment=e.comment)

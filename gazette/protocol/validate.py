@@ -25,23 +25,21 @@ Invariants and deliberate choices:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import unquote, unquote_plus, urlsplit
 
 from google.protobuf.duration_pb2 import Duration
 
 from gazette.protocol import consumer_pb2 as cpb
 from gazette.protocol import protocol_pb2 as pb
-from gazette.protocol import recoverylog_pb2 as rpb
 from gazette.protocol.errors import ValidationError
 from gazette.protocol.labels import (
     CONTENT_TYPE,
     MESSAGE_SUB_TYPE,
     MESSAGE_TYPE,
-    META_ID,
     META_NAME,
     META_PREFIX,
     PATH_SYMBOLS,
@@ -52,6 +50,9 @@ from gazette.protocol.labels import (
 )
 
 __all__ = [
+    "fmt_ns",
+    "go_clean",
+    "within",
     "MAX_JOURNAL_REPLICATION",
     "STORE_QUERY_ARGS",
     "StoreURL",
@@ -59,8 +60,8 @@ __all__ = [
     "validate_append_request",
     "validate_apply_request",
     "validate_broker_spec",
+    "validate_change",
     "validate_compression_codec",
-    "validate_consumer_spec",
     "validate_duration",
     "validate_endpoint",
     "validate_fragment",
@@ -68,7 +69,6 @@ __all__ = [
     "validate_fragment_store",
     "validate_fragment_store_health_request",
     "validate_fragments_request",
-    "validate_fsm_hints",
     "validate_header",
     "validate_journal",
     "validate_journal_spec",
@@ -82,11 +82,6 @@ __all__ = [
     "validate_read_request",
     "validate_replicate_request",
     "validate_route",
-    "validate_shard_apply_request",
-    "validate_shard_id",
-    "validate_shard_list_request",
-    "validate_shard_spec",
-    "validate_stat_request",
 ]
 
 MIN_JOURNAL_NAME_LEN, MAX_JOURNAL_NAME_LEN = 4, 512
@@ -98,7 +93,6 @@ MIN_FLUSH_INTERVAL_NS = 60 * _SECOND_NS
 MIN_ZONE_LEN, MAX_ZONE_LEN = 1, 32
 MIN_BROKER_SUFFIX_LEN, MAX_BROKER_SUFFIX_LEN = 4, 128
 MAX_BROKER_JOURNAL_LIMIT = 1 << 17
-MIN_SHARD_ID_LEN, MAX_SHARD_ID_LEN = 4, 512
 MAX_FRAGMENTS_PAGE_LIMIT = 10_000
 
 # Protobuf's Duration range: +-10,000 years.
@@ -111,7 +105,7 @@ _APPEND_SUSPENDS = frozenset(pb.AppendRequest.Suspend.values())
 
 
 @contextmanager
-def _within(parent: str) -> Iterator[None]:
+def within(parent: str) -> Iterator[None]:
     """Prefix ``parent`` to the field path of a ValidationError passing through."""
     try:
         yield
@@ -123,7 +117,7 @@ def _within(parent: str) -> Iterator[None]:
 # --- Scalars: durations, paths, names. ---
 
 
-def _fmt_ns(ns: int) -> str:
+def fmt_ns(ns: int) -> str:
     if ns % _SECOND_NS == 0:
         return f"{ns // _SECOND_NS}s"
     return f"{ns / _SECOND_NS:g}s"
@@ -141,19 +135,19 @@ def validate_duration(
         )
     ns = d.seconds * _SECOND_NS + d.nanos
     if (min_ns is not None and ns < min_ns) or (max_ns is not None and ns > max_ns):
-        lo = _fmt_ns(min_ns) if min_ns is not None else ""
-        hi = _fmt_ns(max_ns) if max_ns is not None else ""
+        lo = fmt_ns(min_ns) if min_ns is not None else ""
+        hi = fmt_ns(max_ns) if max_ns is not None else ""
         if min_ns is not None and max_ns is not None:
             bound = f"{lo} <= duration <= {hi}"
         elif min_ns is not None:
             bound = f"duration >= {lo}"
         else:
             bound = f"duration <= {hi}"
-        raise ValidationError(field, f"invalid duration ({_fmt_ns(ns)}; expected {bound})")
+        raise ValidationError(field, f"invalid duration ({fmt_ns(ns)}; expected {bound})")
     return ns
 
 
-def _go_clean(p: str) -> str:
+def go_clean(p: str) -> str:
     """Go's ``path.Clean``: the shortest lexically equivalent path."""
     if not p:
         return "."
@@ -178,7 +172,7 @@ def validate_path_component(s: str, min_len: int, max_len: int, field: str = "")
     validate_token(s, PATH_SYMBOLS, min_len, max_len, field)
     if not s:
         return
-    if _go_clean(s) != s:
+    if go_clean(s) != s:
         raise ValidationError(field, f"must be a clean path ({s})")
     if s[0] == "/":
         raise ValidationError(field, f"cannot begin with '/' ({s})")
@@ -197,8 +191,6 @@ def validate_journal(name: str, field: str = "") -> None:
             raise ValidationError(field, f"metadata path segment: {err.rule}") from None
 
 
-def validate_shard_id(shard_id: str, field: str = "") -> None:
-    validate_token(shard_id, TOKEN_SYMBOLS, MIN_SHARD_ID_LEN, MAX_SHARD_ID_LEN, field)
 
 
 def validate_offsets(offsets: Mapping[str, int], field: str = "") -> None:
@@ -240,13 +232,13 @@ def validate_endpoint(endpoint: str, field: str = "") -> None:
 
 
 def validate_process_spec(spec: pb.ProcessSpec) -> None:
-    with _within("id"):
+    with within("id"):
         validate_process_id(spec.id)
     validate_endpoint(spec.endpoint, "endpoint")
 
 
 def validate_broker_spec(spec: pb.BrokerSpec) -> None:
-    with _within("process_spec"):
+    with within("process_spec"):
         validate_process_spec(spec.process_spec)
     if spec.journal_limit > MAX_BROKER_JOURNAL_LIMIT:
         raise ValidationError(
@@ -256,16 +248,12 @@ def validate_broker_spec(spec: pb.BrokerSpec) -> None:
         )
 
 
-def validate_consumer_spec(spec: cpb.ConsumerSpec) -> None:
-    with _within("process_spec"):
-        validate_process_spec(spec.process_spec)
-    # shard_limit needs no checks.
 
 
 def validate_route(route: pb.Route) -> None:
     members = route.members
     for i, member in enumerate(members):
-        with _within(f"members[{i}]"):
+        with within(f"members[{i}]"):
             validate_process_id(member)
         if i:
             prev = members[i - 1]
@@ -306,11 +294,11 @@ def _validate_etcd(etcd: pb.Header.Etcd) -> None:
 def validate_header(header: pb.Header) -> None:
     """``process_id`` is checked only when set; ``route`` and ``etcd`` always."""
     if header.process_id.zone or header.process_id.suffix:
-        with _within("process_id"):
+        with within("process_id"):
             validate_process_id(header.process_id)
-    with _within("route"):
+    with within("route"):
         validate_route(header.route)
-    with _within("etcd"):
+    with within("etcd"):
         _validate_etcd(header.etcd)
 
 
@@ -533,10 +521,10 @@ def validate_fragment_spec(frag: pb.JournalSpec.Fragment) -> None:
     if flush != 0 and flush < MIN_FLUSH_INTERVAL_NS:
         raise ValidationError(
             "flush_interval",
-            f"invalid flush_interval ({_fmt_ns(flush)}; "
-            f"expected 0 or >= {_fmt_ns(MIN_FLUSH_INTERVAL_NS)})",
+            f"invalid flush_interval ({fmt_ns(flush)}; "
+            f"expected 0 or >= {fmt_ns(MIN_FLUSH_INTERVAL_NS)})",
         )
-    with _within("path_postfix_template"):
+    with within("path_postfix_template"):
         _check_template(frag.path_postfix_template)
     # Any retention is allowed, as in Gazette; it must only be a well-formed Duration.
     validate_duration(frag.retention, "retention")
@@ -558,9 +546,9 @@ def validate_journal_spec(
             f"invalid replication ({spec.replication}; "
             f"expected 1 <= replication <= {max_replication})",
         )
-    with _within("labels"):
+    with within("labels"):
         _validate_journal_labels(spec.labels)
-    with _within("fragment"):
+    with within("fragment"):
         validate_fragment_spec(spec.fragment)
     if spec.flags not in _FLAGS:
         raise ValidationError("flags", f"invalid combination ({spec.flags})")
@@ -579,9 +567,9 @@ def validate_journal_spec(
 
 def validate_label_selector(selector: pb.LabelSelector) -> None:
     """Fields are ``include.labels[i]...`` and ``exclude.labels[i]...``."""
-    with _within("include"):
+    with within("include"):
         validate_label_set(selector.include, allow_prefix=True)
-    with _within("exclude"):
+    with within("exclude"):
         validate_label_set(selector.exclude, allow_prefix=True)
 
 
@@ -590,7 +578,7 @@ def validate_label_selector(selector: pb.LabelSelector) -> None:
 
 def validate_read_request(req: pb.ReadRequest) -> None:
     if req.HasField("header"):
-        with _within("header"):
+        with within("header"):
             validate_header(req.header)
     validate_journal(req.journal, "journal")
     if req.offset < -1:
@@ -608,7 +596,7 @@ def validate_append_request(req: pb.AppendRequest) -> None:
     """The first message of an Append names the journal; later ones carry only content."""
     if req.journal:
         if req.HasField("header"):
-            with _within("header"):
+            with within("header"):
                 validate_header(req.header)
         validate_journal(req.journal, "journal")
         if req.offset < 0:
@@ -616,13 +604,13 @@ def validate_append_request(req: pb.AppendRequest) -> None:
         if req.content:
             raise ValidationError("content", "unexpected content")
         if req.HasField("check_registers"):
-            with _within("check_registers"):
+            with within("check_registers"):
                 validate_label_selector(req.check_registers)
         if req.HasField("union_registers"):
-            with _within("union_registers"):
+            with within("union_registers"):
                 validate_label_set(req.union_registers)
         if req.HasField("subtract_registers"):
-            with _within("subtract_registers"):
+            with within("subtract_registers"):
                 validate_label_set(req.subtract_registers)
         if req.suspend not in _APPEND_SUSPENDS:
             raise ValidationError("suspend", f"invalid suspend variant ({req.suspend})")
@@ -644,14 +632,14 @@ def validate_replicate_request(req: pb.ReplicateRequest) -> None:
     """A proposal (the first message carries the header) or a chunk of content."""
     if req.HasField("proposal"):
         if req.HasField("header"):
-            with _within("header"):
+            with within("header"):
                 validate_header(req.header)
             if not req.acknowledge:
                 raise ValidationError("acknowledge", "expected acknowledge with header")
-        with _within("proposal"):
+        with within("proposal"):
             validate_fragment(req.proposal)
         # Absent registers read as empty, as Gazette's migration stub does.
-        with _within("registers"):
+        with within("registers"):
             validate_label_set(req.registers)
         if req.content:
             raise ValidationError(
@@ -685,7 +673,7 @@ def validate_replicate_request(req: pb.ReplicateRequest) -> None:
 
 
 def validate_list_request(req: pb.ListRequest) -> None:
-    with _within("selector"):
+    with within("selector"):
         validate_label_selector(req.selector)
     for side, labels in (("include", req.selector.include), ("exclude", req.selector.exclude)):
         for i, lb in enumerate(labels.labels):
@@ -698,23 +686,34 @@ def validate_list_request(req: pb.ListRequest) -> None:
 
 def validate_apply_request(req: pb.ApplyRequest) -> None:
     for i, change in enumerate(req.changes):
-        with _within(f"changes[{i}]"):
+        with within(f"changes[{i}]"):
             _validate_journal_change(change)
 
 
 def _validate_journal_change(change: pb.ApplyRequest.Change) -> None:
+    validate_change(change, validate_journal_spec, validate_journal)
+
+
+def validate_change(
+    change: pb.ApplyRequest.Change | cpb.ApplyRequest.Change,
+    validate_spec: Callable[[Any], None],
+    validate_name: Callable[[str, str], None],
+) -> None:
+    """The rules every ApplyRequest.Change follows, journals' and shards' alike: exactly one of
+    ``upsert`` (a spec, checked by ``validate_spec``) or ``delete`` (a name, checked by
+    ``validate_name``), and an ``expect_mod_revision`` that fits it (-1 is unchecked)."""
     if change.HasField("upsert"):
         if change.delete:
             raise ValidationError("", "both upsert and delete are set (expected exactly one)")
-        with _within("upsert"):
-            validate_journal_spec(change.upsert)
+        with within("upsert"):
+            validate_spec(change.upsert)
         if change.expect_mod_revision < -1:
             raise ValidationError(
                 "expect_mod_revision",
                 f"invalid expect_mod_revision ({change.expect_mod_revision}; expected >= 0 or -1)",
             )
     elif change.delete:
-        validate_journal(change.delete, "delete")
+        validate_name(change.delete, "delete")
         if change.expect_mod_revision <= 0 and change.expect_mod_revision != -1:
             raise ValidationError(
                 "expect_mod_revision",
@@ -726,7 +725,7 @@ def _validate_journal_change(change: pb.ApplyRequest.Change) -> None:
 
 def validate_fragments_request(req: pb.FragmentsRequest) -> None:
     if req.HasField("header"):
-        with _within("header"):
+        with within("header"):
             validate_header(req.header)
     validate_journal(req.journal, "journal")
     if req.end_mod_time != 0 and req.end_mod_time < req.begin_mod_time:
@@ -748,7 +747,7 @@ def validate_fragments_request(req: pb.FragmentsRequest) -> None:
         ttl = validate_duration(req.signatureTTL, "signatureTTL")
         if ttl <= 0:
             raise ValidationError(
-                "signatureTTL", f"invalid signatureTTL ({_fmt_ns(ttl)}; must be > 0s)"
+                "signatureTTL", f"invalid signatureTTL ({fmt_ns(ttl)}; must be > 0s)"
             )
 
 
@@ -766,124 +765,3 @@ def validate_fragment_store_health_request(req: pb.FragmentStoreHealthRequest) -
                 "check_delete_prefix", f"cannot traverse outside the store ({prefix})"
             )
         validate_path_component(trimmed, 1, MAX_JOURNAL_NAME_LEN, "check_delete_prefix")
-
-
-# --- Consumer: shards. ---
-
-
-def _is_absolute_clean_path(p: str) -> bool:
-    return p.startswith("/") and _go_clean(p) == p
-
-
-def validate_shard_spec(spec: cpb.ShardSpec) -> None:
-    validate_shard_id(spec.id, "id")
-    if spec.recovery_log_prefix:
-        validate_journal(f"{spec.recovery_log_prefix}/{spec.id}", "recovery_log_prefix")
-        if not _is_absolute_clean_path(spec.hint_prefix):
-            raise ValidationError(
-                "hint_prefix",
-                f"hint_prefix is not an absolute, clean, non-directory path ({spec.hint_prefix})",
-            )
-    elif spec.hint_prefix:
-        raise ValidationError(
-            "hint_prefix",
-            f"invalid non-empty hint_prefix with empty recovery_log_prefix ({spec.hint_prefix})",
-        )
-    if spec.hint_backups < 0:
-        raise ValidationError(
-            "hint_backups", f"invalid hint_backups ({spec.hint_backups}; expected >= 0)"
-        )
-    validate_duration(spec.min_txn_duration, "min_txn_duration", min_ns=0)
-    max_txn = validate_duration(spec.max_txn_duration, "max_txn_duration")
-    if max_txn <= 0:
-        raise ValidationError(
-            "max_txn_duration", f"invalid max_txn_duration ({_fmt_ns(max_txn)}; expected > 0)"
-        )
-    with _within("labels"):
-        validate_label_set(spec.labels)
-        validate_single_value_labels(spec.labels)
-        if any(lb.name == META_ID for lb in spec.labels.labels):
-            raise ValidationError("", f'labels cannot include label "{META_ID}"')
-    sources = spec.sources
-    for i, source in enumerate(sources):
-        validate_journal(source.journal, f"sources[{i}].journal")
-        if source.min_offset < 0:
-            raise ValidationError(
-                f"sources[{i}].min_offset",
-                f"invalid min_offset ({source.min_offset}; expected >= 0)",
-            )
-        if i and source.journal <= sources[i - 1].journal:
-            raise ValidationError(
-                f"sources[{i}].journal",
-                f"sources not in unique, sorted order of journal "
-                f"(index {i}; {source.journal} <= {sources[i - 1].journal})",
-            )
-    # hot_standbys, disable and disable_wait_for_ack need no checks.
-
-
-def validate_fsm_hints(hints: rpb.FSMHints) -> None:
-    """Recovery-log hints: each live segment is consistent and names its log once."""
-    for n, node in enumerate(hints.live_nodes):
-        for s, seg in enumerate(node.segments):
-            with _within(f"live_nodes[{n}].segments[{s}]"):
-                if seg.log and seg.log == hints.log:
-                    raise ValidationError("log", "segment log duplicates hints log")
-                if seg.author == 0:
-                    raise ValidationError("author", "author is zero")
-                if seg.first_seq_no <= 0:
-                    raise ValidationError("first_seq_no", "first_seq_no <= 0")
-                if seg.first_offset < 0:
-                    raise ValidationError("first_offset", "first_offset < 0")
-                if seg.last_seq_no < seg.first_seq_no:
-                    raise ValidationError("last_seq_no", "last_seq_no < first_seq_no")
-                if seg.last_offset != 0 and seg.last_offset <= seg.first_offset:
-                    raise ValidationError("last_offset", "last_offset <= first_offset")
-                validate_journal(seg.log or hints.log, "log")
-
-
-def validate_shard_apply_request(req: cpb.ApplyRequest) -> None:
-    for i, change in enumerate(req.changes):
-        with _within(f"changes[{i}]"):
-            _validate_shard_change(change)
-
-
-def _validate_shard_change(change: cpb.ApplyRequest.Change) -> None:
-    if change.HasField("upsert"):
-        if change.delete:
-            raise ValidationError("", "both upsert and delete are set (expected exactly one)")
-        with _within("upsert"):
-            validate_shard_spec(change.upsert)
-        if change.expect_mod_revision < -1:
-            raise ValidationError(
-                "expect_mod_revision",
-                f"invalid expect_mod_revision ({change.expect_mod_revision}; expected >= 0 or -1)",
-            )
-        if change.HasField("primary_hints"):
-            with _within("primary_hints"):
-                validate_fsm_hints(change.primary_hints)
-    elif change.delete:
-        validate_shard_id(change.delete, "delete")
-        if change.expect_mod_revision <= 0 and change.expect_mod_revision != -1:
-            raise ValidationError(
-                "expect_mod_revision",
-                f"invalid expect_mod_revision ({change.expect_mod_revision}; expected > 0 or -1)",
-            )
-        if change.HasField("primary_hints"):
-            raise ValidationError(
-                "primary_hints", "hints may be set only with an upsert, not a delete"
-            )
-    else:
-        raise ValidationError("", "neither upsert nor delete are set (expected exactly one)")
-
-
-def validate_shard_list_request(req: cpb.ListRequest) -> None:
-    with _within("selector"):
-        validate_label_selector(req.selector)
-
-
-def validate_stat_request(req: cpb.StatRequest) -> None:
-    if req.HasField("header"):
-        with _within("header"):
-            validate_header(req.header)
-    validate_shard_id(req.shard, "shard")
-    validate_offsets(req.read_through, "read_through")

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gazette.broker.journalspace import (
+from gazette.durations import HOUR, MINUTE, SECOND, ns_to_pb
+from gazette.journalspace import (
     FlatEntry,
     Node,
     SpecSpaceError,
@@ -22,7 +23,6 @@ from gazette.broker.journalspace import (
     to_yaml,
     validate,
 )
-from gazette.durations import HOUR, MINUTE, SECOND, ns_to_pb
 from gazette.protocol import protocol_pb2 as pb
 
 O_RDONLY = pb.JournalSpec.O_RDONLY

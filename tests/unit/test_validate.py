@@ -19,6 +19,7 @@ from gazette.protocol import labels as L
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import recoverylog_pb2 as rpb
 from gazette.protocol import validate as v
+from gazette.protocol import validate_consumer as vc
 from gazette.protocol.errors import (
     GazetteError,
     StatusError,
@@ -583,9 +584,9 @@ def test_broker_spec() -> None:
     _refused(v.validate_broker_spec, spec, "journal_limit", "expected 0 <= journal_limit <= 131072")
 
     consumer = cpb.ConsumerSpec(process_spec=spec.process_spec, shard_limit=3)
-    v.validate_consumer_spec(consumer)
+    vc.validate_consumer_spec(consumer)
     consumer.process_spec.endpoint = "http://"
-    _refused(v.validate_consumer_spec, consumer, "process_spec.endpoint", "missing host")
+    _refused(vc.validate_consumer_spec, consumer, "process_spec.endpoint", "missing host")
 
 
 def _route() -> pb.Route:
@@ -809,7 +810,7 @@ def test_list_request() -> None:
     req.selector.include.labels.add(name="zz", value="1")
     req.selector.include.labels.add(name="aa", value="1")
     _refused(v.validate_list_request, req, "selector.include.labels[1]", "sorted order")
-    v.validate_shard_list_request(cpb.ListRequest(selector=pb.LabelSelector()))
+    vc.validate_shard_list_request(cpb.ListRequest(selector=pb.LabelSelector()))
 
 
 def test_apply_request() -> None:
@@ -889,10 +890,10 @@ def test_fragment_store_health_request() -> None:
 )
 def test_shard_ids(shard_id: str, rule: str | None) -> None:
     if rule is None:
-        v.validate_shard_id(shard_id)
+        vc.validate_shard_id(shard_id)
         return
     with pytest.raises(ValidationError, match=re.escape(rule)):
-        v.validate_shard_id(shard_id, "id")
+        vc.validate_shard_id(shard_id, "id")
 
 
 def test_shard_spec_sequence() -> None:
@@ -910,7 +911,7 @@ def test_shard_spec_sequence() -> None:
     )
 
     def fails(field: str, rule: str) -> None:
-        _refused(v.validate_shard_spec, spec, field, rule)
+        _refused(vc.validate_shard_spec, spec, field, rule)
 
     fails("id", "not a valid token (bad id)")
     spec.id = "a-shard-id"
@@ -942,9 +943,9 @@ def test_shard_spec_sequence() -> None:
     fails("sources[1].journal", "(index 1; journal/1 <= journal/2)")
     spec.sources[0].CopyFrom(cpb.ShardSpec.Source(journal="journal/1", min_offset=1024))
     spec.sources[1].CopyFrom(cpb.ShardSpec.Source(journal="journal/2"))
-    v.validate_shard_spec(spec)
+    vc.validate_shard_spec(spec)
     del spec.sources[:]  # As in Gazette, a shard may have no sources.
-    v.validate_shard_spec(spec)
+    vc.validate_shard_spec(spec)
 
 
 def _shard_spec() -> cpb.ShardSpec:
@@ -973,7 +974,7 @@ def test_shard_apply_request() -> None:
             cpb.ApplyRequest.Change(delete="other-shard", expect_mod_revision=3),
         ]
     )
-    v.validate_shard_apply_request(req)
+    vc.validate_shard_apply_request(req)
     seg = req.changes[0].primary_hints.live_nodes[0].segments[0]
     for field, value, rule in [
         ("author", 0, "author is zero"),
@@ -986,33 +987,33 @@ def test_shard_apply_request() -> None:
         old = getattr(seg, field)
         setattr(seg, field, value)
         _refused(
-            v.validate_shard_apply_request,
+            vc.validate_shard_apply_request,
             req,
             f"changes[0].primary_hints.live_nodes[0].segments[0].{field}",
             rule,
         )
         setattr(seg, field, old)
     req.changes[0].upsert.max_txn_duration.seconds = 0
-    _refused(v.validate_shard_apply_request, req, "changes[0].upsert.max_txn_duration", "> 0")
+    _refused(vc.validate_shard_apply_request, req, "changes[0].upsert.max_txn_duration", "> 0")
     req.changes[0].upsert.max_txn_duration.seconds = 1
     req.changes[1].primary_hints.CopyFrom(hints)
-    _refused(v.validate_shard_apply_request, req, "changes[1].primary_hints", "only with an upsert")
+    _refused(vc.validate_shard_apply_request, req, "changes[1].primary_hints", "only with an upsert")
     req.changes[1].ClearField("primary_hints")
     req.changes[1].delete = "x"
-    _refused(v.validate_shard_apply_request, req, "changes[1].delete", "invalid length")
+    _refused(vc.validate_shard_apply_request, req, "changes[1].delete", "invalid length")
     req.changes[1].delete = "other-shard"
     req.changes[1].expect_mod_revision = 0
-    _refused(v.validate_shard_apply_request, req, "changes[1].expect_mod_revision", "> 0 or -1")
+    _refused(vc.validate_shard_apply_request, req, "changes[1].expect_mod_revision", "> 0 or -1")
 
 
 def test_stat_request_and_offsets() -> None:
     req = cpb.StatRequest(shard="shard-000", read_through={"a/journal": 10})
-    v.validate_stat_request(req)
+    vc.validate_stat_request(req)
     req.read_through["b/journal"] = -1
-    _refused(v.validate_stat_request, req, "read_through['b/journal']", "invalid offset (-1;")
+    _refused(vc.validate_stat_request, req, "read_through['b/journal']", "invalid offset (-1;")
     del req.read_through["b/journal"]
     req.read_through["/bad"] = 1
-    _refused(v.validate_stat_request, req, "read_through['/bad']", "cannot begin with '/'")
+    _refused(vc.validate_stat_request, req, "read_through['/bad']", "cannot begin with '/'")
 
 
 def test_label_selector_message() -> None:

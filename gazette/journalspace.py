@@ -27,15 +27,36 @@ Errors are :class:`SpecSpaceError` (a ``ValueError``) naming the node and the fi
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
-from gazette.durations import format_duration_ns, ns_from_pb, ns_to_pb, parse_duration_ns
-from gazette.errors import GazetteError
+from gazette.durations import format_duration_ns, ns_from_pb, ns_to_pb
 from gazette.protocol import protocol_pb2 as pb
+from gazette.specspace import (
+    INT32,
+    INT64,
+    SpecSpaceError,
+    as_duration_ns,
+    as_enum,
+    as_int,
+    as_list,
+    as_map,
+    as_opt_bool,
+    as_str,
+    check_keys,
+    checked_map,
+    dump,
+    intersect_labels,
+    is_null,
+    labels_from_yaml,
+    labels_of,
+    labels_to_yaml,
+    load_document,
+    set_labels,
+    subtract_labels,
+    union_labels,
+)
 
 __all__ = [
     "FlatEntry",
@@ -53,287 +74,6 @@ __all__ = [
     "to_yaml",
     "validate",
 ]
-
-
-class SpecSpaceError(GazetteError, ValueError):
-    """A spec space (journal tree or shard set) is malformed.
-
-    ``where`` names the node (``node 'foo/bar'``, ``shard 'a'``, ``common``, ``document``),
-    ``field`` the offending field path (``fragment.retention``) or ``None``.
-    """
-
-    def __init__(self, where: str, field: str | None, detail: str) -> None:
-        self.where = where
-        self.field = field
-        self.detail = detail
-        super().__init__(f"{where}: {field}: {detail}" if field else f"{where}: {detail}")
-
-
-# ---------------------------------------------------------------------------------------------
-# YAML loading that keeps scalar source text.
-#
-# Go's yaml.v2 decodes a plain scalar into a string field as its source text (`value: yes` is
-# "yes", `value: 1.50` is "1.50"), whereas PyYAML would hand back True / 1.5. The loader below
-# therefore wraps every non-string implicit scalar in _Scalar, keeping both readings.
-
-
-@dataclass(frozen=True)
-class _Scalar:
-    text: str
-    value: Any  # What YAML 1.1 resolves the text to: None, bool, int, float or a date.
-
-
-# libyaml's parser and emitter when present; construction and representation stay in Python.
-_BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_BaseDumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-
-
-class _Loader(_BaseLoader):  # type: ignore[misc]
-    """Safe loader that keeps non-string scalars' text and rejects duplicate mapping keys."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[str] = set()
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode):
-                if key_node.value in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key_node.value!r}", key_node.start_mark
-                    )
-                seen.add(key_node.value)
-        out: dict[Any, Any] = super().construct_mapping(node, deep=deep)
-        return out
-
-
-def _wrap(base: Any) -> Any:
-    def construct(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> _Scalar:
-        return _Scalar(str(node.value), base(loader, node))
-
-    return construct
-
-
-for _tag, _base in [
-    ("tag:yaml.org,2002:null", yaml.SafeLoader.construct_yaml_null),
-    ("tag:yaml.org,2002:bool", yaml.SafeLoader.construct_yaml_bool),
-    ("tag:yaml.org,2002:int", yaml.SafeLoader.construct_yaml_int),
-    ("tag:yaml.org,2002:float", yaml.SafeLoader.construct_yaml_float),
-    ("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_timestamp),
-]:
-    _Loader.add_constructor(_tag, _wrap(_base))
-
-
-def _load_document(text: str) -> Any:
-    """Load exactly one YAML document with :class:`_Loader`."""
-    try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader derives from SafeLoader.
-    except yaml.YAMLError as err:
-        raise SpecSpaceError("document", None, f"invalid YAML: {err}") from err
-
-
-class _Dumper(_BaseDumper):  # type: ignore[misc]
-    """Safe dumper choosing string styles as Go's yaml.v2 does."""
-
-
-_STR_TAG = "tag:yaml.org,2002:str"
-
-
-def _represent_str(dumper: Any, value: str) -> yaml.ScalarNode:
-    # Go double-quotes a string that would otherwise read back as another type ("", "yes",
-    # "1.50"), uses a literal block for multi-line text, and leaves the rest to the emitter
-    # (plain where allowed, else single-quoted).
-    style: str | None = None
-    if "\n" in value:
-        style = "|"
-    elif dumper.resolve(yaml.ScalarNode, value, (True, False)) != _STR_TAG:
-        style = '"'
-    node: yaml.ScalarNode = dumper.represent_scalar(_STR_TAG, value, style=style)
-    return node
-
-
-_Dumper.add_representer(str, _represent_str)
-
-
-def _dump(doc: Any) -> str:
-    return yaml.dump(
-        doc,
-        Dumper=_Dumper,
-        sort_keys=False,
-        default_flow_style=False,
-        allow_unicode=True,
-        width=1 << 16,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Typed field accessors. Each takes the raw YAML value and the (where, field) to blame.
-
-
-def _shown(v: Any) -> str:
-    return repr(v.text) if isinstance(v, _Scalar) else repr(v)
-
-
-def _as_str(v: Any, where: str, fld: str) -> str:
-    if isinstance(v, str):
-        return v
-    if isinstance(v, _Scalar):
-        return "" if v.value is None else v.text
-    if v is None:
-        return ""
-    raise SpecSpaceError(where, fld, f"expected a string, got {_shown(v)}")
-
-
-def _as_int(v: Any, where: str, fld: str, lo: int, hi: int) -> int:
-    raw = v.value if isinstance(v, _Scalar) else v
-    if raw is None:
-        return 0
-    if not isinstance(raw, int) or isinstance(raw, bool):
-        raise SpecSpaceError(where, fld, f"expected an integer, got {_shown(v)}")
-    if not lo <= raw <= hi:
-        raise SpecSpaceError(where, fld, f"{raw} is out of range [{lo}, {hi}]")
-    return raw
-
-
-def _as_bool(v: Any, where: str, fld: str) -> bool:
-    raw = v.value if isinstance(v, _Scalar) else v
-    if raw is None:
-        return False
-    if not isinstance(raw, bool):
-        raise SpecSpaceError(where, fld, f"expected true or false, got {_shown(v)}")
-    return raw
-
-
-def _as_opt_bool(v: Any, where: str, fld: str) -> bool | None:
-    raw = v.value if isinstance(v, _Scalar) else v
-    return None if raw is None else _as_bool(v, where, fld)
-
-
-def _as_list(v: Any, where: str, fld: str) -> list[Any]:
-    if v is None or (isinstance(v, _Scalar) and v.value is None):
-        return []
-    if not isinstance(v, list):
-        raise SpecSpaceError(where, fld, f"expected a list, got {_shown(v)}")
-    return v
-
-
-def _as_map(v: Any, where: str, fld: str) -> dict[Any, Any]:
-    if v is None or (isinstance(v, _Scalar) and v.value is None):
-        return {}
-    if not isinstance(v, dict):
-        raise SpecSpaceError(where, fld, f"expected a mapping, got {_shown(v)}")
-    return v
-
-
-def _is_null(v: Any) -> bool:
-    return v is None or (isinstance(v, _Scalar) and v.value is None)
-
-
-def _as_duration_ns(v: Any, where: str, fld: str) -> int:
-    raw = v.value if isinstance(v, _Scalar) else v
-    if raw is None or (isinstance(raw, int) and not isinstance(raw, bool) and raw == 0):
-        return 0
-    if not isinstance(v, str):
-        # A bare number would be nanoseconds to Go; almost surely not what was meant.
-        raise SpecSpaceError(where, fld, f"expected a duration such as '1m0s', got {_shown(v)}")
-    try:
-        return parse_duration_ns(v)
-    except ValueError as err:
-        raise SpecSpaceError(where, fld, str(err)) from None
-
-
-def _as_enum(
-    v: Any, where: str, fld: str, names: dict[str, int], type_name: str, ints: bool
-) -> int:
-    raw = v.value if isinstance(v, _Scalar) else v
-    if raw is None:
-        return 0
-    if ints and isinstance(raw, int) and not isinstance(raw, bool):
-        return _as_int(v, where, fld, 0, (1 << 31) - 1)
-    text = _as_str(v, where, fld)
-    if text not in names:
-        options = ", ".join(sorted(names, key=lambda n: names[n]))
-        raise SpecSpaceError(
-            where, fld, f"{text!r} is not a valid {type_name} (options are {options})"
-        )
-    return names[text]
-
-
-def _check_keys(d: dict[Any, Any], allowed: Sequence[str], where: str, prefix: str) -> None:
-    for key in d:
-        if not isinstance(key, str) or key not in allowed:
-            shown = key.text if isinstance(key, _Scalar) else key
-            raise SpecSpaceError(
-                where,
-                f"{prefix}{shown}",
-                f"unknown field (expected one of {', '.join(allowed)})",
-            )
-
-
-INT32 = (-(1 << 31), (1 << 31) - 1)
-INT64 = (-(1 << 63), (1 << 63) - 1)
-UINT32 = (0, (1 << 32) - 1)
-
-# ---------------------------------------------------------------------------------------------
-# Labels: sorted (name, value) pairs; merged per name, as Gazette's label-set algebra does.
-
-_Labels = list[tuple[str, str]]
-
-
-def _labels_from_yaml(v: Any, where: str, fld: str = "labels") -> _Labels:
-    out: _Labels = []
-    for i, item in enumerate(_as_list(v, where, fld)):
-        at = f"{fld}[{i}]"
-        d = _as_map(item, where, at)
-        _check_keys(d, ("name", "value"), where, at + ".")
-        name = _as_str(d.get("name"), where, at + ".name")
-        if not name:
-            raise SpecSpaceError(where, at + ".name", "missing label name")
-        out.append((name, _as_str(d.get("value"), where, at + ".value")))
-    out.sort()
-    for a, b in zip(out, out[1:], strict=False):
-        if a == b:
-            raise SpecSpaceError(where, fld, f"duplicate label {a[0]}={a[1]!r}")
-    return out
-
-
-def _labels_to_yaml(labels: _Labels) -> list[dict[str, str]]:
-    return [{"name": n, "value": v} for n, v in labels]
-
-
-def _labels_of(ls: pb.LabelSet) -> _Labels:
-    return [(label.name, label.value) for label in ls.labels]
-
-
-def _set_labels(ls: pb.LabelSet, labels: Iterable[tuple[str, str]]) -> None:
-    del ls.labels[:]
-    ls.labels.extend(pb.Label(name=n, value=v) for n, v in labels)
-
-
-def _groups(labels: _Labels) -> dict[str, tuple[str, ...]]:
-    out: dict[str, list[str]] = {}
-    for name, value in labels:
-        out.setdefault(name, []).append(value)
-    return {n: tuple(vs) for n, vs in out.items()}
-
-
-def _ungroup(groups: dict[str, tuple[str, ...]]) -> _Labels:
-    return [(n, v) for n in sorted(groups) for v in groups[n]]
-
-
-def _union_labels(a: _Labels, b: _Labels) -> _Labels:
-    """Labels of ``a``, plus those of ``b`` whose names ``a`` does not use."""
-    ga, gb = _groups(a), _groups(b)
-    return _ungroup({**gb, **ga})
-
-
-def _intersect_labels(a: _Labels, b: _Labels) -> _Labels:
-    """Label names having identical values in ``a`` and ``b``."""
-    ga, gb = _groups(a), _groups(b)
-    return _ungroup({n: vs for n, vs in ga.items() if gb.get(n) == vs})
-
-
-def _subtract_labels(a: _Labels, b: _Labels) -> _Labels:
-    """Label names of ``a`` whose values ``b`` does not match exactly."""
-    ga, gb = _groups(a), _groups(b)
-    return _ungroup({n: vs for n, vs in ga.items() if gb.get(n) != vs})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -399,15 +139,15 @@ _LEVEL_NAMES = {v: n for n, v in _LEVELS.items()}
 def _spec_from_yaml(d: dict[Any, Any], where: str) -> pb.JournalSpec:
     """Build a (possibly partial) JournalSpec from the spec keys of ``d``."""
     spec = pb.JournalSpec()
-    spec.name = _as_str(d.get("name"), where, "name")
-    spec.replication = _as_int(d.get("replication"), where, "replication", *INT32)
-    _set_labels(spec.labels, _labels_from_yaml(d.get("labels"), where))
+    spec.name = as_str(d.get("name"), where, "name")
+    spec.replication = as_int(d.get("replication"), where, "replication", *INT32)
+    set_labels(spec.labels, labels_from_yaml(d.get("labels"), where))
 
-    frag = _as_map(d.get("fragment"), where, "fragment")
-    _check_keys(frag, _FRAGMENT_KEYS, where, "fragment.")
+    frag = as_map(d.get("fragment"), where, "fragment")
+    check_keys(frag, _FRAGMENT_KEYS, where, "fragment.")
     f = spec.fragment
-    f.length = _as_int(frag.get("length"), where, "fragment.length", *INT64)
-    f.compression_codec = _as_enum(  # type: ignore[assignment]
+    f.length = as_int(frag.get("length"), where, "fragment.length", *INT64)
+    f.compression_codec = as_enum(  # type: ignore[assignment]
         frag.get("compression_codec"),
         where,
         "fragment.compression_codec",
@@ -415,27 +155,27 @@ def _spec_from_yaml(d: dict[Any, Any], where: str) -> pb.JournalSpec:
         "CompressionCodec",
         ints=False,
     )
-    for i, store in enumerate(_as_list(frag.get("stores"), where, "fragment.stores")):
-        f.stores.append(_as_str(store, where, f"fragment.stores[{i}]"))
+    for i, store in enumerate(as_list(frag.get("stores"), where, "fragment.stores")):
+        f.stores.append(as_str(store, where, f"fragment.stores[{i}]"))
     for key in _DURATION_KEYS:
-        ns = _as_duration_ns(frag.get(key), where, f"fragment.{key}")
+        ns = as_duration_ns(frag.get(key), where, f"fragment.{key}")
         if ns:
             getattr(f, key).CopyFrom(ns_to_pb(ns))
-    f.path_postfix_template = _as_str(
+    f.path_postfix_template = as_str(
         frag.get("path_postfix_template"), where, "fragment.path_postfix_template"
     )
 
-    spec.flags = _as_enum(d.get("flags"), where, "flags", _FLAGS, "JournalSpec.Flag", ints=True)
-    spec.max_append_rate = _as_int(d.get("max_append_rate"), where, "max_append_rate", *INT64)
+    spec.flags = as_enum(d.get("flags"), where, "flags", _FLAGS, "JournalSpec.Flag", ints=True)
+    spec.max_append_rate = as_int(d.get("max_append_rate"), where, "max_append_rate", *INT64)
 
-    if not _is_null(d.get("suspend")):
-        sus = _as_map(d.get("suspend"), where, "suspend")
-        _check_keys(sus, ("level", "offset"), where, "suspend.")
+    if not is_null(d.get("suspend")):
+        sus = as_map(d.get("suspend"), where, "suspend")
+        check_keys(sus, ("level", "offset"), where, "suspend.")
         spec.suspend.SetInParent()
-        spec.suspend.level = _as_enum(  # type: ignore[assignment]
+        spec.suspend.level = as_enum(  # type: ignore[assignment]
             sus.get("level"), where, "suspend.level", _LEVELS, "Suspend.Level", ints=True
         )
-        spec.suspend.offset = _as_int(sus.get("offset"), where, "suspend.offset", *INT64)
+        spec.suspend.offset = as_int(sus.get("offset"), where, "suspend.offset", *INT64)
     return _canonical(spec)
 
 
@@ -444,9 +184,7 @@ def spec_from_dict(d: dict[str, Any], where: str = "spec") -> pb.JournalSpec:
 
     Unknown keys, wrong types, bad durations and codec names raise :class:`SpecSpaceError`.
     """
-    m = _as_map(d, where, "spec")
-    _check_keys(m, _SPEC_KEYS, where, "")
-    return _spec_from_yaml(m, where)
+    return _spec_from_yaml(checked_map(d, where, _SPEC_KEYS), where)
 
 
 def spec_to_dict(spec: pb.JournalSpec) -> dict[str, Any]:
@@ -457,7 +195,7 @@ def spec_to_dict(spec: pb.JournalSpec) -> dict[str, Any]:
     if spec.replication:
         out["replication"] = spec.replication
     if spec.labels.labels:
-        out["labels"] = _labels_to_yaml(_labels_of(spec.labels))
+        out["labels"] = labels_to_yaml(labels_of(spec.labels))
     f = spec.fragment
     frag: dict[str, Any] = {}
     if f.length:
@@ -528,7 +266,7 @@ def _union(a: pb.JournalSpec, b: pb.JournalSpec) -> pb.JournalSpec:
     out = _copy(a)
     if not out.replication:
         out.replication = b.replication
-    _set_labels(out.labels, _union_labels(_labels_of(a.labels), _labels_of(b.labels)))
+    set_labels(out.labels, union_labels(labels_of(a.labels), labels_of(b.labels)))
     fo, fb = out.fragment, b.fragment
     if not fo.length:
         fo.length = fb.length
@@ -553,7 +291,7 @@ def _intersect(a: pb.JournalSpec, b: pb.JournalSpec) -> pb.JournalSpec:
     out = _copy(a)
     if out.replication != b.replication:
         out.replication = 0
-    _set_labels(out.labels, _intersect_labels(_labels_of(a.labels), _labels_of(b.labels)))
+    set_labels(out.labels, intersect_labels(labels_of(a.labels), labels_of(b.labels)))
     fo, fb = out.fragment, b.fragment
     if fo.length != fb.length:
         fo.length = 0
@@ -579,7 +317,7 @@ def _subtract(a: pb.JournalSpec, b: pb.JournalSpec) -> pb.JournalSpec:
     out = _copy(a)
     if out.replication == b.replication:
         out.replication = 0
-    _set_labels(out.labels, _subtract_labels(_labels_of(a.labels), _labels_of(b.labels)))
+    set_labels(out.labels, subtract_labels(labels_of(a.labels), labels_of(b.labels)))
     fo, fb = out.fragment, b.fragment
     if fo.length == fb.length:
         fo.length = 0
@@ -649,17 +387,17 @@ def _where(name: str, fallback: str) -> str:
 
 def node_from_dict(d: Any, where: str = "root node") -> Node:
     """A :class:`Node` tree from its YAML mapping. Does not :func:`validate` it."""
-    m = _as_map(d, where, "node")
-    name = _as_str(m.get("name"), where, "name")
+    m = as_map(d, where, "node")
+    name = as_str(m.get("name"), where, "name")
     where = _where(name, where)
-    _check_keys(m, _NODE_KEYS, where, "")
+    check_keys(m, _NODE_KEYS, where, "")
     node = Node(
         spec=_spec_from_yaml(m, where),
-        delete=_as_opt_bool(m.get("delete"), where, "delete"),
-        revision=_as_int(m.get("revision"), where, "revision", *INT64),
-        comment=_as_str(m.get("comment"), where, "comment"),
+        delete=as_opt_bool(m.get("delete"), where, "delete"),
+        revision=as_int(m.get("revision"), where, "revision", *INT64),
+        comment=as_str(m.get("comment"), where, "comment"),
     )
-    for i, child in enumerate(_as_list(m.get("children"), where, "children")):
+    for i, child in enumerate(as_list(m.get("children"), where, "children")):
         node.children.append(node_from_dict(child, f"{where}: children[{i}]"))
     return node
 
@@ -727,7 +465,7 @@ def validate(node: Node, where: str = "root node") -> None:
 
 def parse_yaml(text: str) -> Node:
     """Parse and validate one YAML document: a hierarchy, or a single journal at the top."""
-    doc = _load_document(text)
+    doc = load_document(text)
     if doc is None:
         raise SpecSpaceError("document", None, "empty document")
     node = node_from_dict(doc)
@@ -737,7 +475,7 @@ def parse_yaml(text: str) -> Node:
 
 def to_yaml(node: Node) -> str:
     """The YAML document of a node tree, as ``gazctl journals list -o yaml`` prints it."""
-    return _dump(node_to_dict(node))
+    return dump(node_to_dict(node))
 
 
 def flatten(node: Node) -> list[FlatEntry]:
@@ -797,7 +535,7 @@ def from_list_response(resp: pb.ListResponse) -> Node:
 
 
 def _sorted_labels(spec: pb.JournalSpec) -> pb.JournalSpec:
-    _set_labels(spec.labels, sorted(_labels_of(spec.labels)))
+    set_labels(spec.labels, sorted(labels_of(spec.labels)))
     return spec
 
 
