@@ -42,7 +42,6 @@ from gazette.broker.fragment.health import StoreHealth
 from gazette.broker.http_gateway import Gateway
 from gazette.broker.keys import broker_decoder
 from gazette.broker.metrics import metrics_app_routes
-from gazette.broker.mux import Multiplexer
 from gazette.broker.pipeline import PeerStream
 from gazette.broker.replica import Replica
 from gazette.broker.replicate import FailedPeerStream, GrpcPeerStream, raw_request
@@ -58,6 +57,7 @@ from gazette.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.rpc import use_grpcio
 from gazette.rpc.channel import insecure_channel
 from gazette.rpc.server import RpcServer
+from gazette.server.mux import Multiplexer
 from gazette.stores import Stores
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,8 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gazette.broker.mux import H2_PREFACE, THREAD_NAME, Multiplexer
+from gazette.server.mux import H2_PREFACE, Multiplexer
+from gazette.server.splice import THREAD_NAME
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 TIMEOUT = 30.0
@@ -459,7 +460,7 @@ async def test_a_dead_helper_ends_its_splices_and_the_port_splices_in_process() 
 
 HOLDER = """
 import asyncio, sys
-from gazette.broker.mux import Multiplexer
+from gazette.server.mux import Multiplexer
 
 async def main():
     mux = Multiplexer(sys.argv[1], asyncio.Protocol)

@@ -1,4 +1,7 @@
-"""One public port for gRPC and the HTTP/1.1 gateway.
+"""Kernel splicing of gRPC connections to grpcio's private socket (the ``GAZETTE_RPC=grpcio``
+fallback of :mod:`gazette.server.mux`).
+
+One public port for gRPC and the HTTP/1.1 gateway.
 
 The broker's public port is an asyncio server that looks at the first bytes of
 each connection. By default gRPC is served in this process by
@@ -18,7 +21,7 @@ listeners and cannot share one with aiohttp):
   Python.
 
 Where the splicing runs. The splice threads run in a **helper process**
-(``python -c ... _helper_main``, started with the multiplexer, receiving each
+(``python -c ... helper_main``, started with the multiplexer, receiving each
 connection's two fds over a ``SOCK_SEQPACKET`` control socket). Threads in
 the broker process would have to take the GIL back from the event loop after
 every splice call: while the loop is saturated with Python work they starve
@@ -60,7 +63,6 @@ import asyncio
 import contextlib
 import fcntl
 import functools
-import itertools
 import logging
 import os
 import signal
@@ -71,12 +73,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
+
+__all__ = ["HelperOwner", "CLOSING", "DONE", "PIPE_SIZE", "SPLICE", "THREAD_NAME", "Helper", "Splice", "copy_sockets", "helper_main", "join_threads"]
 
 log = logging.getLogger(__name__)
 
-H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-_SNIFF_LEN = 4  # b"PRI " is never the start of an HTTP/1.x request line method we serve
 
 # Each direction's pipe. Bigger pipes move more per splice call (fewer syscalls per byte);
 # past the per-user pipe budget the kernel refuses the resize and the default size is kept.
@@ -87,12 +89,25 @@ THREAD_NAME = "gazette-mux-splice"
 # Control messages, parent to helper: splice (two fds attached), closing. Helper to parent:
 # done. Each is a kind byte and a connection id.
 _MSG = struct.Struct("=cQ")
-_SPLICE, _CLOSING, _DONE = b"S", b"C", b"D"
-_HELPER_CODE = "from gazette.broker.mux import _helper_main; _helper_main()"
+SPLICE, CLOSING, DONE = b"S", b"C", b"D"
+_HELPER_CODE = "from gazette.server.splice import helper_main; helper_main()"
 _HELPER_FD_ENV = "GAZETTE_MUX_CONTROL_FD"
 
 
-def _copy(src: socket.socket, dst: socket.socket) -> None:
+class HelperOwner(Protocol):
+    """What a :class:`Helper` reports to (the multiplexer that started it)."""
+
+    aborting: bool
+    """Set once the owner aborts: the helper's end is then expected, not an incident."""
+
+    def finished(self, cid: int) -> None:
+        """Connection ``cid`` was torn down (both directions ended)."""
+
+    def helper_gone(self, helper: Helper) -> None:
+        """``helper`` died or stopped; its connections are gone with it."""
+
+
+def copy_sockets(src: socket.socket, dst: socket.socket) -> None:
     """Moves bytes from src to dst (blocking sockets) until src's end of stream: in the
     kernel through a pipe where ``os.splice`` exists (Linux), else through a buffer."""
     if not hasattr(os, "splice"):
@@ -116,7 +131,7 @@ def _copy(src: socket.socket, dst: socket.socket) -> None:
         os.close(w)
 
 
-class _Splice:
+class Splice:
     """Two connected blocking sockets spliced both ways by two daemon threads.
 
     ``on_done`` is called once, from a worker thread, after both threads are finished
@@ -185,7 +200,7 @@ class _Splice:
         """Moves src's bytes to dst until src's end of stream, then ends dst's sending side;
         an error aborts the connection."""
         try:
-            _copy(src, dst)
+            copy_sockets(src, dst)
             if not upward:
                 self._grpc_ended = True
                 if self._closing():  # grpcio ended it while the server stops: nothing to relay
@@ -210,7 +225,7 @@ class _Splice:
         self._on_done()
 
 
-def _join(threads: list[threading.Thread], within: float) -> None:
+def join_threads(threads: list[threading.Thread], within: float) -> None:
     deadline = time.monotonic() + within
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
@@ -219,7 +234,7 @@ def _join(threads: list[threading.Thread], within: float) -> None:
 # -- the helper process ------------------------------------------------------------------
 
 
-def _helper_main() -> None:
+def helper_main() -> None:
     """Splices the connections the broker sends over the control socket, until it closes."""
     logging.basicConfig(level=logging.WARNING, format="gazette mux helper: %(levelname)s %(message)s")
     # The broker decides when we stop (end of stream on the control socket), also on a
@@ -229,14 +244,14 @@ def _helper_main() -> None:
     ctl = socket.socket(fileno=int(os.environ[_HELPER_FD_ENV]))
     send_lock = threading.Lock()
     state_lock = threading.Lock()
-    splices: dict[int, _Splice] = {}
+    splices: dict[int, Splice] = {}
     closing = threading.Event()
 
     def done(cid: int) -> None:
         with state_lock:
             splices.pop(cid, None)
         with send_lock, contextlib.suppress(OSError):  # the broker is gone: nobody to tell
-            ctl.send(_MSG.pack(_DONE, cid))
+            ctl.send(_MSG.pack(DONE, cid))
 
     while True:
         try:
@@ -248,15 +263,15 @@ def _helper_main() -> None:
                 os.close(fd)
             break  # the broker closed us, or died
         kind, cid = _MSG.unpack(msg)
-        if kind == _CLOSING:
+        if kind == CLOSING:
             with state_lock:
                 closing.set()
                 current = list(splices.values())
             for sp in current:
                 sp.server_closing()
-        elif kind == _SPLICE and len(fds) == 2:
+        elif kind == SPLICE and len(fds) == 2:
             client, up = (socket.socket(fileno=fd) for fd in fds)
-            sp = _Splice(client, up, closing=closing.is_set, on_done=functools.partial(done, cid))
+            sp = Splice(client, up, closing=closing.is_set, on_done=functools.partial(done, cid))
             with state_lock:
                 splices[cid] = sp
             sp.start()
@@ -267,13 +282,13 @@ def _helper_main() -> None:
         current = list(splices.values())
     for sp in current:
         sp.abort()
-    _join([t for sp in current for t in sp.threads], 5.0)
+    join_threads([t for sp in current for t in sp.threads], 5.0)
 
 
-class _Helper:
+class Helper:
     """The broker's side of the helper process: sends it connections, learns when they end."""
 
-    def __init__(self, mux: Multiplexer) -> None:
+    def __init__(self, mux: HelperOwner) -> None:
         self._mux = mux
         self._loop = asyncio.get_running_loop()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -334,15 +349,15 @@ class _Helper:
                 self._gone()
                 return
             kind, cid = _MSG.unpack(msg)
-            if kind == _DONE:
-                self._mux._finished(cid)
+            if kind == DONE:
+                self._mux.finished(cid)
 
     def _gone(self) -> None:
         """The helper exited (or its socket broke): its connections went with it."""
         if not self.alive:
             return
         self.alive = False
-        if not self._mux._aborting:
+        if not self._mux.aborting:
             log.error("gRPC splice helper (pid %d) exited; splicing in the broker process from now on",
                       self.proc.pid)
         for fd_op in (self._loop.remove_reader, self._loop.remove_writer):
@@ -353,11 +368,11 @@ class _Helper:
                 s.close()
         self._outbox.clear()
         self._ctl.close()
-        if not self._mux._aborting and self.proc.poll() is None:
+        if not self._mux.aborting and self.proc.poll() is None:
             # Its control socket broke: whatever it still runs is lost to us. Reap it.
             self.proc.kill()
             self._loop.run_in_executor(None, self.proc.wait)
-        self._mux._helper_gone(self)
+        self._mux.helper_gone(self)
 
     async def stop(self, within: float) -> None:
         """Ends the helper: every connection it splices is aborted, then it exits."""
@@ -378,204 +393,3 @@ class _Helper:
 
 
 # -- the port ------------------------------------------------------------------------------
-
-
-class _Sniffer(asyncio.Protocol):
-    """Buffers the first bytes of a connection, then hands it to gRPC or HTTP."""
-
-    def __init__(self, mux: Multiplexer) -> None:
-        self._mux = mux
-        self._buf = bytearray()
-        self._transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self._buf += data
-        if len(self._buf) < _SNIFF_LEN and H2_PREFACE.startswith(bytes(self._buf)):
-            return
-        if bytes(self._buf[:_SNIFF_LEN]) == H2_PREFACE[:_SNIFF_LEN]:
-            if self._mux.h2_protocol_factory is not None:
-                self._hand_to(self._mux.h2_protocol_factory)
-            else:
-                self._splice_grpc()
-        else:
-            self._hand_to(self._mux.http_protocol_factory)
-
-    def _hand_to(self, factory: Callable[[], asyncio.Protocol]) -> None:
-        assert self._transport is not None
-        proto: Any = factory()
-        self._transport.set_protocol(proto)
-        proto.connection_made(self._transport)
-        data, self._buf = bytes(self._buf), bytearray()
-        proto.data_received(data)
-
-    def _splice_grpc(self) -> None:
-        """Takes the socket out of the event loop (a duplicate of its fd; the transport, which
-        has written nothing, closes its own) and splices it."""
-        transport = self._transport
-        assert transport is not None
-        transport.pause_reading()
-        data, self._buf = bytes(self._buf), bytearray()
-        try:
-            client = socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
-        except OSError as err:
-            log.warning("gRPC splice: cannot take the connection's socket: %s", err)
-            transport.abort()
-            return
-        transport.set_protocol(asyncio.Protocol())  # its connection_lost is no concern of ours
-        transport.close()
-        self._mux._splice(client, data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._buf = bytearray()
-
-
-class Multiplexer:
-    """Serves ``host:port``, dispatching each connection to gRPC or HTTP/1.1.
-
-    ``h2_protocol_factory``: serve gRPC in this process with that protocol; otherwise
-    ``splice_process``: splice gRPC connections in a helper process (the default), else in
-    threads of this one.
-    """
-
-    def __init__(self, grpc_socket: str, http_protocol_factory: Callable[[], asyncio.Protocol],
-                 *, splice_process: bool = True,
-                 h2_protocol_factory: Callable[[], asyncio.Protocol] | None = None) -> None:
-        self.grpc_socket = grpc_socket
-        self.http_protocol_factory = http_protocol_factory
-        self.h2_protocol_factory = h2_protocol_factory
-        self._splice_process = splice_process and h2_protocol_factory is None
-        self._server: asyncio.Server | None = None
-        self._helper: _Helper | None = None
-        self._ids = itertools.count(1)
-        # Every gRPC connection from its classification to its end, resolved when it ends;
-        # those handed to the helper, and those spliced in this process.
-        self._conns: dict[int, asyncio.Future[None]] = {}
-        self._in_helper: set[int] = set()
-        self._local: dict[int, _Splice] = {}
-        self._connecting: set[asyncio.Task[None]] = set()
-        self.closing = False
-        self._aborting = False
-
-    @property
-    def spliced(self) -> int:
-        """How many gRPC connections are being spliced (or set up) now."""
-        return len(self._conns)
-
-    @property
-    def helper_pid(self) -> int | None:
-        """The splice helper's process id, while it runs."""
-        return self._helper.proc.pid if self._helper is not None and self._helper.alive else None
-
-    async def start(self, host: str, port: int) -> int:
-        """Starts listening; returns the bound port (useful with port 0)."""
-        loop = asyncio.get_running_loop()
-        if self._splice_process:
-            try:
-                self._helper = _Helper(self)
-            except (OSError, subprocess.SubprocessError) as err:
-                log.warning("gRPC splice helper did not start (%s); splicing in the broker process", err)
-        try:
-            self._server = await loop.create_server(lambda: _Sniffer(self), host, port,
-                                                    reuse_address=True)
-        except BaseException:  # e.g. the port is taken: the helper has nothing to do
-            await self.abort()
-            raise
-        sock = self._server.sockets[0]
-        return int(sock.getsockname()[1])
-
-    # -- connections ---------------------------------------------------------------------
-
-    def _splice(self, client: socket.socket, prefix: bytes) -> None:
-        if self._aborting:
-            client.close()
-            return
-        cid = next(self._ids)
-        self._conns[cid] = asyncio.get_running_loop().create_future()
-        task = asyncio.ensure_future(self._connect(cid, client, prefix))
-        self._connecting.add(task)
-        task.add_done_callback(self._connecting.discard)
-
-    async def _connect(self, cid: int, client: socket.socket, prefix: bytes) -> None:
-        """Connects to grpcio, forwards the sniffed bytes and starts the splice."""
-        loop = asyncio.get_running_loop()
-        up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            up.setblocking(False)
-            await loop.sock_connect(up, self.grpc_socket)
-            await loop.sock_sendall(up, prefix)
-        except OSError as err:
-            log.warning("gRPC splice: cannot reach the grpc socket: %s", err)
-            up.close()
-            client.close()
-            self._finished(cid)
-            return
-        except BaseException:
-            up.close()
-            client.close()
-            self._finished(cid)
-            raise
-        if self._helper is not None and self._helper.alive:
-            self._in_helper.add(cid)
-            self._helper.send(_SPLICE, cid, [client, up])
-            return
-        sp = _Splice(client, up, closing=lambda: self.closing,
-                    on_done=lambda: self._finished_threadsafe(loop, cid))
-        self._local[cid] = sp
-        sp.start()
-
-    def _finished_threadsafe(self, loop: asyncio.AbstractEventLoop, cid: int) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
-            loop.call_soon_threadsafe(self._finished, cid)
-
-    def _finished(self, cid: int) -> None:
-        self._in_helper.discard(cid)
-        self._local.pop(cid, None)
-        fut = self._conns.pop(cid, None)
-        if fut is not None and not fut.done():
-            fut.set_result(None)
-
-    def _helper_gone(self, helper: _Helper) -> None:
-        """Resolves every connection the helper held: they ended with it."""
-        if self._helper is helper:
-            self._helper = None
-        for cid in list(self._in_helper):
-            self._finished(cid)
-
-    # -- stopping ------------------------------------------------------------------------
-
-    async def close(self) -> None:
-        """Stops listening. Spliced gRPC connections carry on until grpcio ends them (its
-        graceful stop), or ``abort()``."""
-        if not self.closing:
-            self.closing = True
-            if self._helper is not None and self._helper.alive:
-                self._helper.send(_CLOSING, 0, [])
-            for sp in list(self._local.values()):
-                sp.server_closing()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-
-    async def abort(self, within: float = 5.0) -> None:
-        """Stops listening, ends every spliced connection and the helper, and waits (at most
-        ``within`` seconds) for them."""
-        await self.close()
-        self._aborting = True
-        for t in list(self._connecting):
-            t.cancel()
-        if self._connecting:
-            await asyncio.wait(list(self._connecting), timeout=within)
-        threads = [t for sp in self._local.values() for t in sp.threads]
-        for sp in list(self._local.values()):
-            sp.abort()
-        if self._helper is not None:
-            await self._helper.stop(within)
-        pending = list(self._conns.values())
-        if pending:
-            await asyncio.wait(pending, timeout=within)
-        if threads:  # done with their connections; let them return, too
-            await asyncio.to_thread(_join, threads, within)

@@ -1,0 +1,235 @@
+"""One public port for gRPC and HTTP/1.1, shared by brokers and consumers.
+
+The public port is an asyncio server that looks at the first bytes of each connection. By
+default gRPC is served in this process by :mod:`gazette.rpc`, and a connection starting with the
+HTTP/2 preface is handed to its protocol (``h2_protocol_factory``) just as HTTP/1.x goes to
+aiohttp's, with the bytes already read (no copy, no second hop).
+
+With grpcio serving gRPC instead (``GAZETTE_RPC=grpcio``: grpcio owns its listeners and cannot
+share one with aiohttp), the preface means: connect to grpcio's private Unix socket, forward the
+bytes already read, and splice the two sockets in the kernel (:mod:`gazette.server.splice`).
+
+Invariants: a connection is handed on whole, its sniffed bytes first; after ``close()`` the
+listener is gone but connections already handed on keep flowing (graceful stops finish their
+RPCs); ``abort()`` ends whatever splices remain, and waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+from gazette.server.splice import CLOSING, SPLICE, Helper, Splice, join_threads
+
+log = logging.getLogger(__name__)
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_SNIFF_LEN = 4  # b"PRI " is never the start of an HTTP/1.x request line method we serve
+
+
+class _Sniffer(asyncio.Protocol):
+    """Buffers the first bytes of a connection, then hands it to gRPC or HTTP."""
+
+    def __init__(self, mux: Multiplexer) -> None:
+        self._mux = mux
+        self._buf = bytearray()
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        if len(self._buf) < _SNIFF_LEN and H2_PREFACE.startswith(bytes(self._buf)):
+            return
+        if bytes(self._buf[:_SNIFF_LEN]) == H2_PREFACE[:_SNIFF_LEN]:
+            if self._mux.h2_protocol_factory is not None:
+                self._hand_to(self._mux.h2_protocol_factory)
+            else:
+                self._splice_grpc()
+        else:
+            self._hand_to(self._mux.http_protocol_factory)
+
+    def _hand_to(self, factory: Callable[[], asyncio.Protocol]) -> None:
+        assert self._transport is not None
+        proto: Any = factory()
+        self._transport.set_protocol(proto)
+        proto.connection_made(self._transport)
+        data, self._buf = bytes(self._buf), bytearray()
+        proto.data_received(data)
+
+    def _splice_grpc(self) -> None:
+        """Takes the socket out of the event loop (a duplicate of its fd; the transport, which
+        has written nothing, closes its own) and splices it."""
+        transport = self._transport
+        assert transport is not None
+        transport.pause_reading()
+        data, self._buf = bytes(self._buf), bytearray()
+        try:
+            client = socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
+        except OSError as err:
+            log.warning("gRPC splice: cannot take the connection's socket: %s", err)
+            transport.abort()
+            return
+        transport.set_protocol(asyncio.Protocol())  # its connection_lost is no concern of ours
+        transport.close()
+        self._mux._splice(client, data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._buf = bytearray()
+
+
+class Multiplexer:
+    """Serves ``host:port``, dispatching each connection to gRPC or HTTP/1.1.
+
+    ``h2_protocol_factory``: serve gRPC in this process with that protocol; otherwise
+    ``splice_process``: splice gRPC connections in a helper process (the default), else in
+    threads of this one.
+    """
+
+    def __init__(self, grpc_socket: str, http_protocol_factory: Callable[[], asyncio.Protocol],
+                 *, splice_process: bool = True,
+                 h2_protocol_factory: Callable[[], asyncio.Protocol] | None = None) -> None:
+        self.grpc_socket = grpc_socket
+        self.http_protocol_factory = http_protocol_factory
+        self.h2_protocol_factory = h2_protocol_factory
+        self._splice_process = splice_process and h2_protocol_factory is None
+        self._server: asyncio.Server | None = None
+        self._helper: Helper | None = None
+        self._ids = itertools.count(1)
+        # Every gRPC connection from its classification to its end, resolved when it ends;
+        # those handed to the helper, and those spliced in this process.
+        self._conns: dict[int, asyncio.Future[None]] = {}
+        self._in_helper: set[int] = set()
+        self._local: dict[int, Splice] = {}
+        self._connecting: set[asyncio.Task[None]] = set()
+        self.closing = False
+        self.aborting = False
+
+    @property
+    def spliced(self) -> int:
+        """How many gRPC connections are being spliced (or set up) now."""
+        return len(self._conns)
+
+    @property
+    def helper_pid(self) -> int | None:
+        """The splice helper's process id, while it runs."""
+        return self._helper.proc.pid if self._helper is not None and self._helper.alive else None
+
+    async def start(self, host: str, port: int) -> int:
+        """Starts listening; returns the bound port (useful with port 0)."""
+        loop = asyncio.get_running_loop()
+        if self._splice_process:
+            try:
+                self._helper = Helper(self)
+            except (OSError, subprocess.SubprocessError) as err:
+                log.warning("gRPC splice helper did not start (%s); splicing in the broker process", err)
+        try:
+            self._server = await loop.create_server(lambda: _Sniffer(self), host, port,
+                                                    reuse_address=True)
+        except BaseException:  # e.g. the port is taken: the helper has nothing to do
+            await self.abort()
+            raise
+        sock = self._server.sockets[0]
+        return int(sock.getsockname()[1])
+
+    # -- connections ---------------------------------------------------------------------
+
+    def _splice(self, client: socket.socket, prefix: bytes) -> None:
+        if self.aborting:
+            client.close()
+            return
+        cid = next(self._ids)
+        self._conns[cid] = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(self._connect(cid, client, prefix))
+        self._connecting.add(task)
+        task.add_done_callback(self._connecting.discard)
+
+    async def _connect(self, cid: int, client: socket.socket, prefix: bytes) -> None:
+        """Connects to grpcio, forwards the sniffed bytes and starts the splice."""
+        loop = asyncio.get_running_loop()
+        up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            up.setblocking(False)
+            await loop.sock_connect(up, self.grpc_socket)
+            await loop.sock_sendall(up, prefix)
+        except OSError as err:
+            log.warning("gRPC splice: cannot reach the grpc socket: %s", err)
+            up.close()
+            client.close()
+            self.finished(cid)
+            return
+        except BaseException:
+            up.close()
+            client.close()
+            self.finished(cid)
+            raise
+        if self._helper is not None and self._helper.alive:
+            self._in_helper.add(cid)
+            self._helper.send(SPLICE, cid, [client, up])
+            return
+        sp = Splice(client, up, closing=lambda: self.closing,
+                    on_done=lambda: self._finished_threadsafe(loop, cid))
+        self._local[cid] = sp
+        sp.start()
+
+    def _finished_threadsafe(self, loop: asyncio.AbstractEventLoop, cid: int) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+            loop.call_soon_threadsafe(self.finished, cid)
+
+    def finished(self, cid: int) -> None:
+        self._in_helper.discard(cid)
+        self._local.pop(cid, None)
+        fut = self._conns.pop(cid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def helper_gone(self, helper: Helper) -> None:
+        """Resolves every connection the helper held: they ended with it."""
+        if self._helper is helper:
+            self._helper = None
+        for cid in list(self._in_helper):
+            self.finished(cid)
+
+    # -- stopping ------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stops listening. Spliced gRPC connections carry on until grpcio ends them (its
+        graceful stop), or ``abort()``."""
+        if not self.closing:
+            self.closing = True
+            if self._helper is not None and self._helper.alive:
+                self._helper.send(CLOSING, 0, [])
+            for sp in list(self._local.values()):
+                sp.server_closing()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def abort(self, within: float = 5.0) -> None:
+        """Stops listening, ends every spliced connection and the helper, and waits (at most
+        ``within`` seconds) for them."""
+        await self.close()
+        self.aborting = True
+        for t in list(self._connecting):
+            t.cancel()
+        if self._connecting:
+            await asyncio.wait(list(self._connecting), timeout=within)
+        threads = [t for sp in self._local.values() for t in sp.threads]
+        for sp in list(self._local.values()):
+            sp.abort()
+        if self._helper is not None:
+            await self._helper.stop(within)
+        pending = list(self._conns.values())
+        if pending:
+            await asyncio.wait(pending, timeout=within)
+        if threads:  # done with their connections; let them return, too
+            await asyncio.to_thread(join_threads, threads, within)
