@@ -52,19 +52,20 @@ from typing import TYPE_CHECKING, Any
 
 from gazette.allocator import desired_replication
 from gazette.broker import metrics
+from gazette.broker.context import BrokerContext
 from gazette.broker.flow import AppendFlowControl, flow_controlled
 from gazette.broker.pipeline import Pipeline, ReplicationError
 from gazette.broker.replica import acquire_unless, wait_unless
-from gazette.broker.replicate import _varint
+from gazette.broker.wire import AppendChunk, ContentChunk
 from gazette.errors import GazetteError
 from gazette.fragment import Fragment, sum_to_proto
 from gazette.protocol import labels
 from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol.specs import may_write
 
 if TYPE_CHECKING:
     from gazette.broker.replica import Replica
     from gazette.broker.resolver import Resolution
-    from gazette.broker.server import Broker
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +80,6 @@ class AppendStreamError(GazetteError):
 
     grpc_code = "INVALID_ARGUMENT"
     http_status = 400
-
-
-def may_write(spec: pb.JournalSpec) -> bool:
-    return spec.flags == pb.JournalSpec.NOT_SPECIFIED or bool(spec.flags & (pb.JournalSpec.O_WRONLY | pb.JournalSpec.O_RDWR))
-
-
-def may_read(spec: pb.JournalSpec) -> bool:
-    return spec.flags == pb.JournalSpec.NOT_SPECIFIED or bool(spec.flags & (pb.JournalSpec.O_RDONLY | pb.JournalSpec.O_RDWR))
 
 
 def maybe_roll(cur: Fragment, first_append: float | None, roll_to: int,
@@ -138,7 +131,7 @@ _Acks = tuple["Pipeline", "Replica", "asyncio.Future[None]", "asyncio.Future[Non
 class AppendFSM:
     """One append's walk through the state machine (see the module docstring)."""
 
-    def __init__(self, broker: Broker, req: pb.AppendRequest) -> None:
+    def __init__(self, broker: BrokerContext, req: pb.AppendRequest) -> None:
         self.broker = broker
         self.req = req
         self.state = RESOLVE
@@ -591,41 +584,6 @@ _STEPS = {
 _STOPS = frozenset((STREAM_CONTENT, ERROR, PROXY))
 
 
-class ContentChunk:
-    """An AppendRequest that carries only ``content``, held as a view of the received bytes.
-
-    Content chunks are nearly every request of an append; decoding them with protobuf would
-    copy the content once to parse it and again on each access of the field (and sizing it
-    costs a serialization). Everything that reads a chunk reads ``journal`` and ``content``.
-    """
-
-    __slots__ = ("content",)
-    journal = ""
-
-    def __init__(self, content: memoryview) -> None:
-        self.content = content
-
-    def to_proto(self) -> pb.AppendRequest:
-        return pb.AppendRequest(content=bytes(self.content))
-
-
-AppendChunk = pb.AppendRequest | ContentChunk
-"""A request of an Append stream after the first."""
-
-
-def decode_append_request(data: bytes | memoryview) -> pb.AppendRequest | ContentChunk:
-    """Request deserializer of Append: a content-only chunk (exactly field 4, non-empty) as a
-    :class:`ContentChunk`, anything else (the first request, the empty commit) by protobuf."""
-    if data[:1] == b"\x22":
-        try:
-            n, pos = _varint(data, 1)
-        except ValueError:
-            n, pos = -1, 0
-        if n > 0 and pos + n == len(data):
-            return ContentChunk(memoryview(data)[pos:])
-    return pb.AppendRequest.FromString(data)  # type: ignore[arg-type]  # bytes-like is accepted
-
-
 def _content_length(req: AppendChunk) -> int:
     if type(req) is ContentChunk:
         return len(req.content)
@@ -637,7 +595,7 @@ def _consume(task: asyncio.Future[None]) -> None:
         task.exception()
 
 
-async def append(broker: Broker, first: pb.AppendRequest, rest: AsyncIterator[AppendChunk]) -> pb.AppendResponse:
+async def append(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIterator[AppendChunk]) -> pb.AppendResponse:
     """Serves one Append; ``rest`` yields the content chunks after ``first``."""
     fsm = AppendFSM(broker, first)
     try:
@@ -668,7 +626,7 @@ _APPENDS_BY_STATUS: dict[int, Any] = {}
 increment)."""
 
 
-async def pulse(broker: Broker, replica: Replica) -> None:
+async def pulse(broker: BrokerContext, replica: Replica) -> None:
     """A zero-byte append as primary: builds and synchronises the pipeline, advertises the
     route, and rolls the spool if its flush interval passed (Gazette's pulse daemon)."""
     req = pb.AppendRequest(journal=replica.journal, do_not_proxy=True, suspend=pb.AppendRequest.SUSPEND_NO_RESUME)
@@ -683,7 +641,7 @@ async def pulse(broker: Broker, replica: Replica) -> None:
                     extra={"journal": replica.journal, "status": pb.Status.Name(resp.status)})
 
 
-async def _proxy(broker: Broker, first: pb.AppendRequest, rest: AsyncIterator[AppendChunk], header: pb.Header) -> pb.AppendResponse:
+async def _proxy(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIterator[AppendChunk], header: pb.Header) -> pb.AppendResponse:
     stub = broker.peer_stub(header.route.endpoints[header.route.primary] if header.route.endpoints else "")
     fwd = pb.AppendRequest()
     fwd.CopyFrom(first)

@@ -22,21 +22,19 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from email.utils import formatdate
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from gazette.broker import append as append_mod
 from gazette.broker import read as read_mod
+from gazette.broker import wire
+from gazette.broker.context import BrokerContext
 from gazette.errors import GazetteError
 from gazette.fragment import Fragment, sum_from_proto
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import validate
 from gazette.protocol.errors import ValidationError
 from gazette.server.edge import http_error
-
-if TYPE_CHECKING:
-    from gazette.broker.server import Broker
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +124,7 @@ def _read_headers(resp: pb.ReadResponse, path: str) -> dict[str, str]:
 
 
 class Gateway:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
 
     def routes(self) -> list[web.RouteDef]:
@@ -186,10 +184,10 @@ class Gateway:
         except BadRequest as err:
             return http_error(err)
 
-        async def chunks() -> AsyncIterator[append_mod.AppendChunk]:
+        async def chunks() -> AsyncIterator[wire.AppendChunk]:
             async for data in request.content.iter_chunked(APPEND_CHUNK):
                 if data:
-                    yield append_mod.ContentChunk(memoryview(data))
+                    yield wire.ContentChunk(memoryview(data))
             yield pb.AppendRequest()  # commit
 
         try:

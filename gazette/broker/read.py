@@ -22,13 +22,13 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from gazette.broker import metrics
-from gazette.broker.append import may_read
+from gazette.broker.context import BrokerContext
 from gazette.fragment import Fragment
 from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol.specs import may_read
 
 if TYPE_CHECKING:
     from gazette.broker.replica import Replica
-    from gazette.broker.server import Broker
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def _status(status: int, header: pb.Header) -> pb.ReadResponse:
     return resp
 
 
-async def read(broker: Broker, req: pb.ReadRequest) -> AsyncIterator[pb.ReadResponse]:
+async def read(broker: BrokerContext, req: pb.ReadRequest) -> AsyncIterator[pb.ReadResponse]:
     res = await broker.resolver.resolve(
         req.journal,
         may_proxy=not req.do_not_proxy,
@@ -118,7 +118,7 @@ async def serve_read(replica: Replica, req: pb.ReadRequest, header: pb.Header) -
             return
 
 
-async def _proxy(broker: Broker, req: pb.ReadRequest, header: pb.Header) -> AsyncIterator[pb.ReadResponse]:
+async def _proxy(broker: BrokerContext, req: pb.ReadRequest, header: pb.Header) -> AsyncIterator[pb.ReadResponse]:
     pid = header.process_id
     endpoint = ""
     for i, m in enumerate(header.route.members):
@@ -135,7 +135,7 @@ async def _proxy(broker: Broker, req: pb.ReadRequest, header: pb.Header) -> Asyn
         call.cancel()
 
 
-async def list_fragments(broker: Broker, req: pb.FragmentsRequest) -> pb.FragmentsResponse:
+async def list_fragments(broker: BrokerContext, req: pb.FragmentsRequest) -> pb.FragmentsResponse:
     res = await broker.resolver.resolve(
         req.journal,
         may_proxy=not req.do_not_proxy,

@@ -34,21 +34,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import grpc
 
+from gazette.broker.context import BrokerContext
 from gazette.broker.fragment import Spool
 from gazette.broker.fragment.spool import ContentWrite
 from gazette.broker.replica import acquire_unless
+from gazette.broker.wire import Content, decode_request
 from gazette.errors import GazetteError
 from gazette.fragment.errors import SpoolError
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import validate
 from gazette.protocol.errors import ValidationError
-
-if TYPE_CHECKING:
-    from gazette.broker.server import Broker
 
 log = logging.getLogger(__name__)
 
@@ -60,50 +59,6 @@ class ReplicateStreamError(GazetteError):
         super().__init__(message)
         self.code = code
         self.grpc_code = code.name
-
-
-Content = tuple[memoryview, int]
-"""A decoded content request: (content, content_delta)."""
-
-
-def _varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise ValueError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-
-
-def decode_request(data: bytes | memoryview | pb.ReplicateRequest) -> pb.ReplicateRequest | Content:
-    """A received request: a content request as (view, delta), anything else as a message.
-
-    The fast path takes exactly ``content`` (field 4) optionally followed by
-    ``content_delta`` (field 5), as every encoder writes them; any other shape is parsed by
-    protobuf, so every valid encoding is accepted.
-    """
-    if isinstance(data, pb.ReplicateRequest):
-        return data
-    if data[:1] == b"\x22":
-        try:
-            n, pos = _varint(data, 1)
-            end = pos + n
-            if end <= len(data):
-                delta = 0
-                if end < len(data) and data[end] == 0x28:
-                    delta, after = _varint(data, end + 1)
-                else:
-                    after = end
-                if after == len(data) and n > 0 and delta < (1 << 63):
-                    return memoryview(data)[pos:end], delta
-        except ValueError:
-            pass
-    return pb.ReplicateRequest.FromString(data)  # type: ignore[arg-type]  # bytes-like is accepted
 
 
 def _validate(req: pb.ReplicateRequest) -> None:
@@ -157,7 +112,7 @@ def _status(status: int, header: pb.Header) -> pb.ReplicateResponse:
     return resp
 
 
-async def serve(broker: Broker, requests: AsyncIterator[Any]) -> AsyncIterator[pb.ReplicateResponse]:
+async def serve(broker: BrokerContext, requests: AsyncIterator[Any]) -> AsyncIterator[pb.ReplicateResponse]:
     """Serves one Replicate stream (see the module docstring); ``requests`` yields raw bytes
     or messages. Protocol violations raise ReplicateStreamError."""
     try:
@@ -318,16 +273,9 @@ class FailedPeerStream:
         return None
 
 
-def raw_request(data: bytes) -> bytes:
-    """Request serializer of the primary's Replicate calls: requests are sent pre-serialized."""
-    return data
-
-
 __all__ = [
     "FailedPeerStream",
     "GrpcPeerStream",
     "ReplicateStreamError",
-    "decode_request",
-    "raw_request",
     "serve",
 ]

@@ -1,63 +1,53 @@
-"""A broker process: keyspace, announcement, allocator, replicas and servers.
+"""A broker process: a member process (``gazette.server.process``) serving journals.
 
-``Broker.run()`` owns every long-lived task in one ``asyncio.TaskGroup``:
-the keyspace watch, the allocator, the fragment persister and the servers
-(grpcio on a private Unix socket, aiohttp and the public multiplexed port).
-The broker announces its BrokerSpec under an etcd lease only after its
-public port is bound, so the endpoint it advertises always answers.
+``Broker`` is a :class:`~gazette.server.process.MemberProcess` whose items are journals: it
+registers the Journal service (with zero-copy decoders for Append and Replicate) and the HTTP
+gateway on the shared one-port server, announces a BrokerSpec, runs the persister and store
+health checks as owned tasks, and holds a replica per assigned journal. It implements
+``gazette.broker.context.BrokerContext``, which is all the handlers see of it.
 
 Journal consistency is advertised by primaries, from their append pipelines
 (see ``append``): once a pipeline is synchronised with its route, the route is
 written into every assignment value of the journal (``update_assignments``),
 and each replica's pulse makes that happen without waiting for client appends.
 
-Shutdown (``drain()``, on SIGTERM): the announcement is updated to
-``exiting`` with zero capacity, so the allocator hands every local journal to
-other brokers; once none remains assigned, closed spools are persisted, the
-servers stop accepting, in-flight RPCs finish, and the lease is revoked.
-Journals nobody else can take are retired here: pipelines torn down, spools
+Shutdown (on SIGTERM): the announcement is updated to ``exiting`` with zero capacity, so the
+allocator hands every local journal to other brokers; once none remains assigned, closed spools
+are persisted, the servers stop accepting, in-flight RPCs finish, and the lease is revoked.
+Journals nobody else can take are retired here (``drain``): pipelines torn down, spools
 completed and persisted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import random
-import socket
-import tempfile
-from dataclasses import dataclass, field
 from typing import Any
 
-import aetcd
-import grpc
 from aiohttp import web
 
-from gazette.allocator import Announcement, allocate, announce, journal_is_consistent, keys
+from gazette.allocator import journal_is_consistent, keys
 from gazette.broker import append as append_mod
+from gazette.broker import wire
+from gazette.broker.config import BrokerConfig
 from gazette.broker.fragment import Persister
 from gazette.broker.fragment.health import StoreHealth
 from gazette.broker.http_gateway import Gateway
 from gazette.broker.keys import broker_decoder
-from gazette.broker.metrics import metrics_app_routes
 from gazette.broker.pipeline import PeerStream
 from gazette.broker.replica import Replica
-from gazette.broker.replicate import FailedPeerStream, GrpcPeerStream, raw_request
+from gazette.broker.replicate import FailedPeerStream, GrpcPeerStream
 from gazette.broker.resolver import Resolution, Resolver
 from gazette.broker.service import JournalService
-from gazette.etcd import connect as etcd_connect
 from gazette.etcd import txn
 from gazette.etcd.keyspace import KeySpace
 from gazette.fragment import Fragment
 from gazette.protocol import labels
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
-from gazette.rpc import use_grpcio
 from gazette.rpc.channel import insecure_channel
-from gazette.rpc.server import RpcServer
-from gazette.server.mux import Multiplexer
+from gazette.server.grpc import CHANNEL_OPTIONS, GrpcServer, add_service
+from gazette.server.process import MemberProcess
 from gazette.stores import Stores
 
 log = logging.getLogger(__name__)
@@ -67,73 +57,39 @@ PERSIST_BEFORE_ADVERTISE_TIMEOUT = 30.0
 RETIRE_TIMEOUT = 30.0
 """Seconds a draining broker waits for each replica to tear down its pipeline."""
 
-_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 # Peers ping their long-lived Replicate streams so that a partitioned peer (not just a dead
 # process, whose socket resets) fails the pipeline within seconds; the server permits it.
-_PEER_CHANNEL_OPTIONS = _CHANNEL_OPTIONS + [
+_PEER_CHANNEL_OPTIONS = CHANNEL_OPTIONS + [
     ("grpc.keepalive_time_ms", 5000), ("grpc.keepalive_timeout_ms", 5000),
     ("grpc.keepalive_permit_without_calls", 0), ("grpc.http2.max_pings_without_data", 0),
 ]
-_SERVER_OPTIONS = _CHANNEL_OPTIONS + [
-    ("grpc.http2.min_ping_interval_without_data_ms", 4000), ("grpc.http2.max_ping_strikes", 0),
-]
 
-_ADJECTIVES = ("busy", "calm", "eager", "fuzzy", "gentle", "happy", "jolly", "lively", "merry", "proud", "quiet", "swift")
-_ANIMALS = ("walrus", "otter", "badger", "heron", "lynx", "marmot", "osprey", "puffin", "tapir", "wombat", "yak", "zebu")
+class Broker(MemberProcess):
+    """A broker process: a member process serving the Journal service and its HTTP gateway,
+    holding replicas of the journals assigned to it. It implements ``BrokerContext``, what
+    the RPC handlers use."""
 
+    kind = "broker"
 
-def random_suffix() -> str:
-    return f"{random.choice(_ADJECTIVES)}-{random.choice(_ANIMALS)}"
-
-
-@dataclass
-class BrokerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8080
-    zone: str = "local"
-    suffix: str = field(default_factory=random_suffix)
-    file_root: str = "fragment-store"
-    limit: int = 1024
-    max_replication: int = 9
-    etcd_address: str = "http://127.0.0.1:2379"
-    etcd_prefix: str = "/gazette/cluster"
-    etcd_lease: float = 20.0
-    advertise_host: str | None = None
-    # Append flow control, bytes per second (see broker/flow.py); max 0 is no limit.
-    max_append_rate: int = 0
-    min_append_rate: int = 1 << 16
-
-
-class Broker:
     def __init__(self, config: BrokerConfig) -> None:
+        super().__init__(
+            zone=config.zone, suffix=config.suffix, host=config.host, port=config.port,
+            etcd_address=config.etcd_address, etcd_lease=config.etcd_lease,
+            keyspace=KeySpace(config.etcd_prefix, broker_decoder(config.etcd_prefix)),
+            is_consistent=journal_is_consistent, advertise_host=config.advertise_host,
+        )
         self.config = config
-        self.local_id = pb.ProcessSpec.ID(zone=config.zone, suffix=config.suffix)
-        self.endpoint = ""
-        self.keyspace = KeySpace(config.etcd_prefix, broker_decoder(config.etcd_prefix))
         self.stores = Stores(file_root=config.file_root)
         self.persister = Persister(self.stores, self._spec_for, on_persisted=self._on_persisted)
         self.store_health = StoreHealth(self.stores)
         self.resolver = Resolver(self.keyspace, self.local_id, self._new_replica)
-        self.ready = asyncio.Event()
-        self.bound_port = 0
-        self._spool_dir = tempfile.mkdtemp(prefix="gazette-spool-")
         self._channels: dict[str, Any] = {}  # grpc.aio.Channel-like
         self._replicate_calls: dict[str, Any] = {}
-        self._etcd: aetcd.Client | None = None
-        self._announcement: Announcement | None = None
-        self._tg: asyncio.TaskGroup | None = None
-        self._stop = asyncio.Event()
 
     # -- wiring ------------------------------------------------------------------------
 
-    @property
-    def etcd(self) -> aetcd.Client:
-        assert self._etcd is not None, "broker is not running"
-        return self._etcd
-
     def _new_replica(self, journal: str, spec: pb.JournalSpec) -> Replica:
-        assert self._tg is not None
-        return Replica(journal, spec, self._spool_dir, self.stores, self.persister, self._tg, pulse=self._pulse)
+        return Replica(journal, spec, self.scratch_dir, self.stores, self.persister, self.tasks, pulse=self._pulse)
 
     async def _pulse(self, replica: Replica) -> None:
         await append_mod.pulse(self, replica)
@@ -167,7 +123,7 @@ class Broker:
         target, ch = self._channel(endpoint)
         mc = self._replicate_calls.get(target)
         if mc is None:
-            mc = ch.stream_stream("/protocol.Journal/Replicate", request_serializer=raw_request,
+            mc = ch.stream_stream("/protocol.Journal/Replicate", request_serializer=wire.raw_request,
                                   response_deserializer=pb.ReplicateResponse.FromString)
             self._replicate_calls[target] = mc
         return GrpcPeerStream(mc())
@@ -178,106 +134,45 @@ class Broker:
         spec.process_spec.endpoint = self.endpoint
         return spec
 
-    async def run(self) -> None:
-        """Runs the broker until ``stop()``; then drains and returns."""
-        self._etcd = await etcd_connect(self.config.etcd_address)
-        grpc_sock = os.path.join(self._spool_dir, "grpc.sock")
-        grpc_server: grpc.aio.Server | RpcServer
-        if use_grpcio():
-            grpc_server = grpc.aio.server(options=_SERVER_OPTIONS)
-            grpc_server.add_insecure_port(f"unix:{grpc_sock}")
-        else:
-            grpc_server = RpcServer()
-        _add_journal_service(JournalService(self), grpc_server)
+    # -- member process hooks ----------------------------------------------------------
 
-        app = web.Application(client_max_size=0)
-        app.add_routes(metrics_app_routes(self))
-        app.add_routes(Gateway(self).routes())
-        app_runner = web.AppRunner(app, handle_signals=False, access_log=None)
-        await app_runner.setup()
-        server = app_runner.server
-        assert server is not None
-        mux = Multiplexer(grpc_sock, server, h2_protocol_factory=(
-            grpc_server.protocol if isinstance(grpc_server, RpcServer) else None))
+    def register_services(self, server: GrpcServer) -> None:
+        # Replicate receives its requests as raw bytes (decoded by ``wire.decode_request``) and
+        # Append's content chunks are views (``wire.decode_append_request``): neither copies.
+        add_service(server, pb.DESCRIPTOR.services_by_name["Journal"], JournalService(self),
+                    {"Replicate": None, "Append": wire.decode_append_request})
 
-        try:
-            await self._load_keyspace()
-            if not isinstance(grpc_server, RpcServer):
-                await grpc_server.start()
-            self.bound_port = await mux.start(self.config.host, self.config.port)
-            adv = self.config.advertise_host or (self.config.host if self.config.host not in ("", "0.0.0.0") else socket.gethostname())
-            self.endpoint = f"http://{adv}:{self.bound_port}"
-            async with asyncio.TaskGroup() as tg:
-                self._tg = tg
-                tg.create_task(self.keyspace.watch(self.etcd), name="keyspace-watch")
-                tg.create_task(self.persister.run(), name="persister")
-                tg.create_task(self.store_health.run(), name="store-health")
-                member_key = keys.members_key(self.config.etcd_prefix, self.local_id.zone, self.local_id.suffix)
-                self._announcement = await announce(
-                    self.etcd, member_key, self.broker_spec().SerializeToString(),
-                    ttl=max(1, int(self.config.etcd_lease)), conflict_timeout=self.config.etcd_lease,
-                )
-                tg.create_task(self._announcement.keep_alive(), name="announce")
-                await self.keyspace.wait_for_revision(self._announcement.revision)
-                alloc_task = tg.create_task(
-                    allocate(self.etcd, self.keyspace, member_key, journal_is_consistent), name="allocator"
-                )
-                log.info(
-                    "broker started",
-                    extra={"id": f"{self.local_id.zone}#{self.local_id.suffix}", "endpoint": self.endpoint},
-                )
-                self.ready.set()
-                await self._stop.wait()
-                await self._drain(alloc_task)
-                raise _Shutdown()
-        except* _Shutdown:
-            pass
-        finally:
-            self.ready.clear()
-            self.resolver.stop_serving()
-            await mux.close()
-            await grpc_server.stop(grace=5)
-            await mux.abort()  # splices grpcio did not end, and the splice helper with them
-            await app_runner.cleanup()
-            for ch in self._channels.values():
-                await ch.close()
-            if self._announcement is not None:
-                with contextlib.suppress(Exception):
-                    await self._announcement.revoke()
-            with contextlib.suppress(Exception):
-                await self.etcd.close()
+    def http_routes(self) -> list[web.RouteDef]:
+        return Gateway(self).routes()
 
-    async def _load_keyspace(self) -> None:
-        """The first load of the keyspace, retried while etcd is transiently unreachable
-        (a connection refused or cut under load) for up to the etcd lease."""
-        deadline = asyncio.get_running_loop().time() + max(5.0, self.config.etcd_lease)
-        delay = 0.05
-        while True:
-            try:
-                await self.keyspace.load(self.etcd)
-                return
-            except grpc.aio.AioRpcError as err:
-                if err.code() != grpc.StatusCode.UNAVAILABLE or asyncio.get_running_loop().time() >= deadline:
-                    raise
-                log.warning("etcd unavailable at start; retrying", extra={"err": err.details()})
-            await asyncio.sleep(delay)  # a retry back-off, not a synchronisation
-            delay = min(1.0, delay * 2)
+    def member_spec(self, exiting: bool = False) -> bytes:
+        return self.broker_spec(exiting).SerializeToString()
 
-    async def _drain(self, alloc_task: asyncio.Task[Any]) -> None:
-        """Zero capacity, wait for the allocator to hand off every journal, persist spools."""
-        assert self._announcement is not None
-        log.info("broker draining: announcing exiting with zero capacity")
-        await self._announcement.update(self.broker_spec(exiting=True).SerializeToString())
-        while self.resolver.replicas and self._others_can_take_over():
-            await self.keyspace.wait_for_update()
-        alloc_task.cancel()
-        # Journals still held (no other broker could take them) are released here: their
-        # pipelines are torn down (in-flight appends finish first) and their spools completed
-        # and persisted below, so a later primary starts after them.
+    def has_capacity(self, spec: Any) -> bool:
+        return isinstance(spec, pb.BrokerSpec) and spec.journal_limit > 0 and not spec.exiting
+
+    def holds_items(self) -> bool:
+        return bool(self.resolver.replicas)
+
+    def start_tasks(self, tg: asyncio.TaskGroup) -> None:
+        tg.create_task(self.persister.run(), name="persister")
+        tg.create_task(self.store_health.run(), name="store-health")
+
+    async def drain(self) -> None:
+        """Journals still held (no other broker could take them) are released here: their
+        pipelines are torn down (in-flight appends finish first) and their spools completed
+        and persisted, so a later primary starts after them."""
         held = list((self.resolver.replicas or {}).values())
         await asyncio.gather(*(r.shutdown(RETIRE_TIMEOUT) for r in held))
         await self.resolver.wait_retired(RETIRE_TIMEOUT)
         await self.persister.finish()
+
+    def stopping(self) -> None:
+        self.resolver.stop_serving()
+
+    async def closed(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
 
     async def update_assignments(self, replica: Replica, res: Resolution) -> int:
         """Advertises ``res.route`` (synchronised by the caller's pipeline) in every assignment
@@ -320,18 +215,6 @@ class Broker:
             # anything under our root, which the keyspace would never reach.)
             return int(res.header.etcd.revision) + 1
         return int(resp.header.revision)
-
-    def _others_can_take_over(self) -> bool:
-        """Whether another live broker has capacity to take this one's journals."""
-        me = keys.members_key(self.keyspace.root, self.local_id.zone, self.local_id.suffix)
-        for kv in self.keyspace.prefixed(keys.members_prefix(self.keyspace.root)):
-            spec = kv.value
-            if kv.key != me and isinstance(spec, pb.BrokerSpec) and spec.journal_limit > 0 and not spec.exiting:
-                return True
-        return False
-
-    def stop(self) -> None:
-        self._stop.set()
 
     # -- journal specs -----------------------------------------------------------------
 
@@ -384,32 +267,3 @@ class Broker:
             # Lost a race: whatever changed is under our root, after the resolution's revision.
             return int(res.header.etcd.revision) + 1
         return int(out.header.etcd.revision)
-
-
-class _Shutdown(Exception):
-    pass
-
-
-def _add_journal_service(svc: JournalService, server: grpc.aio.Server | RpcServer) -> None:
-    """Registers the ``protocol.Journal`` service, as the generated code would, except that
-    Replicate receives its requests as raw bytes (decoded by ``replicate.decode_request``)
-    and Append's content chunks are views (``append.decode_append_request``): neither copies
-    content."""
-    from google.protobuf import message_factory
-
-    desc = pb.DESCRIPTOR.services_by_name["Journal"]
-    handlers: dict[str, grpc.RpcMethodHandler] = {}
-    for m in desc.methods:
-        req_cls = message_factory.GetMessageClass(m.input_type)
-        resp_cls = message_factory.GetMessageClass(m.output_type)
-        deserializer = {"Replicate": None, "Append": append_mod.decode_append_request}.get(m.name, req_cls.FromString)
-        kind = {
-            (False, False): grpc.unary_unary_rpc_method_handler,
-            (False, True): grpc.unary_stream_rpc_method_handler,
-            (True, False): grpc.stream_unary_rpc_method_handler,
-            (True, True): grpc.stream_stream_rpc_method_handler,
-        }[(m.client_streaming, m.server_streaming)]
-        handlers[m.name] = kind(getattr(svc, m.name), request_deserializer=deserializer,
-                                response_serializer=resp_cls.SerializeToString)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name, handlers),))
-    server.add_registered_method_handlers(desc.full_name, handlers)

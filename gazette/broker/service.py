@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gazette.broker import append as append_mod
 from gazette.broker import read as read_mod
 from gazette.broker import replicate as replicate_mod
+from gazette.broker import wire
+from gazette.broker.context import BrokerContext
 from gazette.broker.fragment.health import check_delete
 from gazette.errors import ValidationError
 from gazette.protocol import labels, validate
@@ -27,16 +29,13 @@ from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.server.edge import grpc_edge
 
-if TYPE_CHECKING:
-    from gazette.broker.server import Broker
-
 log = logging.getLogger(__name__)
 
 MAX_JOURNALS_PER_LIST_RESPONSE = 1000
 
 
 class JournalService(pb_grpc.JournalServicer):
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
 
     # -- List / Apply -----------------------------------------------------------------
@@ -103,7 +102,7 @@ class JournalService(pb_grpc.JournalServicer):
             first = await it.__anext__()
         except StopAsyncIteration:
             raise append_mod.AppendStreamError("expected an initial AppendRequest") from None
-        if isinstance(first, append_mod.ContentChunk):
+        if isinstance(first, wire.ContentChunk):
             raise append_mod.AppendStreamError(
                 "expected an initial AppendRequest naming a journal, not a content chunk")
         validate.validate_append_request(first)

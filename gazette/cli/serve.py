@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(ns: argparse.Namespace) -> Any:
-    from gazette.broker.server import BrokerConfig, random_suffix
+    from gazette.broker.config import BrokerConfig
+    from gazette.server.process import random_suffix
 
     def get(name: str) -> str:
         return str(getattr(ns, name.replace(".", "_").replace("-", "_")))

@@ -1,0 +1,31 @@
+"""A broker process's configuration: its flags (``gazette serve``), as one dataclass.
+
+Invariants: every field has Gazette's default; rates are bytes per second, 0 meaning no limit
+for ``max_append_rate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gazette.server.process import random_suffix
+
+__all__ = ["BrokerConfig"]
+
+
+@dataclass
+class BrokerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    zone: str = "local"
+    suffix: str = field(default_factory=random_suffix)
+    file_root: str = "fragment-store"
+    limit: int = 1024
+    max_replication: int = 9
+    etcd_address: str = "http://127.0.0.1:2379"
+    etcd_prefix: str = "/gazette/cluster"
+    etcd_lease: float = 20.0
+    advertise_host: str | None = None
+    # Append flow control, bytes per second (see broker/flow.py); max 0 is no limit.
+    max_append_rate: int = 0
+    min_append_rate: int = 1 << 16

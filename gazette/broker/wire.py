@@ -1,0 +1,112 @@
+"""The broker's zero-copy wire decoding of its hot streams (Append and Replicate requests).
+
+Content is nearly every request of an append or a replication stream. Decoding it with
+protobuf would copy the content to parse it and again on each access, so the servers register
+these decoders instead (``gazette.server.grpc.add_service``) and the handlers work on views of
+the received bytes.
+
+Invariants:
+
+* A fast path takes only the exact shapes every encoder writes (``content``, field 4, then
+  optionally ``content_delta``, field 5); any other shape is parsed by protobuf, so every valid
+  encoding is accepted and decodes to the same request.
+* Views are never copied here; they stay valid as long as the received buffer does.
+"""
+
+from __future__ import annotations
+
+from gazette.protocol import protocol_pb2 as pb
+
+__all__ = [
+    "AppendChunk",
+    "Content",
+    "ContentChunk",
+    "decode_append_request",
+    "decode_request",
+    "raw_request",
+    "varint",
+]
+
+
+Content = tuple[memoryview, int]
+"""A decoded content request: (content, content_delta)."""
+
+
+def varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+
+
+def decode_request(data: bytes | memoryview | pb.ReplicateRequest) -> pb.ReplicateRequest | Content:
+    """A received request: a content request as (view, delta), anything else as a message.
+
+    The fast path takes exactly ``content`` (field 4) optionally followed by
+    ``content_delta`` (field 5), as every encoder writes them; any other shape is parsed by
+    protobuf, so every valid encoding is accepted.
+    """
+    if isinstance(data, pb.ReplicateRequest):
+        return data
+    if data[:1] == b"\x22":
+        try:
+            n, pos = varint(data, 1)
+            end = pos + n
+            if end <= len(data):
+                delta = 0
+                if end < len(data) and data[end] == 0x28:
+                    delta, after = varint(data, end + 1)
+                else:
+                    after = end
+                if after == len(data) and n > 0 and delta < (1 << 63):
+                    return memoryview(data)[pos:end], delta
+        except ValueError:
+            pass
+    return pb.ReplicateRequest.FromString(data)  # type: ignore[arg-type]  # bytes-like is accepted
+
+
+class ContentChunk:
+    """An AppendRequest that carries only ``content``, held as a view of the received bytes.
+
+    Content chunks are nearly every request of an append; decoding them with protobuf would
+    copy the content once to parse it and again on each access of the field (and sizing it
+    costs a serialization). Everything that reads a chunk reads ``journal`` and ``content``.
+    """
+
+    __slots__ = ("content",)
+    journal = ""
+
+    def __init__(self, content: memoryview) -> None:
+        self.content = content
+
+    def to_proto(self) -> pb.AppendRequest:
+        return pb.AppendRequest(content=bytes(self.content))
+
+
+AppendChunk = pb.AppendRequest | ContentChunk
+"""A request of an Append stream after the first."""
+
+
+def decode_append_request(data: bytes | memoryview) -> pb.AppendRequest | ContentChunk:
+    """Request deserializer of Append: a content-only chunk (exactly field 4, non-empty) as a
+    :class:`ContentChunk`, anything else (the first request, the empty commit) by protobuf."""
+    if data[:1] == b"\x22":
+        try:
+            n, pos = varint(data, 1)
+        except ValueError:
+            n, pos = -1, 0
+        if n > 0 and pos + n == len(data):
+            return ContentChunk(memoryview(data)[pos:])
+    return pb.AppendRequest.FromString(data)  # type: ignore[arg-type]  # bytes-like is accepted
+
+
+def raw_request(data: bytes) -> bytes:
+    """Request serializer of the primary's Replicate calls: requests are sent pre-serialized."""
+    return data

@@ -1,0 +1,44 @@
+"""The HTTP side of a process's public port: an aiohttp app with the operability routes.
+
+``/debug/metrics`` serves the process's Prometheus registry in the text exposition format;
+``/debug/ready`` answers 200 once the process has announced itself and serves its assignments
+(the ``ready`` event), 503 before that and while draining. Brokers add their gateway, consumers
+their applications' routes.
+
+Invariants: the app accepts bodies of any size (``client_max_size=0``: the gateway streams
+appends); the runner neither installs signal handlers (the process owns them) nor logs access.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+__all__ = ["debug_routes", "start_app"]
+
+
+def debug_routes(ready: asyncio.Event) -> list[web.RouteDef]:
+    """``/debug/metrics`` and ``/debug/ready`` (from ``ready``)."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def is_ready(_: web.Request) -> web.Response:
+        if ready.is_set():
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready\n")
+
+    return [web.get("/debug/metrics", metrics), web.get("/debug/ready", is_ready)]
+
+
+async def start_app(routes: Iterable[web.RouteDef]) -> web.AppRunner:
+    """A set-up runner of an app serving ``routes`` (the mux feeds its server connections)."""
+    app = web.Application(client_max_size=0)
+    app.add_routes(list(routes))
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    return runner

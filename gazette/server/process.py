@@ -1,0 +1,227 @@
+"""The lifecycle of a member process (a broker or a consumer) over etcd and its one port.
+
+A member process connects to etcd, mirrors its key space, serves gRPC and HTTP on one public
+port, announces its member spec under a lease, runs the shared allocator over its items, and on
+``stop()`` drains: it announces zero capacity so that the allocator hands its items to other
+members, hands off, and revokes its lease. Gazette's ``mainboilerplate`` does the same for both
+``gazette serve`` and consumer binaries; :class:`MemberProcess` is that, with hooks for what
+differs (services, member spec, drain-time work).
+
+Invariants:
+
+* The member announces itself only after its public port is bound, so the endpoint it
+  advertises always answers; ``ready`` is set once it is announced and allocating, and cleared
+  before anything stops.
+* The first keyspace load is retried while etcd is transiently unavailable (up to the lease).
+* Every long-lived task (keyspace watch, announcement keep-alive, allocator, the subclass's
+  own) is owned by one task group: one failing stops the process; ``run()`` returns only after
+  every task ended.
+* Draining: zero capacity is announced, then the process waits until it holds no item or no
+  other live member has capacity; the allocator is cancelled before the subclass's ``drain``
+  hook retires what is still held. Servers stop with a grace period, then the lease is revoked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import tempfile
+from collections.abc import Iterable
+from typing import Any
+
+import aetcd
+import grpc
+from aiohttp import web
+
+from gazette.allocator import Announcement, allocate, announce
+from gazette.allocator.keys import members_key, members_prefix
+from gazette.allocator.state import IsConsistentFn
+from gazette.etcd import connect as etcd_connect
+from gazette.etcd.keyspace import KeySpace
+from gazette.protocol import protocol_pb2 as pb
+from gazette.rpc.server import RpcServer
+from gazette.server.grpc import GrpcServer, build_server
+from gazette.server.http import debug_routes, start_app
+from gazette.server.mux import Multiplexer
+
+__all__ = ["MemberProcess", "random_suffix"]
+
+log = logging.getLogger(__name__)
+
+_ADJECTIVES = ("busy", "calm", "eager", "fuzzy", "gentle", "happy", "jolly", "lively", "merry", "proud", "quiet", "swift")
+_ANIMALS = ("walrus", "otter", "badger", "heron", "lynx", "marmot", "osprey", "puffin", "tapir", "wombat", "yak", "zebu")
+
+
+def random_suffix() -> str:
+    """A readable member suffix (``calm-otter``), as Gazette's default process IDs."""
+    return f"{random.choice(_ADJECTIVES)}-{random.choice(_ANIMALS)}"
+
+
+class _Shutdown(Exception):
+    pass
+
+
+class MemberProcess:
+    """A member of a gazette cluster (see the module docstring); subclass and fill the hooks."""
+
+    kind = "member"
+    """What the process is called in its log lines (``broker started``)."""
+
+    def __init__(self, *, zone: str, suffix: str, host: str, port: int, etcd_address: str,
+                 etcd_lease: float, keyspace: KeySpace, is_consistent: IsConsistentFn,
+                 advertise_host: str | None = None) -> None:
+        self.local_id = pb.ProcessSpec.ID(zone=zone, suffix=suffix)
+        self.host, self.port, self.advertise_host = host, port, advertise_host
+        self.etcd_address, self.etcd_lease = etcd_address, etcd_lease
+        self.keyspace = keyspace
+        self.is_consistent = is_consistent
+        self.endpoint = ""
+        self.bound_port = 0
+        self.ready = asyncio.Event()
+        self.scratch_dir = tempfile.mkdtemp(prefix="gazette-member-")
+        self._etcd: aetcd.Client | None = None
+        self._announcement: Announcement | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._stop = asyncio.Event()
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def register_services(self, server: GrpcServer) -> None:
+        """Registers the process's gRPC services (``gazette.server.grpc.add_service``)."""
+
+    def http_routes(self) -> Iterable[web.RouteDef]:
+        """Routes served beside ``/debug/metrics`` and ``/debug/ready``."""
+        return ()
+
+    def member_spec(self, exiting: bool = False) -> bytes:
+        """The serialized member spec to announce (zero capacity when ``exiting``)."""
+        raise NotImplementedError
+
+    def has_capacity(self, spec: Any) -> bool:
+        """Whether another member's decoded spec has room for items and is not exiting."""
+        raise NotImplementedError
+
+    def holds_items(self) -> bool:
+        """Whether items are still assigned to this process (draining waits while so)."""
+        return False
+
+    def start_tasks(self, tg: asyncio.TaskGroup) -> None:
+        """Starts the subclass's own long-lived tasks in the process's task group."""
+
+    async def drain(self) -> None:
+        """Drain-time work once the allocator stopped: retire whatever is still held."""
+
+    def stopping(self) -> None:
+        """Called first when the process stops (refuse new work)."""
+
+    async def closed(self) -> None:
+        """Called last, after the servers stopped (close channels)."""
+
+    # -- running --------------------------------------------------------------------------
+
+    @property
+    def etcd(self) -> aetcd.Client:
+        assert self._etcd is not None, "process is not running"
+        return self._etcd
+
+    @property
+    def tasks(self) -> asyncio.TaskGroup:
+        """The task group owning the process's long-lived tasks (while running)."""
+        assert self._tg is not None, "process is not running"
+        return self._tg
+
+    @property
+    def member_key(self) -> str:
+        return members_key(self.keyspace.root, self.local_id.zone, self.local_id.suffix)
+
+    def stop(self) -> None:
+        """Begins draining; ``run()`` returns once done."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Runs the process until ``stop()``; then drains and returns."""
+        self._etcd = await etcd_connect(self.etcd_address)
+        grpc_server = build_server(os.path.join(self.scratch_dir, "grpc.sock"))
+        self.register_services(grpc_server)
+        runner = await start_app([*debug_routes(self.ready), *self.http_routes()])
+        assert runner.server is not None
+        mux = Multiplexer(os.path.join(self.scratch_dir, "grpc.sock"), runner.server, h2_protocol_factory=(
+            grpc_server.protocol if isinstance(grpc_server, RpcServer) else None))
+        try:
+            await self._load_keyspace()
+            if not isinstance(grpc_server, RpcServer):
+                await grpc_server.start()
+            self.bound_port = await mux.start(self.host, self.port)
+            adv = self.advertise_host or (self.host if self.host not in ("", "0.0.0.0") else socket.gethostname())
+            self.endpoint = f"http://{adv}:{self.bound_port}"
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                tg.create_task(self.keyspace.watch(self.etcd), name="keyspace-watch")
+                self.start_tasks(tg)
+                self._announcement = await announce(
+                    self.etcd, self.member_key, self.member_spec(),
+                    ttl=max(1, int(self.etcd_lease)), conflict_timeout=self.etcd_lease,
+                )
+                tg.create_task(self._announcement.keep_alive(), name="announce")
+                await self.keyspace.wait_for_revision(self._announcement.revision)
+                alloc_task = tg.create_task(
+                    allocate(self.etcd, self.keyspace, self.member_key, self.is_consistent), name="allocator"
+                )
+                log.info(f"{self.kind} started", extra={
+                    "id": f"{self.local_id.zone}#{self.local_id.suffix}", "endpoint": self.endpoint})
+                self.ready.set()
+                await self._stop.wait()
+                await self._drain(alloc_task)
+                raise _Shutdown()
+        except* _Shutdown:
+            pass
+        finally:
+            self.ready.clear()
+            self.stopping()
+            await mux.close()
+            await grpc_server.stop(grace=5)
+            await mux.abort()  # splices grpcio did not end, and the splice helper with them
+            await runner.cleanup()
+            await self.closed()
+            if self._announcement is not None:
+                with contextlib.suppress(Exception):
+                    await self._announcement.revoke()
+            with contextlib.suppress(Exception):
+                await self.etcd.close()
+
+    async def _load_keyspace(self) -> None:
+        """The first load of the keyspace, retried while etcd is transiently unreachable
+        (a connection refused or cut under load) for up to the etcd lease."""
+        deadline = asyncio.get_running_loop().time() + max(5.0, self.etcd_lease)
+        delay = 0.05
+        while True:
+            try:
+                await self.keyspace.load(self.etcd)
+                return
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or asyncio.get_running_loop().time() >= deadline:
+                    raise
+                log.warning("etcd unavailable at start; retrying", extra={"err": err.details()})
+            await asyncio.sleep(delay)  # a retry back-off, not a synchronisation
+            delay = min(1.0, delay * 2)
+
+    async def _drain(self, alloc_task: asyncio.Task[Any]) -> None:
+        assert self._announcement is not None
+        log.info(f"{self.kind} draining: announcing exiting with zero capacity")
+        await self._announcement.update(self.member_spec(exiting=True))
+        while self.holds_items() and self._others_can_take_over():
+            await self.keyspace.wait_for_update()
+        alloc_task.cancel()
+        await self.drain()
+
+    def _others_can_take_over(self) -> bool:
+        """Whether another live member has capacity to take this one's items."""
+        me = self.member_key
+        return any(kv.key != me and kv.value is not None and self.has_capacity(kv.value)
+                   for kv in self.keyspace.prefixed(members_prefix(self.keyspace.root)))
+
+
