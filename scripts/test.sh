@@ -7,6 +7,8 @@ bash scripts/bootstrap.sh dev
 .venv/bin/python -m gazette.protocol.generate --check
 .venv/bin/ruff check gazette tests bench
 .venv/bin/mypy
+.venv/bin/lint-imports
+.venv/bin/python scripts/import_cycles.py
 if [ "${SOAK:-0}" = "1" ]; then
   set +e; .venv/bin/pytest -m soak "$@"; rc=$?; set -e
   # exit 5 = no soak tests collected, which is not a failure
