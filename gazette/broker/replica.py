@@ -40,6 +40,7 @@ from gazette.broker.fragment import Index, Persister, Spool, SpoolSnapshot
 from gazette.fragment import Fragment
 from gazette.protocol import protocol_pb2 as pb
 from gazette.stores import Stores, walk_all_stores
+from gazette.tasks import Supervisor, cancel_and_wait
 
 if TYPE_CHECKING:
     from gazette.broker.pipeline import Pipeline
@@ -58,34 +59,40 @@ PulseFn = Callable[["Replica"], Awaitable[None]]
 
 
 async def acquire_unless(lock: asyncio.Lock, signal: asyncio.Event | None) -> bool:
-    """Acquires ``lock``, unless ``signal`` is set first (then returns False, not holding it)."""
+    """Acquires ``lock``, unless ``signal`` is set first (then returns False, not holding it).
+
+    The caller's cancellation propagates (after the pending acquisition settled, and a lock it
+    won released), never swallowed."""
     if not lock.locked() or signal is None:
         await lock.acquire()
         return True
     if signal.is_set():
         return False
     acq = asyncio.ensure_future(lock.acquire())
-    sig = asyncio.ensure_future(signal.wait())
     try:
-        await asyncio.wait((acq, sig), return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await _first(acq, signal)
+        finally:  # a no-op once it won; else cancelled and settled, on any ending
+            await cancel_and_wait(acq)
     except BaseException:
-        sig.cancel()
-        if await _settle(acq):
+        if _won(acq):
             lock.release()
         raise
-    sig.cancel()
-    return await _settle(acq)
+    return _won(acq)
 
 
-async def _settle(acq: asyncio.Future[Any]) -> bool:
-    """Cancels a pending acquisition; True if it holds the lock (it won the race)."""
-    if not acq.done():
-        acq.cancel()
+def _won(acq: asyncio.Future[Any]) -> bool:
+    return acq.done() and not acq.cancelled() and acq.exception() is None
+
+
+async def _first(fut: asyncio.Future[Any], signal: asyncio.Event) -> bool:
+    """Waits for ``fut`` or ``signal``, whichever first; True if ``fut`` finished."""
+    sig = asyncio.ensure_future(signal.wait())
     try:
-        await acq
-    except asyncio.CancelledError:
-        return False
-    return True
+        await asyncio.wait((fut, sig), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        sig.cancel()
+    return fut.done()
 
 
 async def wait_unless(event: asyncio.Event, signal: asyncio.Event | None) -> bool:
@@ -98,12 +105,10 @@ async def wait_unless(event: asyncio.Event, signal: asyncio.Event | None) -> boo
     if signal.is_set():
         return False
     ev = asyncio.ensure_future(event.wait())
-    sig = asyncio.ensure_future(signal.wait())
     try:
-        await asyncio.wait((ev, sig), return_when=asyncio.FIRST_COMPLETED)
+        await _first(ev, signal)
     finally:
         ev.cancel()
-        sig.cancel()
     return event.is_set()
 
 
@@ -139,7 +144,9 @@ class Replica:
         # Set by a refresh that began after this replica last became primary.
         self._primary_refreshed = asyncio.Event()
         self._refresh_now = asyncio.Event()
-        self._bg: set[asyncio.Task[None]] = set()
+        # Pipeline shutdowns, demotions and the retirement: owned, failures logged (one
+        # journal's background step failing is its own), never raised.
+        self._background = Supervisor(f"replica {journal}", "log")
         self._task = tg.create_task(self._maintain(), name=f"replica:{journal}")
         self._pulse_task = tg.create_task(self._pulse_loop(), name=f"pulse:{journal}")
 
@@ -222,19 +229,7 @@ class Replica:
 
     def spawn(self, coro: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
         """Runs ``coro`` in the background, logging (never raising) its failure."""
-
-        async def guarded() -> None:
-            try:
-                await coro
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:  # noqa: BLE001 - a background step of one journal
-                log.warning("replica task failed", extra={"journal": self.journal, "task": what, "err": str(err)})
-
-        task = asyncio.ensure_future(guarded())
-        self._bg.add(task)
-        task.add_done_callback(self._bg.discard)
-        return task
+        return self._background.spawn(what, coro)
 
     def retire_pipeline(self, pln: Pipeline, expect_err: bool) -> None:
         """Shuts ``pln`` down in the background (caller owns the send side and has already

@@ -12,13 +12,13 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Iterable
 from types import TracebackType
 
 from gazette.client.errors import ClientError
 from gazette.client.journal_client import JournalClient
 from gazette.protocol import protocol_pb2 as pb
+from gazette.tasks import cancel_and_wait
 
 Selector = str | pb.LabelSelector | None
 
@@ -124,9 +124,7 @@ class PolledList:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)  # the caller's own cancellation still propagates
 
     async def _poll_later(self) -> None:
         await asyncio.sleep(self.interval)

@@ -31,6 +31,7 @@ import grpc.aio
 
 from gazette.rpc import frames as f
 from gazette.rpc.connection import DEFAULT_MAX_MESSAGE, Connection, Stream, StreamReset
+from gazette.tasks import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,7 @@ class ServerConnection(Connection):
         if end_stream:
             stream.remote_closed = True
         ctx = ServicerContext(stream, tuple(metadata), deadline)
-        stream.task = self.loop.create_task(self.server._serve(stream, ctx))
+        stream.task = self.server.handlers.spawn(path, self.server._serve(stream, ctx))
         if deadline is not None:
             stream.deadline_handle = self.loop.call_at(deadline, self._expire, stream)
 
@@ -274,7 +275,8 @@ class RpcServer:
         self._connections: set[ServerConnection] = set()
         self._servers: list[asyncio.AbstractServer] = []
         self._stopping = False
-        self._active: set[asyncio.Task[None]] = set()
+        # One task per RPC, owned here: a stop cancels and awaits every one.
+        self.handlers = Supervisor("rpc", "log")
 
     # -- registration (what grpcio's generated code calls) ---------------------------
 
@@ -325,13 +327,11 @@ class RpcServer:
         for conn in list(self._connections):
             if not conn.closed:
                 conn.write(f.goaway(conn.last_peer_stream(), f.NO_ERROR))
-        if self._active and grace:
+        if len(self.handlers) and grace:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*list(self._active), return_exceptions=True), grace)
-        for task in list(self._active):
-            task.cancel()
-        if self._active:
-            await asyncio.gather(*list(self._active), return_exceptions=True)
+                async with asyncio.timeout(grace):
+                    await self.handlers.wait()
+        await self.handlers.aclose()
         for conn in list(self._connections):
             if conn.transport is not None:
                 conn.transport.close()
@@ -343,9 +343,6 @@ class RpcServer:
     # -- serving one RPC -------------------------------------------------------------
 
     async def _serve(self, stream: ServerStream, ctx: ServicerContext) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._active.add(task)
         handler = stream.handler
         code, details = grpc.StatusCode.OK, ""
         try:
@@ -376,6 +373,9 @@ class RpcServer:
         except _BadRequest as err:
             code, details = grpc.StatusCode.INTERNAL, str(err)
         except asyncio.CancelledError:
+            # This task is the top of its own call and only this server cancels it (a reset, a
+            # deadline, a stop): the cancellation ends the call with a status, and nothing
+            # above awaits the task for a CancelledError.
             if stream.expired:
                 code, details = grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
             elif stream.error is not None or stream.conn.closed:
@@ -391,7 +391,6 @@ class RpcServer:
                 log.exception("RPC handler failed", extra={"method": _method_name(handler), "peer": ctx.peer()})
                 code, details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(err).__name__}: {err}"
         finally:
-            self._active.discard(task)
             if stream.deadline_handle is not None:
                 stream.deadline_handle.cancel()
         stream.finish(code, details)

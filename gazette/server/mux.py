@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gazette.server.splice import CLOSING, SPLICE, Helper, Splice, join_threads
+from gazette.tasks import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class Multiplexer:
         self._conns: dict[int, asyncio.Future[None]] = {}
         self._in_helper: set[int] = set()
         self._local: dict[int, Splice] = {}
-        self._connecting: set[asyncio.Task[None]] = set()
+        self._connecting = Supervisor("mux connect", "log")
         self.closing = False
         self.aborting = False
 
@@ -149,9 +150,7 @@ class Multiplexer:
             return
         cid = next(self._ids)
         self._conns[cid] = asyncio.get_running_loop().create_future()
-        task = asyncio.ensure_future(self._connect(cid, client, prefix))
-        self._connecting.add(task)
-        task.add_done_callback(self._connecting.discard)
+        self._connecting.spawn(f"connection {cid}", self._connect(cid, client, prefix))
 
     async def _connect(self, cid: int, client: socket.socket, prefix: bytes) -> None:
         """Connects to grpcio, forwards the sniffed bytes and starts the splice."""
@@ -219,10 +218,11 @@ class Multiplexer:
         ``within`` seconds) for them."""
         await self.close()
         self.aborting = True
-        for t in list(self._connecting):
+        connecting = self._connecting.tasks
+        for t in connecting:
             t.cancel()
-        if self._connecting:
-            await asyncio.wait(list(self._connecting), timeout=within)
+        if connecting:  # bounded: a connect stuck in the kernel must not hold the stop
+            await asyncio.wait(connecting, timeout=within)
         threads = [t for sp in self._local.values() for t in sp.threads]
         for sp in list(self._local.values()):
             sp.abort()
