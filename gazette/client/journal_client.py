@@ -32,6 +32,7 @@ from gazette.client.errors import (
 from gazette.client.route_cache import RouteCache, pick
 from gazette.protocol import protocol_pb2 as pb
 from gazette.rpc.channel import insecure_channel
+from gazette.rpc.seam import ChannelFactory, RpcChannel
 
 # The generated stubs are untyped; load them as Any rather than type-check generated code.
 pb_grpc: Any = importlib.import_module("gazette.protocol.protocol_pb2_grpc")
@@ -87,17 +88,23 @@ def label_selector(include: Iterable[tuple[str, str]] = (),
 
 
 class JournalClient:
-    """Async client of the Journal service, routing by journal."""
+    """Async client of the Journal service, routing by journal.
+
+    Channels to brokers come from ``channel_factory`` (default: ``gazette.rpc``'s, or grpcio's
+    with ``GAZETTE_RPC=grpcio``; ``https://`` addresses always use grpcio's TLS channels), one
+    per endpoint, closed with the client."""
 
     def __init__(self, address: str = DEFAULT_ADDRESS, *, zone: str = "",
                  route_cache: RouteCache | None = None,
-                 channel_options: Sequence[tuple[str, Any]] = ()) -> None:
+                 channel_options: Sequence[tuple[str, Any]] = (),
+                 channel_factory: ChannelFactory = insecure_channel) -> None:
         grpc_target(address)  # Validate eagerly: a bad address is a configuration error.
         self.address = address
         self.zone = zone
         self.routes = route_cache if route_cache is not None else RouteCache()
         self._options = list(_CHANNEL_OPTIONS) + list(channel_options)
-        self._channels: dict[str, Any] = {}  # grpc.aio.Channel-like
+        self._channel_factory = channel_factory
+        self._channels: dict[str, RpcChannel] = {}
         self._stubs: dict[str, Any] = {}
 
     # --- channels and routing -------------------------------------------------------
@@ -112,7 +119,7 @@ class JournalClient:
                 channel = grpc.aio.secure_channel(
                     target, grpc.ssl_channel_credentials(), options=self._options)
             else:
-                channel = insecure_channel(target, options=self._options)
+                channel = self._channel_factory(target, self._options)
             self._channels[endpoint] = channel
             stub = self._stubs[endpoint] = pb_grpc.JournalStub(channel)
         return stub

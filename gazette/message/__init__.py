@@ -10,6 +10,9 @@ checkpoints keep the sequencer's producer states (:mod:`.producer_state`).
 Wire- and semantics-compatible with Gazette's ``message`` package.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     DesyncError,
     EmptyListResponseError,
@@ -56,7 +59,7 @@ from .mapping import (
 )
 from .message import CSVRecord, Envelope, JSONMessage, Message, parse_uuid
 from .producer_state import build_checkpoint, flatten_producer_states, flatten_read_through
-from .publisher import AckIntent, Appender, Publisher
+from .publisher import AckIntent, AppendTarget, BufferedAppender, Publisher
 from .sequencer import ProducerState, QueueOutcome, Sequencer
 from .uuid import (
     ACK_TXN,
@@ -75,6 +78,23 @@ from .uuid import (
     new_producer_id,
 )
 
+if TYPE_CHECKING:
+    from .reading import read_committed, read_uncommitted
+    from .source import JournalSource, replay_opener
+
+# Readers over journals need the client (grpc and all): loaded on first use, so that framing,
+# sequencing and publishing stay cheap to import.
+_LAZY = {"read_committed": ".reading", "read_uncommitted": ".reading",
+         "JournalSource": ".source", "replay_opener": ".source"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)
+
+
 __all__ = [
     "ACK_TXN",
     "CONTENT_TYPE",
@@ -88,7 +108,8 @@ __all__ = [
     "UUID",
     "ZERO_UUID",
     "AckIntent",
-    "Appender",
+    "AppendTarget",
+    "BufferedAppender",
     "CSVFraming",
     "CSVRecord",
     "Chunk",
@@ -105,6 +126,7 @@ __all__ = [
     "FramingError",
     "JSONFraming",
     "JSONMessage",
+    "JournalSource",
     "KeyFunc",
     "MappingError",
     "MappingFunc",
@@ -138,6 +160,9 @@ __all__ = [
     "new_producer_id",
     "parse_uuid",
     "random_mapping",
+    "read_committed",
+    "read_uncommitted",
     "register_framing",
+    "replay_opener",
     "rendezvous_mapping",
 ]

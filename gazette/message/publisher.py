@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Any, Final, Generic, Protocol, TypeVar, runtime_checkable
 
 from .framing import Framing, framing_for_content_type
 from .mapping import MappingFunc
@@ -55,15 +55,22 @@ from .uuid import (
     uuid_from_int,
 )
 
-__all__ = ["AckIntent", "Appender", "BufferedAppender", "Publisher"]
+__all__ = ["AckIntent", "AppendTarget", "BufferedAppender", "Publisher"]
 
 _U64: Final = (1 << 64) - 1
 
 
-class Appender(Protocol):
-    """Appends framed content to journals, asynchronously (the client's AppendService)."""
+H = TypeVar("H")
+"""The type of an append's handle (``AsyncAppend`` for the client's AppendService)."""
+H_co = TypeVar("H_co", covariant=True)
 
-    async def append(self, journal: str, data: bytes) -> Any:
+
+class AppendTarget(Protocol[H_co]):
+    """Appends framed content to journals, asynchronously (the client's AppendService).
+
+    (Named so as not to be confused with ``gazette.client.Appender``, one Append RPC.)"""
+
+    async def append(self, journal: str, data: bytes) -> H_co:
         """Start appending ``data`` to ``journal``, returning a handle on the append.
 
         Appends to one journal must be ordered as the calls were made; an implementation
@@ -73,12 +80,12 @@ class Appender(Protocol):
 
 
 @runtime_checkable
-class BufferedAppender(Protocol):
-    """An Appender that queues without suspending, and says when writers must wait
+class BufferedAppender(Protocol[H_co]):
+    """An AppendTarget that queues without suspending, and says when writers must wait
     (:class:`gazette.client.AppendService`). The Publisher then awaits only for
     back-pressure, not once per message."""
 
-    def append_nowait(self, journal: str, data: bytes) -> Any:
+    def append_nowait(self, journal: str, data: bytes) -> H_co:
         """Queue ``data`` for ``journal`` (ordered as called); returns a handle on it."""
         ...
 
@@ -101,7 +108,7 @@ class AckIntent:
     intent: bytes
 
 
-class Publisher:
+class Publisher(Generic[H]):
     """Maps, stamps and appends messages; see the module documentation.
 
     With no ``clock``, the Publisher keeps its own, updated from the wall time at each
@@ -115,7 +122,7 @@ class Publisher:
 
     def __init__(
         self,
-        appender: Appender | BufferedAppender,
+        appender: AppendTarget[H] | BufferedAppender[H],
         clock: Clock | None = None,
         producer: ProducerID | None = None,
     ) -> None:
@@ -131,7 +138,7 @@ class Publisher:
         # order: the acknowledgement message to send each, and its framing.
         self._intents: dict[str, tuple[Message, Framing]] = {}
 
-    async def publish_committed(self, mapping: MappingFunc, msg: Message) -> Any:
+    async def publish_committed(self, mapping: MappingFunc, msg: Message) -> H:
         """Publish ``msg`` for immediate processing; returns the appender's handle."""
         journal, _, data = self._stamp(mapping, msg, _OUTSIDE)
         # _append, inline: once per message.
@@ -143,7 +150,7 @@ class Publisher:
             await svc.wait_writable()
         return handle
 
-    async def publish_uncommitted(self, mapping: MappingFunc, msg: Message) -> Any:
+    async def publish_uncommitted(self, mapping: MappingFunc, msg: Message) -> H:
         """Publish ``msg`` within the open transaction; returns the appender's handle.
 
         Not for concurrent use: await each call before building intents.
@@ -159,7 +166,7 @@ class Publisher:
             await svc.wait_writable()
         return handle
 
-    async def publish_committed_many(self, mapping: MappingFunc, msgs: Any) -> dict[str, Any]:
+    async def publish_committed_many(self, mapping: MappingFunc, msgs: Any) -> dict[str, H]:
         """Publish each message of the iterable ``msgs`` as :meth:`publish_committed` would,
         framing the messages of each journal together; returns the last handle per journal.
 
@@ -167,7 +174,7 @@ class Publisher:
         """
         return await self._publish_many(mapping, msgs, _OUTSIDE)
 
-    async def publish_uncommitted_many(self, mapping: MappingFunc, msgs: Any) -> dict[str, Any]:
+    async def publish_uncommitted_many(self, mapping: MappingFunc, msgs: Any) -> dict[str, H]:
         """:meth:`publish_uncommitted` of each message of ``msgs``, framed per journal;
         returns the last handle per journal."""
         return await self._publish_many(mapping, msgs, _CONTINUE)
@@ -183,7 +190,7 @@ class Publisher:
         self._intents.clear()
         return out
 
-    async def _append(self, journal: str, data: bytes) -> Any:
+    async def _append(self, journal: str, data: bytes) -> H:
         svc = self._buffered
         if svc is None:
             return await self._appender.append(journal, data)  # type: ignore[union-attr]
@@ -234,7 +241,7 @@ class Publisher:
             msg.set_uuid(uuid_from_int(value))
         return journal, framing, framing.marshal(msg)
 
-    async def _publish_many(self, mapping: MappingFunc, msgs: Any, flags: int) -> dict[str, Any]:
+    async def _publish_many(self, mapping: MappingFunc, msgs: Any, flags: int) -> dict[str, H]:
         if self._auto_update:
             self._update_clock()
         node, tick, types = self._node, self.clock.tick, self._types

@@ -27,7 +27,7 @@ import contextlib
 import itertools
 import socket
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -35,6 +35,7 @@ import grpc.aio
 from gazette.rpc import frames as f
 from gazette.rpc import use_grpcio
 from gazette.rpc.connection import DEFAULT_MAX_MESSAGE, Connection, Stream, StreamReset
+from gazette.rpc.seam import RpcChannel
 
 _USER_AGENT = "gazette-python-rpc/1"
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
@@ -613,10 +614,12 @@ class StreamStreamCall(StreamUnaryCall, _ResponseStream):
         raise TypeError("a stream-stream call is read, not awaited")
 
 
-def insecure_channel(target: str, options: Sequence[tuple[str, Any]] = ()) -> Channel:
-    """A :class:`Channel` to ``target``, or grpcio's when ``GAZETTE_RPC=grpcio``."""
+def insecure_channel(target: str, options: Sequence[tuple[str, Any]] = ()) -> RpcChannel:
+    """A :class:`Channel` to ``target``, or grpcio's when ``GAZETTE_RPC=grpcio`` (the default
+    :data:`~gazette.rpc.seam.ChannelFactory`)."""
     if use_grpcio():
-        return cast(Channel, grpc.aio.insecure_channel(target, options=list(options)))
+        channel: RpcChannel = grpc.aio.insecure_channel(target, options=list(options))
+        return channel
     return Channel(target, options)
 
 

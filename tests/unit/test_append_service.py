@@ -15,7 +15,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from fakes.journal_service import FakeBroker, FakeCluster, start_broker
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,6 +42,7 @@ from gazette.message import (
 )
 from gazette.message.mapping import MappingFunc
 from gazette.protocol import protocol_pb2 as pb
+from gazette.testing.fake_broker import FakeBroker, FakeCluster, start_broker
 
 # What the next RPC does: commit, fail before committing, or commit and then fail (the
 # response is lost: the retry duplicates the content). A pb.Status answers with that status.

@@ -6,12 +6,12 @@ from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import pytest
-from fakes.journal_service import FakeBroker, FakeCluster, start_broker
 
 from gazette.client import Appender, AppendError, JournalClient, TransportError, append
 from gazette.client.route_cache import RouteCache, pick
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol.labels import LabelSelector, LabelSet
+from gazette.testing.fake_broker import FakeBroker, FakeCluster, start_broker
 
 
 @pytest.fixture

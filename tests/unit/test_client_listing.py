@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
-from fakes.journal_service import FakeBroker, FakeCluster, start_broker
 
 from gazette.client import (
     ApplyError,
@@ -19,6 +19,7 @@ from gazette.client import (
 )
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol.labels import SelectorError
+from gazette.testing.fake_broker import FakeBroker, FakeCluster, start_broker
 
 
 @pytest.fixture
@@ -72,3 +73,20 @@ async def test_sync_facade(broker: FakeBroker) -> None:
 
     n, everything, tail = await asyncio.to_thread(script)
     assert n == 5 and everything == b"hello sync world" and tail == b"sync world"
+
+
+async def test_journal_client_dials_through_its_channel_factory() -> None:
+    from gazette.client import JournalClient
+    from gazette.rpc.channel import insecure_channel
+
+    dialed: list[str] = []
+
+    def factory(target: str, options: Any) -> Any:
+        dialed.append(target)
+        return insecure_channel(target, options)
+
+    async with JournalClient("http://127.0.0.1:1", channel_factory=factory) as client:
+        client.stub()
+        client.stub("http://127.0.0.2:2")
+        client.stub()  # cached: one channel per endpoint
+    assert dialed == ["127.0.0.1:1", "127.0.0.2:2"]

@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from fakes.journal_service import FakeBroker, FakeCluster, start_broker
 
 from gazette.client import (
     FragmentFetchError,
@@ -19,6 +18,7 @@ from gazette.client import (
 )
 from gazette.fragment import codecs
 from gazette.protocol import protocol_pb2 as pb
+from gazette.testing.fake_broker import FakeBroker, FakeCluster, start_broker
 
 
 @pytest.fixture

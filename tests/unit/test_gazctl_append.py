@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import pytest
-from fakes.journal_service import FakeBroker, FakeCluster, start_broker
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,6 +35,7 @@ from gazette.message.errors import MappingError
 from gazette.message.framing import FIXED_FRAME_WORD
 from gazette.message.mapping import modulo_mapping, rendezvous_mapping
 from gazette.protocol import protocol_pb2 as pb
+from gazette.testing.fake_broker import FakeBroker, FakeCluster, start_broker
 
 # Gazette's message/routines_test.go fixtures: key -> partition index.
 MODULO_443 = {

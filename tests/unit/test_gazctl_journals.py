@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fakes.journal_service import FakeBroker, FakeCluster, start_broker
 
 from gazette.cli.gazctl import main
 from gazette.protocol import protocol_pb2 as pb
+from gazette.testing.fake_broker import FakeBroker, FakeCluster, start_broker
 
 
 @dataclass

@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from fakes.journal_service import FakeBroker, FakeCluster, start_broker
 
 from gazette.cli.gazctl import main
 from gazette.cli.gazctl_journals import Context, _ReadSession
 from gazette.cli.gazctl_output import Log
 from gazette.protocol import protocol_pb2 as pb
+from gazette.testing.fake_broker import FakeBroker, FakeCluster, start_broker
 
 
 @pytest.fixture

@@ -1,4 +1,8 @@
-"""An in-process fake of the broker Journal service (grpc.aio on 127.0.0.1:0).
+"""An in-process fake broker for app authors' tests (Gazette's ``brokertest``): the Journal
+service (grpc.aio on 127.0.0.1:0) over in-memory journals, no etcd, no disks.
+
+Use ``start_broker(FakeCluster())`` in a test, point a ``JournalClient`` at its address, and
+append and read as against a real broker; script failures to test retries.
 
 It implements List, Apply, Read, Append and ListFragments over a dict of journals held
 by a ``FakeCluster`` (which several ``FakeBroker`` servers may share), with the

@@ -1,1 +1,0 @@
-"""In-process fakes of gazette services for unit tests."""
