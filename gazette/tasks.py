@@ -12,7 +12,8 @@ Invariants:
 * Policy ``"log"``: a failed task is logged with its name and the owner carries on (one
   journal's or one RPC's failure is its own). Policy ``"fail"``: the first failure cancels
   every other task and is raised from ``aclose()`` (and ``__aexit__``), as Gazette's Group.
-  A task's own cancellation is never a failure.
+  Policy ``"collect"``: failures are left on the tasks for the owner to read (it reaps them
+  itself, e.g. gazctl's read session). A task's own cancellation is never a failure.
 * ``aclose()`` cancels every remaining task and waits for all of them; afterwards nothing
   spawned here runs, and ``spawn`` refuses. If the caller is itself cancelled while waiting,
   the tasks are still awaited (none outlives its owner) and the cancellation is re-raised.
@@ -32,7 +33,7 @@ __all__ = ["Supervisor", "cancel_and_wait"]
 
 log = logging.getLogger(__name__)
 
-Policy = Literal["log", "fail"]
+Policy = Literal["log", "fail", "collect"]
 
 
 async def cancel_and_wait(fut: asyncio.Future[Any]) -> None:
@@ -85,6 +86,8 @@ class Supervisor:
             return
         err = task.exception()
         if err is None:
+            return
+        if self.policy == "collect":
             return
         if self.policy == "log":
             log.warning("task failed", extra={"task": task.get_name(), "err": repr(err)})

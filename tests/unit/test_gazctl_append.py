@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gazette.cli import gazctl_journals
 from gazette.cli.gazctl import main
-from gazette.cli.gazctl_append import (
+from gazette.cli.gazctl.journals import append as gazctl_append_cmd
+from gazette.cli.gazctl.journals.framing import (
     FixedSplitter,
     LineSplitter,
     RecordError,
@@ -232,7 +232,7 @@ async def test_modulo_and_rendezvous_place_keys_as_gazette_fixtures() -> None:
 
 async def test_keyed_records_keep_their_order_per_journal(
         broker: FakeBroker, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gazctl_journals, "_READ_BLOCK", 7)  # Keys and records span blocks.
+    monkeypatch.setattr(gazctl_append_cmd, "_READ_BLOCK", 7)  # Keys and records span blocks.
     keys = [f"user-{i % 5}".encode() for i in range(60)]
     data = b"".join(k + b"\n" + b"%s seq=%d\n" % (k, i) for i, k in enumerate(keys))
     r = await gazctl(broker, "journals", "append", "-l", "my-label", "-f", "lines",

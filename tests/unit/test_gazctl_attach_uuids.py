@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gazette.cli.gazctl import main
-from gazette.cli.gazctl_attach_uuids import (
+from gazette.cli.gazctl.attach_uuids import (
     LineTooLong,
     Template,
     UUIDTemplateError,

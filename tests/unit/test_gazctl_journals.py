@@ -262,3 +262,24 @@ async def test_edit_round_trip_and_stale_revision(tmp_path: Path, broker: FakeBr
     r = await gazctl(broker, "journals", "edit", "-l", "name=example/journal",
                      env={"EDITOR": unchanged})
     assert r.code == 0 and "nothing to do" in r.err
+
+
+@pytest.mark.parametrize("name", sorted(__import__("gazette.cli.gazctl.journals", fromlist=["COMMANDS"]).COMMANDS))
+def test_each_command_has_help_and_its_own_module(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from gazette.cli.gazctl.journals import COMMANDS
+
+    summary, _, _, command = COMMANDS[name]
+    assert command.__module__ == f"gazette.cli.gazctl.journals.{name.replace('-', '_')}"
+    assert main(["journals", name, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: gazctl journals {name}") and summary in main_help()
+
+
+def main_help() -> str:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        main(["journals", "--help"])
+    return buf.getvalue()

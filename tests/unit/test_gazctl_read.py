@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from gazette.cli.gazctl import main
-from gazette.cli.gazctl_journals import Context, _ReadSession
-from gazette.cli.gazctl_output import Log
+from gazette.cli.gazctl.common import Context
+from gazette.cli.gazctl.journals.read import _ReadSession
+from gazette.cli.gazctl.output import Log
 from gazette.protocol import protocol_pb2 as pb
 from gazette.testing.fake_broker import FakeBroker, FakeCluster, start_broker
 

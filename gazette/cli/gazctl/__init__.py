@@ -22,9 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, TextIO
 
-from gazette.cli import gazctl_attach_uuids as attach_uuids
-from gazette.cli.gazctl_journals import COMMANDS, CommandError, Context
-from gazette.cli.gazctl_output import LEVELS, Log
+from gazette.cli.gazctl import attach_uuids
+from gazette.cli.gazctl.common import CommandError, Context
+from gazette.cli.gazctl.journals import COMMANDS
+from gazette.cli.gazctl.output import LEVELS, Log
 from gazette.client.errors import ClientError
 from gazette.client.journal_client import DEFAULT_ADDRESS, grpc_target
 from gazette.protocol.errors import GazetteError

@@ -1,0 +1,74 @@
+"""``gazctl journals apply``: apply journal specifications (Gazette's ``journals_apply.go``).
+
+Flags, help and output are Gazette's; see ``gazctl journals apply --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from google.protobuf import text_format
+
+from gazette.cli.gazctl.common import CommandError, Context
+from gazette.client.errors import (
+    ClientError,
+)
+from gazette.client.journal_client import JournalClient
+from gazette.errors import GazetteError
+from gazette.protocol import protocol_pb2 as pb
+
+
+def apply_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--specs", default="-", help="Input specifications path to apply. "
+                   "Use '-' for stdin")
+    p.add_argument("--dry-run", action="store_true", help="Perform a dry-run of the apply")
+    p.add_argument("--max-txn-size", type=int, default=0,
+                   help="maximum number of specs to be processed within an apply "
+                        "transaction. If 0, the default, all changes are issued in a single "
+                        "transaction")
+
+
+def changes_from_yaml(text: str) -> pb.ApplyRequest:
+    """The ApplyRequest of a journal-space YAML document (Gazette's hierarchy)."""
+    from gazette.journalspace import flatten, parse_yaml
+
+    req = pb.ApplyRequest()
+    for entry in flatten(parse_yaml(text)):
+        change = req.changes.add(expect_mod_revision=entry.revision)
+        if entry.delete:
+            change.delete = entry.spec.name
+        else:
+            change.upsert.CopyFrom(entry.spec)
+    return req
+
+
+def _decode_specs(text: str) -> pb.ApplyRequest:
+    try:
+        return changes_from_yaml(text)
+    except (ValueError, GazetteError) as err:  # SpecSpaceError and YAML errors.
+        raise CommandError("failed to decode journal tree", err=str(err)) from None
+
+
+async def _apply(ctx: Context, client: JournalClient, req: pb.ApplyRequest) -> None:
+    try:
+        resp = await client.apply(req, ctx.args.max_txn_size)
+    except ClientError as err:
+        raise CommandError("failed to apply journals", err=str(err)) from None
+    ctx.log.info("successfully applied", revision=resp.header.etcd.revision)
+
+
+async def cmd_apply(ctx: Context) -> None:
+    path = ctx.args.specs
+    try:
+        data = ctx.stdin.read() if path == "-" else await asyncio.to_thread(Path(path).read_bytes)
+    except OSError as err:
+        raise CommandError("failed to read YAML input", err=str(err)) from None
+    req = _decode_specs(data.decode())
+    if ctx.args.dry_run:
+        ctx.stdout.write(text_format.MessageToString(req).encode())
+        ctx.stdout.flush()
+        return
+    async with ctx.client() as client:
+        await _apply(ctx, client, req)
