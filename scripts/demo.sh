@@ -48,6 +48,8 @@ done
 curl -sSf "http://127.0.0.1:$PORT2/examples/example-journal"
 echo "--- fragments"
 .venv/bin/gazctl journals fragments -l name=examples/example-journal
+echo "--- messages: publish and read committed (examples/hello_messages.py)"
+BROKER_ADDRESS="http://127.0.0.1:$PORT1" .venv/bin/python examples/hello_messages.py Ada Grace
 
 if [ "${DEMO_ONESHOT:-0}" = "1" ]; then exit 0; fi
 echo "Cluster is up: BROKER_ADDRESS=$BROKER_ADDRESS ETCD_ADDRESS=$ETCD_ADDRESS (logs in $VAR). Ctrl-C stops it."

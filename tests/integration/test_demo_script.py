@@ -55,6 +55,7 @@ def test_demo_script_oneshot(tmp_path: Path) -> None:
     assert after.startswith(MESSAGES), f"{out}\n{logs}"
     # The fragments table lists the journal's one fragment of those 62 bytes.
     assert "| examples/example-journal |      0 | 62 B" in out, out
+    assert "Hello, Grace!" in out and "read 2 of them back, committed" in out, out
 
     # One-shot mode tears its cluster down: nothing answers on the brokers' ports any more.
     for port in (broker_port, broker_port + 1):
