@@ -54,6 +54,15 @@ def _note(name: str, err: BaseException, code: grpc.StatusCode) -> None:
     log.info("rpc ended", extra={"rpc": name, "code": code.name, "err": str(err)})
 
 
+async def _end(name: str, context: Any, err: Exception) -> None:
+    """Ends the RPC for ``err`` (``context.abort`` raises), or re-raises ``err`` itself."""
+    status = grpc_status(err)
+    if status is None:
+        raise err
+    _note(name, err, status[0])
+    await context.abort(*status)
+
+
 def grpc_edge(method: F) -> F:
     """Wraps a grpc.aio servicer method (``async def`` or async generator) with the edge."""
     name = method.__name__
@@ -64,11 +73,7 @@ def grpc_edge(method: F) -> F:
                 async for resp in method(self, request, context):
                     yield resp
             except Exception as err:
-                status = grpc_status(err)
-                if status is None:
-                    raise
-                _note(name, err, status[0])
-                await context.abort(*status)
+                await _end(name, context, err)
         return cast(F, stream)
 
     @functools.wraps(method)
@@ -76,12 +81,8 @@ def grpc_edge(method: F) -> F:
         try:
             return await cast(Callable[..., Awaitable[Any]], method)(self, request, context)
         except Exception as err:
-            status = grpc_status(err)
-            if status is None:
-                raise
-            _note(name, err, status[0])
-            await context.abort(*status)
-            raise  # not reached: abort raises
+            await _end(name, context, err)
+            raise  # not reached: _end raises
     return cast(F, unary)
 
 
