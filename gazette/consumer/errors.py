@@ -1,0 +1,34 @@
+"""Errors of the consumer framework.
+
+::
+
+    ConsumerError (GazetteError)     base of everything below
+    ├── TransactionError             the application, the store or a commit failed a transaction
+    └── DeferredFirstMessage         the application deferred the first message of a transaction
+
+A ``TransactionError`` fails its shard (FAILED, with the error's text); other shards of the
+process carry on.
+"""
+
+from __future__ import annotations
+
+from gazette.errors import GazetteError
+
+__all__ = ["ConsumerError", "DeferredFirstMessage", "TransactionError"]
+
+
+class ConsumerError(GazetteError):
+    """Base of the consumer framework's errors."""
+
+
+class TransactionError(ConsumerError):
+    """A transaction failed: ``phase`` says where (consume, finalize, commit, ack, ...)."""
+
+    def __init__(self, phase: str, err: BaseException) -> None:
+        super().__init__(f"{phase}: {err}")
+        self.phase = phase
+
+
+class DeferredFirstMessage(ConsumerError):
+    """The application deferred the first message of an empty transaction, which would never
+    make progress."""

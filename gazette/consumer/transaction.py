@@ -1,0 +1,382 @@
+"""Consumer transactions, with Gazette's semantics (``consumer/transaction.go``).
+
+A shard processes its committed messages in transactions. A transaction begins at the first
+ready message, consumes ready messages for at least ``min_txn_duration`` and at most
+``max_txn_duration``, and closes once input stalls (no message is ready) after the previous
+transaction's commit *and its ACKs* resolved. Closing it calls ``finalize_txn``, takes the
+checkpoint (the sources' read-through offsets and producer states, from the sequencer, plus
+the publisher's ACK intents), and hands it to ``Store.start_commit`` with the transaction's
+pending appends as ``wait_for``; the ACK intents are appended once the commit resolved.
+
+Pipelining: the next transaction consumes while the previous one commits, and cannot itself
+commit before the previous commit and ACKs resolved. If its maximum duration elapses first,
+it stops reading and is *stalled* until they do.
+
+States, one step each (``TxnState``): IDLE (nothing consumed: wait for a message, the
+previous barrier or the end of input) → CONSUMING (consume ready batches; wait while a close
+condition is unmet) → STALLED (max duration elapsed, waiting for the previous barrier) →
+COMMIT (finalize, checkpoint, start_commit, ACKs) → the next transaction's IDLE.
+
+Invariants:
+
+* Messages are consumed in batches (a chunk's committed messages): no await and no task per
+  message unless the application's ``consume_message`` is itself ``async``.
+* ``start_commit`` of a transaction is called only after the previous transaction's commit and
+  every one of its ACK appends resolved; a failed commit or ACK fails the loop.
+* The checkpoint of a transaction reflects exactly the messages it consumed: reading (I/O)
+  may run one item ahead, but sequencing happens only as the transaction consumes
+  (``MessageSource.read`` vs ``sequence``); the outstanding read is kept across transactions.
+* Time is read only from the injected ``Clock``: tests drive every close condition without
+  sleeping.
+* Any error of the application, store or ACKs ends ``run()`` with a ``TransactionError``
+  naming the phase (the shard is then FAILED); nothing of the failed transaction commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gazette.consumer.errors import TransactionError
+from gazette.consumer.interfaces import Application, BeginFinisher, OpFuture, Shard, Store
+from gazette.durations import ns_from_pb
+from gazette.message import Envelope, ProducerState, Publisher, build_checkpoint
+from gazette.message.publisher import AckIntent
+from gazette.protocol import consumer_pb2 as pc
+from gazette.tasks import cancel_and_wait
+
+__all__ = [
+    "PRODUCER_PRUNE_HORIZON_NS",
+    "Clock",
+    "LoopClock",
+    "MessageSource",
+    "TransactionLoop",
+    "TxnConfig",
+    "TxnState",
+]
+
+PRODUCER_PRUNE_HORIZON_NS = 24 * 3600 * 10**9
+"""Producers silent this long are pruned from checkpoints (Gazette's 24 h horizon)."""
+
+
+class Clock(Protocol):
+    """The transaction loop's time: seconds on a monotonic scale."""
+
+    def now(self) -> float: ...
+
+    async def sleep_until(self, deadline: float) -> None: ...
+
+
+class LoopClock:
+    """The event loop's monotonic clock."""
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def sleep_until(self, deadline: float) -> None:
+        await asyncio.sleep(max(0.0, deadline - self.now()))
+
+
+class MessageSource(Protocol):
+    """A shard's messages, in two halves: ``read`` does the I/O (raw, uncommitted content of
+    its sources, with no effect on sequencing) and may run ahead of the transaction; ``sequence``
+    turns what was read into ready committed messages, advancing the sequencer, and is called
+    only when the transaction consumes them. So a checkpoint never covers messages read ahead."""
+
+    async def read(self) -> Any | None:
+        """The next read-uncommitted content (e.g. a chunk); None once input ended."""
+        ...
+
+    async def sequence(self, item: Any) -> Sequence[Envelope]:
+        """The committed messages ``item`` makes ready, in order (possibly none)."""
+        ...
+
+    def has_pending(self) -> bool:
+        """Whether a transaction of some producer began but is not yet acknowledged."""
+        ...
+
+    def checkpoint(self, prune_horizon_ns: int) -> tuple[Mapping[str, int], Sequence[ProducerState]]:
+        """Read-through offsets and producer states reflecting every message sequenced."""
+        ...
+
+
+WriteAcks = Callable[[Sequence[AckIntent], OpFuture], Sequence[Awaitable[Any]]]
+"""Appends ACK intents once ``after`` (the commit) resolved; the appends' futures."""
+
+
+@dataclass(frozen=True)
+class TxnConfig:
+    min_duration: float = 0.0
+    max_duration: float = 1.0
+    wait_for_ack: bool = True
+    prune_horizon_ns: int = PRODUCER_PRUNE_HORIZON_NS
+
+    @classmethod
+    def from_spec(cls, spec: pc.ShardSpec) -> TxnConfig:
+        return cls(min_duration=ns_from_pb(spec.min_txn_duration) / 1e9,
+                   max_duration=ns_from_pb(spec.max_txn_duration) / 1e9,
+                   wait_for_ack=not spec.disable_wait_for_ack)
+
+
+class TxnState(enum.StrEnum):
+    IDLE = "idle"
+    CONSUMING = "consuming"
+    STALLED = "stalled"
+    COMMIT = "commit"
+
+
+@dataclass
+class Txn:
+    """One transaction's record (what metrics and Stat report)."""
+
+    consumed: int = 0
+    consumed_bytes: int = 0
+    reading: bool = True
+    began_at: float = 0.0
+    stalled_at: float | None = None
+    committed_at: float | None = None
+    checkpoint: pc.Checkpoint = field(default_factory=pc.Checkpoint)
+    commit: OpFuture | None = None
+    acks: list[asyncio.Future[Any]] = field(default_factory=list)
+    done: bool = False  # commit and ACKs resolved, progress reported
+
+
+def _resolved() -> OpFuture:
+    f: OpFuture = asyncio.get_running_loop().create_future()
+    f.set_result(None)
+    return f
+
+
+class TransactionLoop:
+    """Runs a shard's transactions until its input ends (see the module docstring)."""
+
+    def __init__(self, shard: Shard, app: Application, store: Store, publisher: Publisher[Any],
+                 source: MessageSource, *, config: TxnConfig, write_acks: WriteAcks,
+                 pending_appends: Callable[[], Sequence[Awaitable[Any]]] = lambda: (),
+                 clock: Clock | None = None,
+                 on_progress: Callable[[Mapping[str, int], Mapping[str, int]], None] | None = None,
+                 on_txn: Callable[[Txn], None] | None = None) -> None:
+        self.shard, self.app, self.store, self.publisher = shard, app, store, publisher
+        self.source, self.config = source, config
+        self.write_acks, self.pending_appends = write_acks, pending_appends
+        self.clock = clock or LoopClock()
+        self.on_progress, self.on_txn = on_progress, on_txn
+        self.state = TxnState.IDLE
+        self.prev = Txn(done=True)
+        self._read: asyncio.Future[Any | None] | None = None
+        self._closed = False  # the source ended
+        self._async_consume = inspect.iscoroutinefunction(app.consume_message)
+        self._begin_finisher = app if isinstance(app, BeginFinisher) else None
+
+    async def run(self, recovered: pc.Checkpoint | None = None) -> None:
+        """Re-publishes the recovered checkpoint's ACK intents, then runs transactions until
+        the source ends; the open transaction is committed and awaited before returning."""
+        intents = [AckIntent(j, i) for j, i in (recovered.ack_intents.items() if recovered else ())]
+        # The recovered checkpoint stands as the previous transaction: its progress is the
+        # shard's until the first transaction completes.
+        self.prev = Txn(commit=_resolved(), acks=self._acks(intents, _resolved()),
+                        checkpoint=recovered or pc.Checkpoint())
+        try:
+            while True:
+                txn = Txn()
+                self.state = TxnState.IDLE
+                while True:
+                    nxt = await self._STEPS[self.state](self, txn)
+                    if nxt is None:
+                        break
+                    self.state = nxt
+                if txn.consumed == 0:  # input ended and drained; the previous one resolved
+                    return
+                self.prev = txn
+        finally:
+            if self._read is not None:
+                await cancel_and_wait(self._read)
+
+    # -- steps ----------------------------------------------------------------------------
+
+    async def _idle(self, txn: Txn) -> TxnState | None:
+        self._settle_barrier()
+        if self._read is not None and self._read.done():
+            item = self._take()
+            if item is not None:
+                await self._consume(txn, item)
+                return TxnState.CONSUMING if txn.consumed else TxnState.IDLE
+        if self._closed:
+            if self._barrier() is None:
+                return None  # nothing more will ever begin a transaction
+            await self._wait(txn, read=False, deadline=None)
+            return TxnState.IDLE
+        await self._wait(txn, read=True, deadline=None)
+        return TxnState.IDLE
+
+    async def _consuming(self, txn: Txn) -> TxnState | None:
+        cfg = self.config
+        now = self.clock.now()
+        min_done = now >= txn.began_at + cfg.min_duration
+        max_done = now >= txn.began_at + cfg.max_duration
+        if max_done:
+            txn.reading = False
+        self._settle_barrier()
+        if txn.reading and self._read is not None and self._read.done():
+            item = self._take()
+            if item is not None:
+                await self._consume(txn, item)
+                return TxnState.CONSUMING
+            txn.reading = False  # input ended: close once the conditions below allow
+        barrier = self._barrier()
+        if max_done and barrier is not None:
+            txn.stalled_at = now
+            return TxnState.STALLED
+        blocks = (barrier is not None or not min_done or
+                  (cfg.wait_for_ack and txn.reading and not max_done and self.source.has_pending()))
+        if not blocks:
+            return TxnState.COMMIT
+        deadline = txn.began_at + (cfg.min_duration if not min_done else cfg.max_duration)
+        await self._wait(txn, read=txn.reading, deadline=deadline)
+        return TxnState.CONSUMING
+
+    async def _stalled(self, txn: Txn) -> TxnState | None:
+        self._settle_barrier()
+        if self._barrier() is None:
+            return TxnState.COMMIT
+        await self._wait(txn, read=False, deadline=None)
+        return TxnState.STALLED
+
+    async def _commit(self, txn: Txn) -> TxnState | None:
+        app, shard, store = self.app, self.shard, self.store
+        try:
+            await _maybe(app.finalize_txn(shard, store, self.publisher))
+        except Exception as err:
+            raise TransactionError("finalize_txn", err) from err
+        offsets, states = self.source.checkpoint(self.config.prune_horizon_ns)
+        intents = self.publisher.build_ack_intents()
+        txn.checkpoint = build_checkpoint(offsets, states, [(i.journal, i.intent) for i in intents])
+        try:
+            commit = store.start_commit(shard, txn.checkpoint, list(self.pending_appends()))
+        except Exception as err:
+            raise TransactionError("start_commit", err) from err
+        if commit.done() and commit.exception() is not None:  # failed at once: fail now
+            raise TransactionError("start_commit", commit.exception())  # type: ignore[arg-type]
+        txn.commit = commit
+        txn.acks = self._acks(intents, commit)
+        if self._begin_finisher is not None:
+            self._begin_finisher.finished_txn(shard, store, commit)
+        return None
+
+    _STEPS: dict[TxnState, Callable[[TransactionLoop, Txn], Awaitable[TxnState | None]]] = {
+        TxnState.IDLE: _idle,
+        TxnState.CONSUMING: _consuming,
+        TxnState.STALLED: _stalled,
+        TxnState.COMMIT: _commit,
+    }
+
+    # -- helpers --------------------------------------------------------------------------
+
+    async def _consume(self, txn: Txn, item: Any) -> None:
+        app, shard, store, pub = self.app, self.shard, self.store, self.publisher
+        batch = await self.source.sequence(item)
+        if not batch:
+            return
+        if txn.consumed == 0:
+            if self._begin_finisher is not None:
+                try:
+                    await _maybe(self._begin_finisher.begin_txn(shard, store))
+                except Exception as err:
+                    raise TransactionError("begin_txn", err) from err
+            txn.began_at = self.clock.now()
+        env: Envelope | None = None
+        try:
+            if self._async_consume:
+                for env in batch:
+                    await app.consume_message(shard, store, env, pub)
+            else:
+                consume = app.consume_message
+                for env in batch:
+                    consume(shard, store, env, pub)
+        except Exception as err:
+            where = f" (message of {env.journal} at offset {env.begin})" if env is not None else ""
+            raise TransactionError(f"consume_message{where}", err) from err
+        txn.consumed += len(batch)
+        txn.consumed_bytes += sum(e.end - e.begin for e in batch)
+
+    def _take(self) -> Any | None:
+        """The finished read's content (re-armed on the next wait); None marks the end."""
+        assert self._read is not None
+        read, self._read = self._read, None
+        item = read.result()
+        if item is None:
+            self._closed = True
+        return item
+
+    def _acks(self, intents: Sequence[AckIntent], after: OpFuture) -> list[asyncio.Future[Any]]:
+        return [asyncio.ensure_future(a) for a in self.write_acks(intents, after)] if intents else []
+
+    def _barrier(self) -> asyncio.Future[Any] | None:
+        """The previous transaction's next unresolved future: its commit, then each ACK."""
+        prev = self.prev
+        if prev.done:
+            return None
+        if prev.commit is not None and not prev.commit.done():
+            return prev.commit
+        return next((a for a in prev.acks if not a.done()), None)
+
+    def _settle_barrier(self) -> None:
+        """Acts on what of the previous transaction resolved: a failure fails the loop; once
+        all resolved, its progress is reported."""
+        prev = self.prev
+        if prev.done:
+            return
+        if prev.commit is not None and prev.commit.done():
+            if prev.commit.exception() is not None:
+                raise TransactionError("commit", prev.commit.exception())  # type: ignore[arg-type]
+            if prev.committed_at is None:
+                prev.committed_at = self.clock.now()
+        for a in prev.acks:
+            if a.done() and a.exception() is not None:
+                raise TransactionError("ack", a.exception())  # type: ignore[arg-type]
+        if self._barrier() is not None:
+            return
+        prev.done = True
+        if self.on_progress is not None:
+            read_through = {j: s.read_through for j, s in prev.checkpoint.sources.items()}
+            publish_at: dict[str, int] = {}
+            for a in prev.acks:
+                resp = a.result()
+                commit = getattr(resp, "commit", None)
+                if commit is not None and commit.journal:
+                    publish_at[commit.journal] = commit.end
+            self.on_progress(read_through, publish_at)
+        if self.on_txn is not None and prev.consumed:
+            self.on_txn(prev)
+
+    async def _wait(self, txn: Txn, *, read: bool, deadline: float | None) -> None:
+        """Waits for the first of: a batch (if ``read``), the deadline, the barrier."""
+        waits: set[asyncio.Future[Any]] = set()
+        if read and not self._closed:
+            if self._read is None:
+                self._read = asyncio.ensure_future(self.source.read())
+            waits.add(self._read)
+        barrier = self._barrier()
+        if barrier is not None:
+            waits.add(barrier)
+        timer = asyncio.ensure_future(self.clock.sleep_until(deadline)) if deadline is not None else None
+        if timer is not None:
+            waits.add(timer)
+        if not waits:
+            return
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+
+async def _maybe(result: Any) -> Any:
+    """Awaits ``result`` if the callback was ``async``."""
+    if inspect.isawaitable(result):
+        return await result
+    return result

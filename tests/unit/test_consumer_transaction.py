@@ -1,0 +1,329 @@
+"""The consumer transaction loop, driven by an injected clock and fakes of its seams: every
+close condition (stall, min/max duration, the previous commit and its ACKs, pending ACKs),
+pipelining, failures, and a hypothesis model of random interleavings."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gazette.consumer.errors import TransactionError
+from gazette.consumer.stores.memory import MemoryStore
+from gazette.consumer.transaction import TransactionLoop, TxnConfig, TxnState
+from gazette.message import Envelope, ProducerState, Publisher
+from gazette.message.publisher import AckIntent
+from gazette.protocol import consumer_pb2 as pc
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep_until(self, deadline: float) -> None:
+        if deadline <= self.t:
+            return
+        f = asyncio.get_running_loop().create_future()
+        self._sleepers.append((deadline, f))
+        await f
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+        for d, f in self._sleepers:
+            if d <= self.t and not f.done():
+                f.set_result(None)
+        self._sleepers = [(d, f) for d, f in self._sleepers if not f.done()]
+
+
+class FakeSource:
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Sequence[Envelope] | None] = asyncio.Queue()
+        self.read_through: dict[str, int] = {}
+        self.pending = False
+        self.offset = 0
+
+    def put(self, n: int) -> None:
+        batch = []
+        for _ in range(n):
+            batch.append(Envelope("in", self.offset, self.offset + 10, self.offset // 10))
+            self.offset += 10
+        self.queue.put_nowait(batch)
+
+    def close(self) -> None:
+        self.queue.put_nowait(None)
+
+    async def read(self) -> Sequence[Envelope] | None:
+        return await self.queue.get()
+
+    async def sequence(self, batch: Sequence[Envelope]) -> Sequence[Envelope]:
+        if batch:
+            self.read_through["in"] = batch[-1].end
+        return batch
+
+    def has_pending(self) -> bool:
+        return self.pending
+
+    def checkpoint(self, prune_horizon_ns: int) -> tuple[Mapping[str, int], Sequence[ProducerState]]:
+        return dict(self.read_through), []
+
+
+class App:
+    def __init__(self) -> None:
+        self.consumed: list[int] = []
+        self.finalized = 0
+        self.fail_on: int | None = None
+
+    def new_store(self, shard: Any, recorder: Any) -> MemoryStore:
+        return MemoryStore()
+
+    def new_message(self, spec: Any) -> Any:
+        return None
+
+    def consume_message(self, shard: Any, store: Any, env: Envelope, pub: Any) -> None:
+        if env.message == self.fail_on:
+            raise ValueError("boom")
+        self.consumed.append(env.message)
+
+    def finalize_txn(self, shard: Any, store: Any, pub: Any) -> None:
+        self.finalized += 1
+
+
+class Store:
+    """Commits resolve when the test says so; records what each commit held."""
+
+    def __init__(self) -> None:
+        self.commits: list[tuple[pc.Checkpoint, asyncio.Future[None]]] = []
+
+    def start_commit(self, shard: Any, cp: pc.Checkpoint, wait_for: Sequence[Awaitable[Any]]) -> asyncio.Future[Any]:
+        f: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.commits.append((cp, f))
+        return f
+
+    def restore_checkpoint(self, shard: Any) -> pc.Checkpoint:
+        return pc.Checkpoint()
+
+    def destroy(self) -> None:
+        pass
+
+    def resolve(self, i: int, err: BaseException | None = None) -> None:
+        f = self.commits[i][1]
+        f.set_exception(err) if err else f.set_result(None)
+
+    def read_through(self, i: int) -> int:
+        return self.commits[i][0].sources["in"].read_through
+
+
+class Pub:
+    def __init__(self) -> None:
+        self.intents: list[AckIntent] = []
+
+    def build_ack_intents(self) -> list[AckIntent]:
+        out, self.intents = self.intents, []
+        return out
+
+
+class Harness:
+    def __init__(self, cfg: TxnConfig, *, acks: bool = False) -> None:
+        self.clock, self.source, self.app, self.store, self.pub = FakeClock(), FakeSource(), App(), Store(), Pub()
+        self.acks: list[asyncio.Future[Any]] = []
+        self.progress: list[Mapping[str, int]] = []
+        self.with_acks = acks
+        self.loop = TransactionLoop(
+            object(), self.app, self.store, Publisher.__new__(Publisher), self.source,  # type: ignore[arg-type]
+            config=cfg, write_acks=self.write_acks, clock=self.clock,
+            on_progress=lambda rt, _: self.progress.append(rt))
+        self.loop.publisher = self.pub  # type: ignore[assignment]
+        self.task: asyncio.Task[None] | None = None
+
+    def write_acks(self, intents: Sequence[AckIntent], after: asyncio.Future[Any]) -> list[asyncio.Future[Any]]:
+        fs = [asyncio.get_running_loop().create_future() for _ in intents]
+        self.acks.extend(fs)
+        return fs
+
+    def start(self) -> None:
+        orig = self.app.finalize_txn
+
+        def finalize(shard: Any, store: Any, pub: Any) -> None:
+            orig(shard, store, pub)
+            if self.with_acks:
+                self.pub.intents = [AckIntent("out", b"ack")]
+        self.app.finalize_txn = finalize  # type: ignore[method-assign]
+        self.task = asyncio.ensure_future(self.loop.run())
+
+    async def until(self, cond: Callable[[], bool]) -> None:
+        for _ in range(10_000):  # a deadline counted in loop turns; the fakes need no time
+            if cond():
+                return
+            await asyncio.sleep(0)
+        raise AssertionError("condition not reached")
+
+    async def quiet(self) -> None:
+        for _ in range(20):  # let the loop run to its next wait
+            await asyncio.sleep(0)
+
+
+async def test_commits_when_input_stalls() -> None:
+    h = Harness(TxnConfig(min_duration=0, max_duration=10))
+    h.start()
+    h.source.put(3)
+    await h.until(lambda: len(h.store.commits) == 1)
+    assert h.app.consumed == [0, 1, 2] and h.store.read_through(0) == 30 and h.app.finalized == 1
+    h.store.resolve(0)
+    h.source.close()
+    await asyncio.wait_for(h.task, 5)  # type: ignore[arg-type]
+    assert h.progress == [{}, {"in": 30}]  # the recovered (empty) checkpoint, then ours
+
+
+async def test_min_duration_holds_the_commit() -> None:
+    h = Harness(TxnConfig(min_duration=5, max_duration=10))
+    h.start()
+    h.source.put(1)
+    await h.until(lambda: h.app.consumed == [0])
+    await h.quiet()
+    h.clock.advance(4.9)
+    await h.quiet()
+    assert h.store.commits == []
+    h.source.put(1)  # still within min: joins the transaction
+    await h.until(lambda: h.app.consumed == [0, 1])
+    h.clock.advance(0.1)
+    await h.until(lambda: len(h.store.commits) == 1)
+    assert h.store.read_through(0) == 20 and h.loop.state is TxnState.IDLE  # the next one
+
+
+async def test_pipelined_txn_waits_for_previous_commit_then_stalls_at_max() -> None:
+    h = Harness(TxnConfig(min_duration=0, max_duration=2))
+    h.start()
+    h.source.put(1)
+    await h.until(lambda: len(h.store.commits) == 1)
+    h.source.put(2)  # the next transaction consumes while the first commits
+    await h.until(lambda: h.app.consumed == [0, 1, 2])
+    await h.quiet()
+    assert len(h.store.commits) == 1  # cannot commit before the previous one
+    h.clock.advance(2)  # max elapses: reading stops, the transaction is stalled
+    await h.until(lambda: h.loop.state is TxnState.STALLED)
+    h.source.put(1)
+    await h.quiet()
+    assert h.app.consumed == [0, 1, 2]  # not read while stalled
+    h.store.resolve(0)
+    await h.until(lambda: len(h.store.commits) == 2)
+    assert h.store.read_through(1) == 30
+    h.store.resolve(1)
+    await h.until(lambda: h.app.consumed == [0, 1, 2, 3])  # the next transaction reads it
+
+
+async def test_acks_of_previous_txn_gate_the_next_commit() -> None:
+    h = Harness(TxnConfig(min_duration=0, max_duration=10), acks=True)
+    h.start()
+    h.source.put(1)
+    await h.until(lambda: len(h.store.commits) == 1)
+    assert len(h.acks) == 1
+    h.store.resolve(0)
+    h.source.put(1)
+    await h.until(lambda: h.app.consumed == [0, 1])
+    await h.quiet()
+    assert len(h.store.commits) == 1  # the ACK of the first is still pending
+    h.acks[0].set_result(None)
+    await h.until(lambda: len(h.store.commits) == 2)
+    assert h.progress == [{}, {"in": 10}]
+
+
+async def test_pending_acks_of_read_messages_extend_the_txn_until_max() -> None:
+    h = Harness(TxnConfig(min_duration=0, max_duration=3))
+    h.start()
+    h.source.pending = True  # a producer's transaction began; wait for its ACK
+    h.source.put(1)
+    await h.until(lambda: h.app.consumed == [0])
+    await h.quiet()
+    assert h.store.commits == []
+    h.clock.advance(3)
+    await h.until(lambda: len(h.store.commits) == 1)
+
+
+async def test_app_error_fails_the_loop_and_nothing_commits() -> None:
+    h = Harness(TxnConfig(min_duration=0, max_duration=10))
+    h.app.fail_on = 1
+    h.start()
+    h.source.put(3)
+    with pytest.raises(TransactionError, match=r"consume_message \(message of in at offset 10\): boom"):
+        await asyncio.wait_for(h.task, 5)  # type: ignore[arg-type]
+    assert h.store.commits == []
+
+
+async def test_failed_commit_fails_the_loop() -> None:
+    h = Harness(TxnConfig(min_duration=0, max_duration=10))
+    h.start()
+    h.source.put(1)
+    await h.until(lambda: len(h.store.commits) == 1)
+    h.store.resolve(0, RuntimeError("fenced"))
+    h.source.put(1)
+    with pytest.raises(TransactionError, match="commit: fenced"):
+        await asyncio.wait_for(h.task, 5)  # type: ignore[arg-type]
+
+
+async def test_recovered_ack_intents_are_written_first() -> None:
+    h = Harness(TxnConfig())
+    cp = pc.Checkpoint()
+    cp.ack_intents["out"] = b"intent"
+    task = asyncio.ensure_future(h.loop.run(cp))
+    await h.until(lambda: len(h.acks) == 1)
+    h.source.close()
+    await h.quiet()
+    assert not task.done()  # the recovered ACK must resolve first
+    h.acks[0].set_result(None)
+    await asyncio.wait_for(task, 5)
+
+
+_events = st.lists(st.sampled_from(["put", "advance", "resolve", "ack"]), min_size=1, max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_events, st.floats(0, 2), st.floats(2, 5), st.booleans())
+def test_random_interleavings_commit_every_message_once_in_order(
+        events: list[str], min_d: float, max_d: float, acks: bool) -> None:
+    async def main() -> None:
+        h = Harness(TxnConfig(min_duration=min_d, max_duration=max_d), acks=acks)
+        h.start()
+        resolved = acked = 0
+        for ev in events:
+            if ev == "put":
+                h.source.put(2)
+            elif ev == "advance":
+                h.clock.advance(1)
+            elif ev == "resolve" and resolved < len(h.store.commits):
+                # A commit starts only after the previous commit and its ACKs resolved.
+                h.store.resolve(resolved)
+                resolved += 1
+            elif ev == "ack" and acked < len(h.acks):
+                h.acks[acked].set_result(None)
+                acked += 1
+            await h.quiet()
+            assert len(h.store.commits) <= resolved + 1
+            if acks:
+                assert len(h.store.commits) <= acked + 1
+        # Drain: end input, resolve everything until the loop returns.
+        h.source.close()
+        async with asyncio.timeout(5):
+            while not h.task.done():  # type: ignore[union-attr]
+                h.clock.advance(1)
+                for i in range(resolved, len(h.store.commits)):
+                    h.store.resolve(i)
+                resolved = len(h.store.commits)
+                for a in h.acks:
+                    if not a.done():
+                        a.set_result(None)
+                await h.quiet()
+        h.task.result()  # type: ignore[union-attr]
+        n = h.source.offset // 10
+        assert h.app.consumed == list(range(n))  # each message once, in order
+        offsets = [h.store.read_through(i) for i in range(len(h.store.commits))]
+        assert offsets == sorted(offsets) and (not n or offsets[-1] == n * 10)
+        assert len(set(offsets)) == len(offsets)  # every transaction consumed something
+    asyncio.run(main())
