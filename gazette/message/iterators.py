@@ -50,6 +50,7 @@ __all__ = [
     "ReadCommittedIter",
     "ReadUncommittedIter",
     "ReplayOpener",
+    "read_replay",
 ]
 
 log = logging.getLogger(__name__)
@@ -111,10 +112,11 @@ class ReadUncommittedIter:
 
     async def next_batch(self) -> list[Envelope]:
         """The next messages read (at least one), or ``[]`` once the source has ended."""
-        return (await self._next_batch_uuids())[0]
+        return (await self.next_batch_with_uuids())[0]
 
-    async def _next_batch_uuids(self) -> tuple[list[Envelope], UUIDColumns | None]:
-        """next_batch, with the UUID fields of its messages when the decoder gave them."""
+    async def next_batch_with_uuids(self) -> tuple[list[Envelope], UUIDColumns | None]:
+        """next_batch, with the UUID fields of its messages when the decoder gave them (the
+        input of ``Sequencer.queue_and_drain``)."""
         while not self._ready:
             if self._done:
                 return [], None
@@ -269,7 +271,7 @@ class ReadCommittedIter:
         """The next committed messages (at least one), or ``[]`` once the source ended."""
         seq = self.sequencer
         while True:
-            batch, uuids = await self._uncommitted._next_batch_uuids()
+            batch, uuids = await self._uncommitted.next_batch_with_uuids()
             if not batch:
                 return []
             out: list[Envelope] = []
@@ -279,7 +281,8 @@ class ReadCommittedIter:
                 if seq.dequeuing():
                     # ACK_COMMIT_REPLAY: the sequence began before the ring's oldest entry.
                     journal, begin, end = seq.replay_range()
-                    seq.start_replay(await self._read_replay(journal, begin, end))
+                    seq.start_replay(await read_replay(
+                        self._open_replay, self._framing, self._decode, journal, begin, end))
                     seq.drain_committed(out)
             if out:
                 return out
@@ -289,26 +292,30 @@ class ReadCommittedIter:
             for env in batch:
                 yield env
 
-    async def _read_replay(self, journal: str, begin: int, end: int) -> list[Envelope]:
-        source = self._open_replay(journal, begin, end)
-        it = ReadUncommittedIter(source, self._framing, self._decode)
-        out: list[Envelope] = []
-        try:
-            while True:
-                try:
-                    batch = await it.next_batch()
-                except (MessageDecodeError, FramingError) as err:
-                    # Bad frames were already reported when first read; skip them again.
-                    if isinstance(err, UnexpectedEOFError):
-                        raise
-                    continue
-                if not batch:
+
+async def read_replay(open_replay: ReplayOpener, framing: Framing, decode: Decoder,
+                      journal: str, begin: int, end: int) -> list[Envelope]:
+    """The envelopes of ``journal`` over ``[begin, end)``, read again for a sequencer's replay
+    (``ACK_COMMIT_REPLAY``); frames that failed when first read are skipped again."""
+    source = open_replay(journal, begin, end)
+    it = ReadUncommittedIter(source, framing, decode)
+    out: list[Envelope] = []
+    try:
+        while True:
+            try:
+                batch = await it.next_batch()
+            except (MessageDecodeError, FramingError) as err:
+                # Bad frames were already reported when first read; skip them again.
+                if isinstance(err, UnexpectedEOFError):
+                    raise
+                continue
+            if not batch:
+                return out
+            for env in batch:
+                if env.end > end:
                     return out
-                for env in batch:
-                    if env.end > end:
-                        return out
-                    out.append(env)
-        finally:
-            close = getattr(source, "aclose", None)
-            if close is not None:
-                await close()
+                out.append(env)
+    finally:
+        close = getattr(source, "aclose", None)
+        if close is not None:
+            await close()

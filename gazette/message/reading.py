@@ -40,12 +40,13 @@ from gazette.message.source import JournalSource, replay_opener
 from gazette.protocol import protocol_pb2 as pb
 from gazette.tasks import Supervisor
 
-__all__ = ["read_committed", "read_uncommitted"]
+__all__ = ["batch_decoder", "framing_of_spec", "read_committed", "read_uncommitted"]
 
 _BATCH_DECODERS = {JSONFraming: "from_json_many", CSVFraming: "from_csv_many"}
 
 
-def _framing_of(spec: pb.JournalSpec) -> Framing:
+def framing_of_spec(spec: pb.JournalSpec) -> Framing:
+    """The framing named by a journal's content-type label, or an error naming the journal."""
     types = [lb.value for lb in spec.labels.labels if lb.name == CONTENT_TYPE]
     if not types:
         raise UnknownContentTypeError(
@@ -56,7 +57,8 @@ def _framing_of(spec: pb.JournalSpec) -> Framing:
         raise UnknownContentTypeError(f"journal {spec.name!r}: {err}") from err
 
 
-def _decoder(message_type: Any, framing: Framing, decode: Decoder | None) -> Decoder:
+def batch_decoder(message_type: Any, framing: Framing, decode: Decoder | None = None) -> Decoder:
+    """``decode``, or the batch decoder of ``message_type`` for ``framing`` (``from_json_many``, ...)."""
     if decode is not None:
         return decode
     name = _BATCH_DECODERS.get(type(framing), "decode_many")
@@ -136,11 +138,11 @@ async def read_committed(
     specs = await _specs(client, journal_or_selector)
     iters = []
     for spec in specs:
-        framing = _framing_of(spec)
+        framing = framing_of_spec(spec)
         seq = new_sequencer() if new_sequencer is not None else Sequencer(ring_size=ring_size)
         iters.append(ReadCommittedIter(
             JournalSource(client, spec.name, offset, block=block), framing,
-            _decoder(message_type, framing, decode), seq, replay_opener(client)).__aiter__())
+            batch_decoder(message_type, framing, decode), seq, replay_opener(client)).__aiter__())
     async for env in _merge(iters):
         yield env
 
@@ -159,9 +161,9 @@ async def read_uncommitted(
     specs = await _specs(client, journal_or_selector)
     iters = []
     for spec in specs:
-        framing = _framing_of(spec)
+        framing = framing_of_spec(spec)
         iters.append(ReadUncommittedIter(
             JournalSource(client, spec.name, offset, block=block), framing,
-            _decoder(message_type, framing, decode)).__aiter__())
+            batch_decoder(message_type, framing, decode)).__aiter__())
     async for env in _merge(iters):
         yield env

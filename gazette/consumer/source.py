@@ -1,0 +1,139 @@
+"""A shard's input: the committed messages of its source journals, as a ``MessageSource``.
+
+Each source journal is read by its own task (``JournalSource`` → ``ReadUncommittedIter``:
+retrying reads, framing and batch decoding), which puts decoded, *uncommitted* batches into
+one bounded queue (``read_channel_size`` batches). The transaction loop takes them with
+``read`` and turns them into committed messages with ``sequence``, through the shard's one
+``Sequencer`` (Gazette shares one across a shard's sources), replaying older ranges when a
+commit refers to messages evicted from its ring.
+
+Invariants:
+
+* Reading starts at the recovered checkpoint's read-through offset of each source, else at
+  its ``min_offset``; the sequencer starts from the checkpoint's producer states, so messages
+  committed before the checkpoint are not delivered again.
+* Only ``sequence`` touches the sequencer: a checkpoint covers exactly what was sequenced,
+  however far the readers ran ahead.
+* A message that does not decode fails the shard, naming the journal and offsets (never a
+  silent skip). A reader's failure is delivered in order, through the queue.
+* ``aclose`` stops every reader task and waits for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gazette.client import JournalClient
+from gazette.message import Envelope, ProducerState, Sequencer, flatten_producer_states
+from gazette.message.framing import Framing
+from gazette.message.iterators import Decoder, ReadUncommittedIter, read_replay
+from gazette.message.reading import batch_decoder, framing_of_spec
+from gazette.message.source import JournalSource, replay_opener
+from gazette.message.uuid import UUIDColumns
+from gazette.protocol import consumer_pb2 as pc
+from gazette.protocol import protocol_pb2 as pb
+from gazette.tasks import Supervisor
+
+__all__ = ["ShardSource"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    journal: str
+    envelopes: list[Envelope]
+    uuids: UUIDColumns | None
+
+
+class _Failed:
+    __slots__ = ("err",)
+
+    def __init__(self, err: Exception) -> None:
+        self.err = err
+
+
+_END = object()
+
+
+class ShardSource:
+    """The committed messages of a shard's sources (see the module docstring)."""
+
+    def __init__(self, client: JournalClient, spec: pc.ShardSpec, journals: Mapping[str, pb.JournalSpec],
+                 new_message: Any, checkpoint: pc.Checkpoint | None = None, *,
+                 block: bool = True, decode: Decoder | None = None) -> None:
+        cp = checkpoint or pc.Checkpoint()
+        self.client = client
+        self.block = block
+        self._codecs: dict[str, tuple[Framing, Decoder]] = {}
+        self._offsets: dict[str, int] = {}
+        for src in spec.sources:
+            jspec = journals[src.journal]
+            framing = framing_of_spec(jspec)
+            self._codecs[src.journal] = (framing, batch_decoder(new_message(jspec), framing, decode))
+            at = cp.sources[src.journal].read_through if src.journal in cp.sources else 0
+            self._offsets[src.journal] = max(at, src.min_offset)
+        self.sequencer = Sequencer(
+            {j: cp.sources[j].read_through for j in cp.sources}, flatten_producer_states(cp),
+            ring_size=spec.ring_buffer_size or 4096)
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=max(1, spec.read_channel_size or 128))
+        self._readers = Supervisor(f"shard {spec.id} readers", "collect")
+        self._live = 0
+        self._replay = replay_opener(client)
+
+    def start(self) -> None:
+        """Starts one reader task per source journal."""
+        for journal, offset in self._offsets.items():
+            self._readers.spawn(journal, self._pump(journal, offset))
+            self._live += 1
+
+    async def aclose(self) -> None:
+        await self._readers.aclose()
+
+    async def _pump(self, journal: str, offset: int) -> None:
+        framing, decode = self._codecs[journal]
+        it = ReadUncommittedIter(JournalSource(self.client, journal, offset, block=self.block), framing, decode)
+        try:
+            while True:
+                envs, uuids = await it.next_batch_with_uuids()
+                if not envs:
+                    break
+                await self._queue.put(_Batch(journal, envs, uuids))
+        except Exception as err:  # noqa: BLE001 - delivered in order to the transaction loop
+            await self._queue.put(_Failed(err))
+            return
+        await self._queue.put(_END)
+
+    # -- MessageSource --------------------------------------------------------------------
+
+    async def read(self) -> _Batch | None:
+        while self._live:
+            item = await self._queue.get()
+            if item is _END:
+                self._live -= 1
+                continue
+            if isinstance(item, _Failed):
+                raise item.err
+            return item  # type: ignore[no-any-return]
+        return None
+
+    async def sequence(self, item: _Batch) -> Sequence[Envelope]:
+        seq = self.sequencer
+        batch, uuids = item.envelopes, item.uuids
+        out: list[Envelope] = []
+        i = 0
+        while i < len(batch):
+            i = seq.queue_and_drain(batch, out, i, uuids)
+            if seq.dequeuing():  # ACK_COMMIT_REPLAY: read the older part of the sequence again
+                journal, begin, end = seq.replay_range()
+                framing, decode = self._codecs[journal]
+                seq.start_replay(await read_replay(self._replay, framing, decode, journal, begin, end))
+                seq.drain_committed(out)
+        return out
+
+    def has_pending(self) -> bool:
+        return self.sequencer.has_pending()
+
+    def checkpoint(self, prune_horizon_ns: int) -> tuple[Mapping[str, int], Sequence[ProducerState]]:
+        return self.sequencer.checkpoint(prune_horizon_ns)
