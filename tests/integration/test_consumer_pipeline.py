@@ -104,7 +104,7 @@ async def test_exactly_once_into_transactions_and_resume(cluster: Cluster) -> No
         for intent in txn.build_ack_intents():
             await service.append(intent.journal, intent.intent)
         never = Publisher(service)  # an open transaction, never acknowledged
-        for i in range(5):
+        for _ in range(5):
             await never.publish_uncommitted(mapping, JSONMessage(key="never"))
         await service.flush()
 
@@ -120,7 +120,7 @@ async def test_exactly_once_into_transactions_and_resume(cluster: Cluster) -> No
         assert all(heads.values())
 
         # Resume from the checkpoint: only what came after is consumed.
-        for i in range(30):
+        for _ in range(30):
             await pub.publish_committed(mapping, JSONMessage(key="late"))
         await service.flush()
         app2 = Counting()
