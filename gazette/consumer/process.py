@@ -1,0 +1,147 @@
+"""A consumer process: a member process whose items are shards (Gazette's ``consumer.Service``
+with ``mainboilerplate/runconsumer``).
+
+It announces a ConsumerSpec under its lease, runs the shared allocator over ShardSpecs with
+``shard_is_consistent`` (a replica counts once its status is STANDBY or PRIMARY), and runs a
+``ShardRuntime`` for every shard assigned to it as primary; statuses it writes are
+``ReplicaStatus`` values of its assignment keys, revision-checked, as Gazette writes them.
+
+Invariants:
+
+* Local shards follow the keyspace: a reconcile runs after every applied keyspace update;
+  a primary assignment starts its shard, a lost one cancels it (its store destroyed), a
+  non-primary assignment is reported STANDBY.
+* A shard's failure is written FAILED on its assignment and ends that shard alone; the process
+  and its other shards carry on. ``gazctl shards unassign --failed`` (to come) frees it.
+* Draining (SIGTERM): zero capacity is announced, the allocator moves the shards to other
+  members, and each local shard is cancelled as its assignment goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from gazette.allocator import shard_is_consistent
+from gazette.allocator.keys import assignments_prefix, items_key, parse_assignment_key
+from gazette.client import AppendService, JournalClient
+from gazette.consumer.interfaces import Application
+from gazette.consumer.keys import consumer_decoder
+from gazette.consumer.shard import ShardRuntime
+from gazette.etcd import txn
+from gazette.etcd.keyspace import KeySpace
+from gazette.protocol import consumer_pb2 as pc
+from gazette.server.process import MemberProcess, random_suffix
+from gazette.tasks import Supervisor
+
+__all__ = ["ConsumerConfig", "ConsumerProcess"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ConsumerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8081
+    zone: str = "local"
+    suffix: str = field(default_factory=random_suffix)
+    limit: int = 32
+    broker_address: str = "http://localhost:8080"
+    etcd_address: str = "http://127.0.0.1:2379"
+    etcd_prefix: str = "/gazette/consumers/app"
+    etcd_lease: float = 20.0
+    advertise_host: str | None = None
+
+
+class ConsumerProcess(MemberProcess):
+    kind = "consumer"
+
+    def __init__(self, config: ConsumerConfig, app: Application) -> None:
+        super().__init__(
+            zone=config.zone, suffix=config.suffix, host=config.host, port=config.port,
+            etcd_address=config.etcd_address, etcd_lease=config.etcd_lease,
+            keyspace=KeySpace(config.etcd_prefix, consumer_decoder(config.etcd_prefix)),
+            is_consistent=shard_is_consistent, advertise_host=config.advertise_host)
+        self.config = config
+        self.app = app
+        self.client = JournalClient(config.broker_address)
+        self.service = AppendService(self.client)
+        self.shards: dict[str, tuple[ShardRuntime, asyncio.Task[None]]] = {}
+        self._shard_tasks = Supervisor("consumer shards", "log")
+
+    # -- member process hooks ---------------------------------------------------------
+
+    def member_spec(self, exiting: bool = False) -> bytes:
+        spec = pc.ConsumerSpec(shard_limit=0 if exiting else self.config.limit)
+        spec.process_spec.id.CopyFrom(self.local_id)
+        spec.process_spec.endpoint = self.endpoint
+        return spec.SerializeToString()
+
+    def has_capacity(self, spec: Any) -> bool:
+        return isinstance(spec, pc.ConsumerSpec) and spec.shard_limit > 0
+
+    def holds_items(self) -> bool:
+        return bool(self._local_assignments())
+
+    def start_tasks(self, tg: asyncio.TaskGroup) -> None:
+        tg.create_task(self._follow(), name="shards")
+
+    async def drain(self) -> None:
+        await self._shard_tasks.aclose()
+
+    async def closed(self) -> None:
+        await self._shard_tasks.aclose()
+        await self.service.close()
+        await self.client.close()
+
+    # -- shards -----------------------------------------------------------------------
+
+    def _local_assignments(self) -> dict[str, tuple[int, Any]]:
+        root, me = self.keyspace.root, (self.local_id.zone, self.local_id.suffix)
+        out: dict[str, tuple[int, Any]] = {}
+        for kv in self.keyspace.prefixed(assignments_prefix(root)):
+            a = parse_assignment_key(root, kv.key)
+            if (a.zone, a.suffix) == me:
+                out[a.item] = (a.slot, kv)
+        return out
+
+    async def _follow(self) -> None:
+        while True:
+            await self._reconcile()
+            await self.keyspace.wait_for_update()
+
+    async def _reconcile(self) -> None:
+        local = self._local_assignments()
+        for shard_id, (_, task) in list(self.shards.items()):
+            if shard_id not in local or local[shard_id][0] != 0 or task.done():
+                if not task.done():
+                    task.cancel()
+                if shard_id not in local or local[shard_id][0] != 0:
+                    del self.shards[shard_id]
+        for shard_id, (slot, kv) in local.items():
+            status = kv.value.code if isinstance(kv.value, pc.ReplicaStatus) else pc.ReplicaStatus.IDLE
+            if slot != 0:
+                if status == pc.ReplicaStatus.IDLE:
+                    await self.write_status(shard_id, pc.ReplicaStatus(code=pc.ReplicaStatus.STANDBY))
+                continue
+            if shard_id in self.shards or status == pc.ReplicaStatus.FAILED:
+                continue
+            item = self.keyspace.search(items_key(self.keyspace.root, shard_id))
+            if item is None or not isinstance(item.value, pc.ShardSpec):
+                continue
+            rt = ShardRuntime(item.key, item.value, self.app, self.client, self.service, self.write_status)
+            self.shards[shard_id] = (rt, self._shard_tasks.spawn(shard_id, rt.run_primary()))
+
+    async def write_status(self, shard_id: str, status: pc.ReplicaStatus) -> None:
+        """Writes ``status`` on this process's assignment of ``shard_id``, checked against its
+        mod revision (a lost race means the assignment moved: nothing to write)."""
+        local = self._local_assignments().get(shard_id)
+        if local is None:
+            return
+        kv = local[1]
+        resp = await txn.commit(self.etcd, [txn.Cmp(kv.key, "mod", kv.mod_revision)],
+                                [txn.Put(kv.key, status.SerializeToString(), ignore_lease=True)])
+        if resp.succeeded:
+            await self.keyspace.wait_for_revision(resp.header.revision)

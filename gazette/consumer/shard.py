@@ -1,0 +1,118 @@
+"""One shard's life as primary in this process (Gazette's ``consumer/shard.go``, primary half).
+
+Becoming primary: the application's store is built and its checkpoint restored (which fences
+any previous primary's store), the source journals are listed for their framings, the
+checkpoint's ACK intents are re-published, the shard's status is written PRIMARY, and the
+transaction loop runs over a ``ShardSource`` starting at the checkpoint. The shard ends when
+it leaves this process (cancelled) or fails: any error of the application, the store or the
+inputs is written as a FAILED status with its text, and ends this shard alone.
+
+Invariants:
+
+* The store is destroyed and the readers stopped on every ending.
+* ``progress()`` is the read-through and publish-at offsets of the last completed
+  transaction (what Stat's read-your-writes waits on).
+* Hot standbys and recovery logs come with the embedded stores (next issue): a non-primary
+  assignment is reported STANDBY at once, as a remote store needs no playback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from gazette.client import AppendService, JournalClient, list_journals
+from gazette.consumer.interfaces import Application, OpFuture
+from gazette.consumer.source import ShardSource
+from gazette.consumer.transaction import TransactionLoop, TxnConfig
+from gazette.message import Publisher
+from gazette.message.publisher import AckIntent
+from gazette.protocol import consumer_pb2 as pc
+from gazette.protocol import protocol_pb2 as pb
+
+__all__ = ["ShardRuntime"]
+
+log = logging.getLogger(__name__)
+
+StatusWriter = Callable[[str, pc.ReplicaStatus], Awaitable[None]]
+
+
+class ShardRuntime:
+    """A shard assigned to this process as primary (implements the ``Shard`` role)."""
+
+    def __init__(self, fqn: str, spec: pc.ShardSpec, app: Application, client: JournalClient,
+                 service: AppendService, write_status: StatusWriter) -> None:
+        self.fqn = fqn
+        self.spec = spec
+        self.app = app
+        self.journal_client = client
+        self.service = service
+        self.stopping = asyncio.Event()
+        self._write_status = write_status
+        self._read_through: dict[str, int] = {}
+        self._publish_at: dict[str, int] = {}
+        self.progressed = asyncio.Event()  # set (and renewed) on each completed transaction
+
+    def progress(self) -> tuple[Mapping[str, int], Mapping[str, int]]:
+        return dict(self._read_through), dict(self._publish_at)
+
+    def _on_progress(self, read_through: Mapping[str, int], publish_at: Mapping[str, int]) -> None:
+        self._read_through.update(read_through)
+        self._publish_at.update(publish_at)
+        signal, self.progressed = self.progressed, asyncio.Event()
+        signal.set()
+
+    def _write_acks(self, intents: Sequence[AckIntent], after: OpFuture) -> list[Any]:
+        out = []
+        for it in intents:
+            h = self.service.start_append(it.journal, [after])
+            h.write(it.intent)
+            h.release()
+            out.append(h)
+        return out
+
+    async def run_primary(self) -> None:
+        """Runs the shard as primary until it is cancelled or fails (see the module docstring)."""
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the shard fails alone, with the error's text
+            log.warning("shard failed", extra={"shard": self.spec.id, "err": str(err)})
+            await self._write_status(self.spec.id, pc.ReplicaStatus(
+                code=pc.ReplicaStatus.FAILED, errors=[f"{type(err).__name__}: {err}"]))
+        finally:
+            self.stopping.set()
+
+    async def _run(self) -> None:
+        store = await _maybe(self.app.new_store(self, None))
+        try:
+            checkpoint: pc.Checkpoint = await _maybe(store.restore_checkpoint(self))
+            sel = pb.LabelSelector()
+            for src in self.spec.sources:
+                sel.include.labels.add(name="name", value=src.journal)
+            journals = {j.spec.name: j.spec for j in (await list_journals(self.journal_client, sel)).journals}
+            missing = [s.journal for s in self.spec.sources if s.journal not in journals]
+            if missing:
+                raise LookupError(f"source journals {missing} of shard {self.spec.id} do not exist")
+            source = ShardSource(self.journal_client, self.spec, journals, self.app.new_message, checkpoint)
+            loop = TransactionLoop(
+                self, self.app, store, Publisher(self.service), source,
+                config=TxnConfig.from_spec(self.spec), write_acks=self._write_acks,
+                pending_appends=self.service.pending_except, on_progress=self._on_progress)
+            await self._write_status(self.spec.id, pc.ReplicaStatus(code=pc.ReplicaStatus.PRIMARY))
+            source.start()
+            try:
+                await loop.run(checkpoint)
+            finally:
+                await source.aclose()
+        finally:
+            store.destroy()
+
+
+async def _maybe(result: Any) -> Any:
+    if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+        return await result
+    return result

@@ -1,0 +1,126 @@
+"""A consumer process in this test's event loop, against real etcd and a real broker: shards
+assigned to it run as primaries (status PRIMARY), consume their sources exactly once, and a
+shard whose application fails is FAILED with the error's text while the other carries on."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import aetcd
+import pytest
+
+from gazette.allocator.keys import assignments_prefix, items_key
+from gazette.client import AppendService, JournalClient, list_journals
+from gazette.consumer.process import ConsumerConfig, ConsumerProcess
+from gazette.consumer.stores.memory import MemoryStore
+from gazette.etcd import connect
+from gazette.message import Envelope, JSONMessage, Publisher
+from gazette.message.uuid import ACK_TXN, get_flags
+from gazette.protocol import consumer_pb2 as pc
+from gazette.testing.cluster import Cluster
+from gazette.testing.etcd import unique_prefix
+
+SPECS = """
+name: in/
+replication: 1
+labels:
+- name: content-type
+  value: application/x-ndjson
+fragment:
+  length: 1048576
+  compression_codec: NONE
+  stores: [file:///]
+  refresh_interval: 1s
+children:
+- name: in/part-000
+- name: in/part-001
+"""
+
+
+class App:
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def new_store(self, shard: Any, recorder: Any) -> MemoryStore:
+        return MemoryStore()
+
+    def new_message(self, spec: Any) -> type[JSONMessage]:
+        return JSONMessage
+
+    def consume_message(self, shard: Any, store: Any, env: Envelope, pub: Any) -> None:
+        if get_flags(env.message.get_uuid()) == ACK_TXN:
+            return
+        if shard.spec.id == "bad-000":
+            raise ValueError(f"cannot count {env.message.doc['key']}")
+        self.counts[env.message.doc["key"]] += 1
+
+    def finalize_txn(self, shard: Any, store: Any, pub: Any) -> None:
+        pass
+
+
+async def _statuses(client: aetcd.Client, prefix: str) -> dict[str, pc.ReplicaStatus]:
+    out = {}
+    for kv in await client.get_prefix(assignments_prefix(prefix).encode()):
+        out[kv.key.decode().split("/")[-1].split("#")[0]] = pc.ReplicaStatus.FromString(kv.value)
+    return out
+
+
+@pytest.mark.timeout(120)
+async def test_consumer_runs_primaries_and_fails_one_alone(cluster: Cluster) -> None:
+    cluster.add_broker("local", "lively-lynx")
+    rc, _, err = cluster.gazctl("journals", "apply", stdin=SPECS)
+    assert rc == 0, err
+    prefix = unique_prefix("/gazette-test-consumers")
+    etcd = await connect(cluster.etcd_url)
+    try:
+        for shard_id, journal in (("ok-000", "in/part-000"), ("bad-000", "in/part-001")):
+            spec = pc.ShardSpec(id=shard_id, hot_standbys=0)
+            spec.sources.add(journal=journal)
+            spec.max_txn_duration.seconds = 1
+            await etcd.put(items_key(prefix, shard_id).encode(), spec.SerializeToString())
+
+        app = App()
+        proc = ConsumerProcess(ConsumerConfig(port=0, broker_address=cluster.broker.address,
+                                              etcd_address=cluster.etcd_url, etcd_prefix=prefix,
+                                              etcd_lease=5), app)
+        task = asyncio.create_task(proc.run())
+        try:
+            async with JournalClient(cluster.broker.address) as client, AppendService(client) as service:
+                async with asyncio.timeout(30):
+                    while True:
+                        listing = await list_journals(client, "prefix=in/")
+                        if len(listing.journals) == 2:
+                            break
+                        await asyncio.sleep(0.05)  # polling the listing, not synchronisation
+                pub = Publisher(service)
+                expect: Counter[str] = Counter()
+                for i in range(200):
+                    await pub.publish_committed(lambda m: ("in/part-000", "application/x-ndjson"),
+                                                JSONMessage(key=f"k{i % 5}"))
+                    expect[f"k{i % 5}"] += 1
+                await pub.publish_committed(lambda m: ("in/part-001", "application/x-ndjson"),
+                                            JSONMessage(key="poison"))
+                await service.flush()
+
+            async with asyncio.timeout(60):
+                while app.counts != expect:
+                    await asyncio.sleep(0.05)  # polling the app's counts, not synchronisation
+                while True:
+                    st = await _statuses(etcd, prefix)
+                    if st.get("bad-000", pc.ReplicaStatus()).code == pc.ReplicaStatus.FAILED:
+                        break
+                    await asyncio.sleep(0.05)  # polling etcd, not synchronisation
+            assert st["ok-000"].code == pc.ReplicaStatus.PRIMARY
+            assert "cannot count poison" in st["bad-000"].errors[0]
+            assert "in/part-001" in st["bad-000"].errors[0]  # names where it failed
+            assert not task.done()  # the process carries on
+        finally:
+            proc.stop()
+            async with asyncio.timeout(30):
+                await task
+        assert await _statuses(etcd, prefix) == {}  # drained and revoked: nothing assigned
+    finally:
+        await etcd.delete_prefix(prefix.encode())
+        await etcd.close()
