@@ -105,7 +105,9 @@ async def test_consumer_runs_primaries_and_fails_one_alone(cluster: Cluster) -> 
                 await service.flush()
 
             async with asyncio.timeout(60):
-                while app.counts != expect:
+                while True:
+                    if app.counts == expect:
+                        break
                     await asyncio.sleep(0.05)  # polling the app's counts, not synchronisation
                 while True:
                     st = await _statuses(etcd, prefix)
