@@ -1,4 +1,4 @@
-"""``gazette serve``: runs a broker.
+"""``gazette serve`` runs a broker; ``gazette consume --app module:Class`` a consumer.
 
 Flags mirror Gazette's (``--broker.port``, ``--broker.zone``, ``--etcd.address``,
 ...); each may also be set by an environment variable named after it
@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from gazette import malloc
 from gazette.durations import parse_duration
+from gazette.server.logs import setup_logging
 
 _FLAGS: list[tuple[str, str, Any, str]] = [
     # (flag, env, default, help)
@@ -45,54 +44,16 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
 ]
 
 
-class _JSONFormatter(logging.Formatter):
-    _SKIP = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
-            "level": record.levelname.lower(),
-            "msg": record.getMessage(),
-        }
-        out.update({k: v for k, v in record.__dict__.items() if k not in self._SKIP})
-        if record.exc_info:
-            out["err"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
-
-
-class _TextFormatter(logging.Formatter):
-    _SKIP = _JSONFormatter._SKIP
-
-    def format(self, record: logging.LogRecord) -> str:
-        fields = " ".join(f"{k}={v}" for k, v in record.__dict__.items() if k not in self._SKIP)
-        line = f"{record.levelname[:4]}[{time.strftime('%H:%M:%S', time.localtime(record.created))}] {record.getMessage():<40} {fields}"
-        if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
-        return line.rstrip()
-
-
-def setup_logging(level: str, fmt: str) -> None:
-    levels = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "warning": logging.WARNING, "error": logging.ERROR}
-    if level.lower() not in levels:
-        raise SystemExit(f"gazette: invalid --log.level {level!r} (expected debug, info, warn or error)")
-    if fmt not in ("text", "json"):
-        raise SystemExit(f"gazette: invalid --log.format {fmt!r} (expected text or json)")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JSONFormatter() if fmt == "json" else _TextFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(levels[level.lower()])
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gazette", description="Gazette broker")
+    from gazette.consumer.run import CONSUMER_FLAGS, add_flags
+
+    parser = argparse.ArgumentParser(prog="gazette", description="Gazette broker and consumers")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="Serve as Gazette broker")
-    for flag, env, default, help_ in _FLAGS:
-        serve.add_argument(
-            flag, dest=flag[2:].replace(".", "_").replace("-", "_"),
-            default=os.environ.get(env, default), help=f"{help_} [${env}] (default {default})",
-        )
+    add_flags(serve, _FLAGS)
+    consume = sub.add_parser("consume", help="Run a consumer application's shards")
+    consume.add_argument("--app", required=True, help="The Application: package.module:AppClass")
+    add_flags(consume, CONSUMER_FLAGS)
     return parser
 
 
@@ -167,6 +128,10 @@ async def _serve(config: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     setup_logging(ns.log_level, ns.log_format)
+    if ns.command == "consume":
+        from gazette.consumer.run import load_app, run
+
+        return run(load_app(ns.app), ns)
     config = config_from_args(ns)
     os.makedirs(config.file_root, exist_ok=True)
     malloc.tune()  # every append moves buffers of up to megabytes: keep them in the heap

@@ -1,0 +1,141 @@
+"""Running a consumer application: ``gazette consume --app package.module:AppClass``, or
+``run_consumer(app)`` from an application's own ``__main__`` (Gazette's
+``mainboilerplate/runconsumer``).
+
+Flags are Gazette's consumer flags, each also read from its environment variable
+(``--consumer.port`` / ``CONSUMER_PORT``, ``--broker.address`` / ``BROKER_ADDRESS``,
+``--etcd.prefix`` / ``ETCD_PREFIX``, ...). SIGTERM or SIGINT drains the process (its shards
+move to other consumers); a second signal exits at once.
+
+Invariants: a bad flag value, or an ``--app`` that does not name an importable class, exits
+with one line naming what is wrong; nothing is announced before the configuration is valid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from gazette.consumer.interfaces import Application
+from gazette.consumer.process import ConsumerConfig, ConsumerProcess
+from gazette.durations import parse_duration
+from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol.errors import ValidationError
+from gazette.protocol.validate import validate_process_id
+from gazette.server.logs import setup_logging
+from gazette.server.process import random_suffix
+
+__all__ = ["CONSUMER_FLAGS", "add_flags", "load_app", "run", "run_consumer"]
+
+Flag = tuple[str, str, Any, str]
+
+CONSUMER_FLAGS: list[Flag] = [
+    # (flag, env, default, help)
+    ("--consumer.host", "CONSUMER_HOST", "127.0.0.1", "Addressable, advertised hostname or IP of this consumer"),
+    ("--consumer.port", "CONSUMER_PORT", "8081", "Service port for HTTP and gRPC requests (0 picks a free one)"),
+    ("--consumer.id", "CONSUMER_ID", "", "Unique name of this consumer within its zone (default: a random name)"),
+    ("--consumer.zone", "CONSUMER_ZONE", "local", "Availability zone within which this process is running"),
+    ("--consumer.limit", "CONSUMER_LIMIT", "32", "Maximum number of shards this consumer process will allocate"),
+    ("--consumer.max-hot-standbys", "CONSUMER_MAX_HOT_STANDBYS", "3", "Maximum effective hot standbys of any one shard"),
+    ("--consumer.watch-delay", "CONSUMER_WATCH_DELAY", "30ms", "Delay applied to the application of watched Etcd events"),
+    ("--broker.address", "BROKER_ADDRESS", "http://localhost:8080", "Broker service address"),
+    ("--etcd.address", "ETCD_ADDRESS", "http://localhost:2379", "Etcd service address endpoint"),
+    ("--etcd.prefix", "ETCD_PREFIX", "/gazette/consumers/app", "Etcd base prefix for the consumer group's state"),
+    ("--etcd.lease", "ETCD_LEASE", "20s", "Time-to-live of the Etcd lease of the consumer's announcement"),
+    ("--log.level", "LOG_LEVEL", "info", "Logging level: debug, info, warn, error"),
+    ("--log.format", "LOG_FORMAT", "text", "Logging format: text, json"),
+]
+
+
+def add_flags(parser: argparse.ArgumentParser, flags: Sequence[Flag]) -> None:
+    """Adds ``flags``, each defaulting to its environment variable."""
+    for flag, env, default, help_ in flags:
+        parser.add_argument(flag, dest=flag[2:].replace(".", "_").replace("-", "_"),
+                            default=os.environ.get(env, default), help=f"{help_} [${env}] (default {default})")
+
+
+def load_app(spec: str) -> Application:
+    """An instance of the Application class named ``package.module:AppClass``."""
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise SystemExit(f"gazette: invalid --app {spec!r} (expected package.module:AppClass)")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise SystemExit(f"gazette: invalid --app {spec!r}: {err}") from None
+    app: Application = cls()
+    return app
+
+
+def config_from_args(ns: argparse.Namespace) -> ConsumerConfig:
+    def get(name: str) -> str:
+        return str(getattr(ns, name.replace(".", "_").replace("-", "_")))
+
+    def integer(name: str) -> int:
+        try:
+            return int(get(name))
+        except ValueError:
+            raise SystemExit(f"gazette: invalid --{name} {get(name)!r} (expected an integer)") from None
+
+    try:
+        lease = parse_duration(get("etcd.lease")).total_seconds()
+        parse_duration(get("consumer.watch-delay"))
+    except ValueError as err:
+        raise SystemExit(f"gazette: invalid duration: {err}") from None
+    suffix = get("consumer.id") or random_suffix()
+    try:
+        validate_process_id(pb.ProcessSpec.ID(zone=get("consumer.zone"), suffix=suffix))
+    except ValidationError as err:
+        raise SystemExit(f"gazette: invalid --consumer.zone/--consumer.id: {err}") from None
+    return ConsumerConfig(host=get("consumer.host"), port=integer("consumer.port"),
+                          zone=get("consumer.zone"), suffix=suffix, limit=integer("consumer.limit"),
+                          broker_address=get("broker.address"), etcd_address=get("etcd.address"),
+                          etcd_prefix=get("etcd.prefix").rstrip("/"), etcd_lease=lease)
+
+
+async def _consume(config: ConsumerConfig, app: Application) -> None:
+    proc = ConsumerProcess(config, app)
+    loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            os._exit(1)
+        logging.getLogger("gazette").info("caught signal; draining consumer")
+        proc.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    await proc.run()
+
+
+def run(app: Application, ns: argparse.Namespace) -> int:
+    """Runs ``app`` with parsed consumer flags until drained."""
+    config = config_from_args(ns)
+    try:
+        asyncio.run(_consume(config, app))
+    except KeyboardInterrupt:
+        return 130
+    except OSError as err:
+        logging.getLogger("gazette").error(f"gazette: cannot consume: {err}",
+                                           extra={"host": config.host, "port": config.port})
+        return 1
+    return 0
+
+
+def run_consumer(app: Application, argv: Sequence[str] | None = None) -> int:
+    """The main of a consumer application: parses the consumer flags and runs ``app``."""
+    parser = argparse.ArgumentParser(prog=os.path.basename(sys.argv[0]), description="Gazette consumer")
+    add_flags(parser, CONSUMER_FLAGS)
+    ns = parser.parse_args(argv)
+    setup_logging(ns.log_level, ns.log_format)
+    return run(app, ns)
