@@ -29,10 +29,12 @@ from gazette.allocator.keys import assignments_prefix, items_key, parse_assignme
 from gazette.client import AppendService, JournalClient
 from gazette.consumer.interfaces import Application
 from gazette.consumer.keys import consumer_decoder
+from gazette.consumer.service import ShardService
 from gazette.consumer.shard import ShardRuntime
 from gazette.etcd import txn
 from gazette.etcd.keyspace import KeySpace
 from gazette.protocol import consumer_pb2 as pc
+from gazette.server.grpc import GrpcServer, add_service
 from gazette.server.process import MemberProcess, random_suffix
 from gazette.tasks import Supervisor
 
@@ -78,6 +80,9 @@ class ConsumerProcess(MemberProcess):
         spec.process_spec.id.CopyFrom(self.local_id)
         spec.process_spec.endpoint = self.endpoint
         return spec.SerializeToString()
+
+    def register_services(self, server: GrpcServer) -> None:
+        add_service(server, pc.DESCRIPTOR.services_by_name["Shard"], ShardService(self))
 
     def has_capacity(self, spec: Any) -> bool:
         return isinstance(spec, pc.ConsumerSpec) and spec.shard_limit > 0

@@ -9,9 +9,10 @@ from collections import Counter
 from typing import Any
 
 import aetcd
+import grpc
 import pytest
 
-from gazette.allocator.keys import assignments_prefix, items_key
+from gazette.allocator.keys import assignments_prefix
 from gazette.client import AppendService, JournalClient, list_journals
 from gazette.consumer.process import ConsumerConfig, ConsumerProcess
 from gazette.consumer.stores.memory import MemoryStore
@@ -19,6 +20,8 @@ from gazette.etcd import connect
 from gazette.message import Envelope, JSONMessage, Publisher
 from gazette.message.uuid import ACK_TXN, get_flags
 from gazette.protocol import consumer_pb2 as pc
+from gazette.protocol import consumer_pb2_grpc as pc_grpc
+from gazette.rpc.channel import insecure_channel
 from gazette.testing.cluster import Cluster
 from gazette.testing.etcd import unique_prefix
 
@@ -75,18 +78,31 @@ async def test_consumer_runs_primaries_and_fails_one_alone(cluster: Cluster) -> 
     prefix = unique_prefix("/gazette-test-consumers")
     etcd = await connect(cluster.etcd_url)
     try:
-        for shard_id, journal in (("ok-000", "in/part-000"), ("bad-000", "in/part-001")):
-            spec = pc.ShardSpec(id=shard_id, hot_standbys=0)
-            spec.sources.add(journal=journal)
-            spec.max_txn_duration.seconds = 1
-            await etcd.put(items_key(prefix, shard_id).encode(), spec.SerializeToString())
-
         app = App()
         proc = ConsumerProcess(ConsumerConfig(port=0, broker_address=cluster.broker.address,
                                               etcd_address=cluster.etcd_url, etcd_prefix=prefix,
                                               etcd_lease=5), app)
         task = asyncio.create_task(proc.run())
         try:
+            async with asyncio.timeout(30):
+                await proc.ready.wait()
+            channel = insecure_channel(f"127.0.0.1:{proc.bound_port}")
+            shards = pc_grpc.ShardStub(channel)  # type: ignore[no-untyped-call]
+            # A source journal that does not exist is refused, naming the field.
+            bad = pc.ApplyRequest()
+            ch = bad.changes.add(upsert=pc.ShardSpec(id="nope-000"))
+            ch.upsert.sources.add(journal="in/missing")
+            ch.upsert.max_txn_duration.seconds = 1
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await shards.Apply(bad)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "changes[0].upsert.sources[0].journal" in (info.value.details() or "")
+            req = pc.ApplyRequest()
+            for shard_id, journal in (("ok-000", "in/part-000"), ("bad-000", "in/part-001")):
+                change = req.changes.add(upsert=pc.ShardSpec(id=shard_id))
+                change.upsert.sources.add(journal=journal)
+                change.upsert.max_txn_duration.seconds = 1
+            assert (await shards.Apply(req)).status == pc.Status.OK
             async with JournalClient(cluster.broker.address) as client, AppendService(client) as service:
                 async with asyncio.timeout(30):
                     while True:
@@ -118,6 +134,18 @@ async def test_consumer_runs_primaries_and_fails_one_alone(cluster: Cluster) -> 
             assert "cannot count poison" in st["bad-000"].errors[0]
             assert "in/part-001" in st["bad-000"].errors[0]  # names where it failed
             assert not task.done()  # the process carries on
+
+            listed = await shards.List(pc.ListRequest())
+            by_id = {sh.spec.id: sh for sh in listed.shards}
+            assert by_id["ok-000"].status[0].code == pc.ReplicaStatus.PRIMARY
+            assert by_id["ok-000"].route.endpoints[0] == proc.endpoint
+            # Stat answers once a transaction read through what we appended.
+            stat = await shards.Stat(pc.StatRequest(shard="ok-000", read_through={"in/part-000": 1}))
+            assert stat.status == pc.Status.OK and stat.read_through["in/part-000"] > 0
+            # Unassign --failed frees only the failed shard.
+            dry = await shards.Unassign(pc.UnassignRequest(shards=["ok-000", "bad-000"], only_failed=True, dry_run=True))
+            assert list(dry.shards) == ["bad-000"]
+            await channel.close()
         finally:
             proc.stop()
             async with asyncio.timeout(30):

@@ -1,0 +1,206 @@
+"""The ``consumer.Shard`` gRPC service of a consumer process, wire-compatible with Gazette's.
+
+``List`` (specs, routes and replica statuses of the shards a selector matches), ``Apply``
+(revision-checked ShardSpec changes, refusing sources whose journals are missing or unframed),
+``Stat`` (read-your-writes: answers once a completed transaction read through the requested
+offsets), ``GetHints`` and ``Unassign`` (``only_failed``, ``dry_run``). Errors end RPCs at the
+shared edge (``gazette.server.edge``); refusals the protocol names are response statuses.
+
+Invariants:
+
+* Every response header carries this process's ID and the keyspace's etcd header.
+* An Apply either applies every change or none (one etcd transaction); a source journal that
+  does not exist or has no framed content-type refuses the request with INVALID_ARGUMENT
+  naming the field (``changes[i].upsert.sources[j].journal``).
+* Stat of a shard this process is not primary for answers NOT_SHARD_PRIMARY with the route
+  (proxying to the primary comes with the resolver).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+import aetcd
+
+from gazette.allocator.keys import (
+    item_assignments_prefix,
+    items_key,
+    members_key,
+    parse_assignment_key,
+)
+from gazette.client import JournalClient, list_journals
+from gazette.consumer.shard import ShardRuntime
+from gazette.errors import ValidationError
+from gazette.etcd import txn
+from gazette.etcd.keyspace import KeySpace
+from gazette.message.errors import MessageError
+from gazette.message.reading import framing_of_spec
+from gazette.protocol import consumer_pb2 as pc
+from gazette.protocol import consumer_pb2_grpc as pc_grpc
+from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol.labels import LabelSelector, LabelSet, with_shard_meta_labels
+from gazette.protocol.validate_consumer import (
+    validate_shard_apply_request,
+    validate_shard_list_request,
+    validate_stat_request,
+)
+from gazette.server.edge import grpc_edge
+
+
+class ConsumerContext(Protocol):
+    """What the Shard service uses of its consumer process."""
+
+    local_id: pb.ProcessSpec.ID
+    keyspace: KeySpace
+    client: JournalClient
+    shards: dict[str, tuple[ShardRuntime, asyncio.Task[None]]]
+
+    @property
+    def etcd(self) -> aetcd.Client: ...
+
+__all__ = ["ConsumerContext", "ShardService"]
+
+
+class ShardService(pc_grpc.ShardServicer):
+    def __init__(self, proc: ConsumerContext) -> None:
+        self.proc = proc
+
+    def _header(self) -> pb.Header:
+        hdr = pb.Header()
+        hdr.process_id.CopyFrom(self.proc.local_id)
+        hdr.etcd.CopyFrom(self.proc.keyspace.header.to_proto())
+        return hdr
+
+    def _route(self, shard_id: str) -> tuple[pb.Route, list[pc.ReplicaStatus]]:
+        ks = self.proc.keyspace
+        route, statuses = pb.Route(primary=-1), []
+        for kv in ks.prefixed(item_assignments_prefix(ks.root, shard_id)):
+            a = parse_assignment_key(ks.root, kv.key)
+            if a.slot == 0:
+                route.primary = len(route.members)
+            route.members.add(zone=a.zone, suffix=a.suffix)
+            member = ks.search(members_key(ks.root, a.zone, a.suffix))
+            route.endpoints.append(member.value.process_spec.endpoint if member is not None and member.value else "")
+            statuses.append(kv.value if isinstance(kv.value, pc.ReplicaStatus) else pc.ReplicaStatus())
+        return route, statuses
+
+    @grpc_edge
+    async def List(self, request: pc.ListRequest, context: Any) -> pc.ListResponse:
+        validate_shard_list_request(request)
+        selector = LabelSelector.from_proto(request.selector)
+        ks = self.proc.keyspace
+        resp = pc.ListResponse(status=pc.Status.OK)
+        resp.header.CopyFrom(self._header())
+        for kv in ks.prefixed(items_key(ks.root, "")):
+            spec = kv.value
+            if not isinstance(spec, pc.ShardSpec):
+                continue
+            if not selector.matches(with_shard_meta_labels(LabelSet.from_proto(spec.labels), spec.id)):
+                continue
+            shard = resp.shards.add(spec=spec, mod_revision=kv.mod_revision, create_revision=kv.create_revision)
+            route, statuses = self._route(spec.id)
+            shard.route.CopyFrom(route)
+            shard.status.extend(statuses)
+        return resp
+
+    @grpc_edge
+    async def Apply(self, request: pc.ApplyRequest, context: Any) -> pc.ApplyResponse:
+        validate_shard_apply_request(request)
+        wanted = sorted({s.journal for ch in request.changes if ch.HasField("upsert") for s in ch.upsert.sources})
+        journals: dict[str, pb.JournalSpec] = {}
+        if wanted:
+            sel = pb.LabelSelector()
+            for name in wanted:
+                sel.include.labels.add(name="name", value=name)
+            journals = {j.spec.name: j.spec for j in (await list_journals(self.proc.client, sel)).journals}
+        for i, ch in enumerate(request.changes):
+            for j, src in enumerate(ch.upsert.sources if ch.HasField("upsert") else ()):
+                field = f"changes[{i}].upsert.sources[{j}].journal"
+                if src.journal not in journals:
+                    raise ValidationError(field, f"journal {src.journal!r} does not exist")
+                try:
+                    framing_of_spec(journals[src.journal])
+                except MessageError as err:
+                    raise ValidationError(field, str(err)) from None
+        root = self.proc.keyspace.root
+        changes = [
+            txn.ItemChange(items_key(root, ch.upsert.id), ch.upsert.SerializeToString(), ch.expect_mod_revision)
+            if ch.HasField("upsert") else txn.ItemChange(items_key(root, ch.delete), None, ch.expect_mod_revision)
+            for ch in request.changes
+        ]
+        result = await txn.apply_changes(self.proc.etcd, changes)
+        resp = pc.ApplyResponse(status=pc.Status.OK if result.succeeded else pc.Status.ETCD_TRANSACTION_FAILED)
+        if result.succeeded:
+            await self.proc.keyspace.wait_for_revision(result.header.revision)
+        resp.header.CopyFrom(self._header())
+        return resp
+
+    @grpc_edge
+    async def Stat(self, request: pc.StatRequest, context: Any) -> pc.StatResponse:
+        validate_stat_request(request)
+        ks = self.proc.keyspace
+        if request.header.etcd.revision:
+            await ks.wait_for_revision(request.header.etcd.revision)
+        resp = pc.StatResponse(status=pc.Status.OK)
+        if ks.search(items_key(ks.root, request.shard)) is None:
+            resp.status = pc.Status.SHARD_NOT_FOUND
+        else:
+            local = self.proc.shards.get(request.shard)
+            if local is None:
+                route, _ = self._route(request.shard)
+                resp.status = pc.Status.NO_SHARD_PRIMARY if route.primary == -1 else pc.Status.NOT_SHARD_PRIMARY
+                resp.header.CopyFrom(self._header())
+                resp.header.route.CopyFrom(route)
+                return resp
+            rt, task = local
+            while True:  # read-your-writes: wait for a transaction covering the offsets
+                read_through, publish_at = rt.progress()
+                if all(read_through.get(j, 0) >= o for j, o in request.read_through.items()):
+                    break
+                if task.done():
+                    resp.status = pc.Status.SHARD_STOPPED
+                    break
+                progressed = rt.progressed
+                await asyncio.wait({asyncio.ensure_future(progressed.wait()), task},
+                                   return_when=asyncio.FIRST_COMPLETED)
+            for j, o in read_through.items():
+                resp.read_through[j] = o
+            for j, o in publish_at.items():
+                resp.publish_at[j] = o
+        resp.header.CopyFrom(self._header())
+        return resp
+
+    @grpc_edge
+    async def GetHints(self, request: pc.GetHintsRequest, context: Any) -> pc.GetHintsResponse:
+        resp = pc.GetHintsResponse(status=pc.Status.OK)
+        if self.proc.keyspace.search(items_key(self.proc.keyspace.root, request.shard)) is None:
+            resp.status = pc.Status.SHARD_NOT_FOUND
+        resp.header.CopyFrom(self._header())
+        return resp  # recovery-log hints come with the embedded stores
+
+    @grpc_edge
+    async def Unassign(self, request: pc.UnassignRequest, context: Any) -> pc.UnassignResponse:
+        ks = self.proc.keyspace
+        cmps: list[txn.Cmp] = []
+        ops: list[txn.Op] = []
+        out = pc.UnassignResponse(status=pc.Status.OK)
+        for shard_id in request.shards:
+            kvs = ks.prefixed(item_assignments_prefix(ks.root, shard_id))
+            if request.only_failed:
+                kvs = [kv for kv in kvs if isinstance(kv.value, pc.ReplicaStatus)
+                       and kv.value.code == pc.ReplicaStatus.FAILED]
+            if kvs:
+                out.shards.append(shard_id)
+            for kv in kvs:
+                cmps.append(txn.Cmp(kv.key, "mod", kv.mod_revision))
+                ops.append(txn.Delete(kv.key))
+        if ops and not request.dry_run:
+            result = await txn.commit(self.proc.etcd, cmps, ops)
+            if not result.succeeded:
+                out.status = pc.Status.ETCD_TRANSACTION_FAILED
+                del out.shards[:]
+            else:
+                await ks.wait_for_revision(result.header.revision)
+        return out
+
