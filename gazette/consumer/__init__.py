@@ -1,1 +1,33 @@
-"""The consumer framework: shards, their specs, recovery logs and transactions."""
+"""The consumer framework: applications process journals' messages in shards, with
+exactly-once transactions committed atomically with their stores.
+
+Write an :class:`Application` (``new_store``, ``new_message``, ``consume_message``,
+``finalize_txn``; optionally ``begin_txn``/``finished_txn``), run it with
+``gazette consume --app package.module:AppClass`` or :func:`run_consumer`, and declare its
+shards (ShardSpecs) through the Shard service. See docs/consumers.md.
+"""
+
+from gazette.consumer.errors import ConsumerError, DeferredFirstMessage, TransactionError
+from gazette.consumer.interfaces import Application, BeginFinisher, OpFuture, Shard, Store
+from gazette.consumer.process import ConsumerConfig, ConsumerProcess
+from gazette.consumer.run import run_consumer
+from gazette.consumer.stores.memory import MemoryStore
+from gazette.consumer.transaction import TransactionLoop, TxnConfig, TxnState
+
+__all__ = [
+    "Application",
+    "BeginFinisher",
+    "ConsumerConfig",
+    "ConsumerError",
+    "ConsumerProcess",
+    "DeferredFirstMessage",
+    "MemoryStore",
+    "OpFuture",
+    "Shard",
+    "Store",
+    "TransactionError",
+    "TransactionLoop",
+    "TxnConfig",
+    "TxnState",
+    "run_consumer",
+]
