@@ -13,13 +13,13 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from gazette import malloc
 from gazette.durations import parse_duration
+from gazette.server.flags import Flags, add_flags
 from gazette.server.logs import setup_logging
 
 _FLAGS: list[tuple[str, str, Any, str]] = [
@@ -45,7 +45,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gazette.consumer.run import CONSUMER_FLAGS, add_flags
+    from gazette.consumer.run import CONSUMER_FLAGS
 
     parser = argparse.ArgumentParser(prog="gazette", description="Gazette broker and consumers")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -61,14 +61,8 @@ def config_from_args(ns: argparse.Namespace) -> Any:
     from gazette.broker.config import BrokerConfig
     from gazette.server.process import random_suffix
 
-    def get(name: str) -> str:
-        return str(getattr(ns, name.replace(".", "_").replace("-", "_")))
-
-    def integer(name: str) -> int:
-        try:
-            return int(get(name))
-        except ValueError:
-            raise SystemExit(f"gazette: invalid --{name} {get(name)!r} (expected an integer)") from None
+    flags = Flags(ns)
+    get, integer = flags.get, flags.integer
 
     def rate(name: str) -> int:
         value = integer(name)
@@ -107,22 +101,9 @@ def config_from_args(ns: argparse.Namespace) -> Any:
 
 async def _serve(config: Any) -> None:
     from gazette.broker.server import Broker
+    from gazette.server.process import run_until_drained
 
-    broker = Broker(config)
-    loop = asyncio.get_running_loop()
-    signals = 0
-
-    def on_signal() -> None:
-        nonlocal signals
-        signals += 1
-        if signals > 1:
-            os._exit(1)
-        logging.getLogger("gazette").info("caught signal; draining broker")
-        broker.stop()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-    await broker.run()
+    await run_until_drained(Broker(config))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

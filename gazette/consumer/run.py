@@ -18,10 +18,8 @@ import asyncio
 import importlib
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from gazette.consumer.interfaces import Application
 from gazette.consumer.process import ConsumerConfig, ConsumerProcess
@@ -29,12 +27,11 @@ from gazette.durations import parse_duration
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol.errors import ValidationError
 from gazette.protocol.validate import validate_process_id
+from gazette.server.flags import Flag, Flags, add_flags
 from gazette.server.logs import setup_logging
-from gazette.server.process import random_suffix
+from gazette.server.process import random_suffix, run_until_drained
 
-__all__ = ["CONSUMER_FLAGS", "add_flags", "load_app", "run", "run_consumer"]
-
-Flag = tuple[str, str, Any, str]
+__all__ = ["CONSUMER_FLAGS", "load_app", "run", "run_consumer"]
 
 CONSUMER_FLAGS: list[Flag] = [
     # (flag, env, default, help)
@@ -54,13 +51,6 @@ CONSUMER_FLAGS: list[Flag] = [
 ]
 
 
-def add_flags(parser: argparse.ArgumentParser, flags: Sequence[Flag]) -> None:
-    """Adds ``flags``, each defaulting to its environment variable."""
-    for flag, env, default, help_ in flags:
-        parser.add_argument(flag, dest=flag[2:].replace(".", "_").replace("-", "_"),
-                            default=os.environ.get(env, default), help=f"{help_} [${env}] (default {default})")
-
-
 def load_app(spec: str) -> Application:
     """An instance of the Application class named ``package.module:AppClass``."""
     module, sep, attr = spec.partition(":")
@@ -75,14 +65,8 @@ def load_app(spec: str) -> Application:
 
 
 def config_from_args(ns: argparse.Namespace) -> ConsumerConfig:
-    def get(name: str) -> str:
-        return str(getattr(ns, name.replace(".", "_").replace("-", "_")))
-
-    def integer(name: str) -> int:
-        try:
-            return int(get(name))
-        except ValueError:
-            raise SystemExit(f"gazette: invalid --{name} {get(name)!r} (expected an integer)") from None
+    flags = Flags(ns)
+    get, integer = flags.get, flags.integer
 
     try:
         lease = parse_duration(get("etcd.lease")).total_seconds()
@@ -101,21 +85,7 @@ def config_from_args(ns: argparse.Namespace) -> ConsumerConfig:
 
 
 async def _consume(config: ConsumerConfig, app: Application) -> None:
-    proc = ConsumerProcess(config, app)
-    loop = asyncio.get_running_loop()
-    signals = 0
-
-    def on_signal() -> None:
-        nonlocal signals
-        signals += 1
-        if signals > 1:
-            os._exit(1)
-        logging.getLogger("gazette").info("caught signal; draining consumer")
-        proc.stop()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-    await proc.run()
+    await run_until_drained(ConsumerProcess(config, app))
 
 
 def run(app: Application, ns: argparse.Namespace) -> int:

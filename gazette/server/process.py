@@ -28,6 +28,7 @@ import contextlib
 import logging
 import os
 import random
+import signal
 import socket
 import tempfile
 from collections.abc import Iterable
@@ -48,7 +49,7 @@ from gazette.server.grpc import GrpcServer, build_server
 from gazette.server.http import debug_routes, start_app
 from gazette.server.mux import Multiplexer
 
-__all__ = ["MemberProcess", "random_suffix"]
+__all__ = ["MemberProcess", "random_suffix", "run_until_drained"]
 
 log = logging.getLogger(__name__)
 
@@ -225,3 +226,23 @@ class MemberProcess:
                    for kv in self.keyspace.prefixed(members_prefix(self.keyspace.root)))
 
 
+async def run_until_drained(proc: MemberProcess) -> None:
+    """Runs ``proc``; the first SIGTERM or SIGINT drains it, a second exits at once."""
+    loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            os._exit(1)
+        logging.getLogger("gazette").info(f"caught signal; draining {proc.kind}")
+        proc.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        await proc.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

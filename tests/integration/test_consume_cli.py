@@ -11,26 +11,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from consumer_support import journals_yaml
 
 from gazette.allocator.keys import items_key
 from gazette.protocol import consumer_pb2 as pc
 from gazette.testing.cluster import Cluster, console_script
 from gazette.testing.etcd import unique_prefix
 
-SPECS = """
-name: in/
-replication: 1
-labels:
-- name: content-type
-  value: application/x-ndjson
-fragment:
-  length: 1048576
-  compression_codec: NONE
-  stores: [file:///]
-  refresh_interval: 1s
-children:
-- name: in/part-000
-"""
+SPECS = journals_yaml("part-000")
 
 APP = textwrap.dedent('''
     import json, os

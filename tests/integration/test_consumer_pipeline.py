@@ -9,53 +9,20 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from consumer_support import CountingApp, journals_yaml
 
 from gazette.client import AppendService, JournalClient, list_journals
 from gazette.consumer.source import ShardSource
 from gazette.consumer.stores.memory import MemoryStore
 from gazette.consumer.transaction import TransactionLoop, TxnConfig
-from gazette.message import Envelope, JSONMessage, Publisher, modulo_mapping
-from gazette.message.uuid import ACK_TXN, get_flags
+from gazette.message import JSONMessage, Publisher, modulo_mapping
 from gazette.protocol import consumer_pb2 as pc
 from gazette.testing.cluster import Cluster
 
-SPECS = """
-name: in/
-replication: 1
-labels:
-- name: content-type
-  value: application/x-ndjson
-fragment:
-  length: 1048576
-  compression_codec: NONE
-  stores: [file:///]
-  refresh_interval: 1s
-children:
-- name: in/part-000
-- name: in/part-001
-"""
+SPECS = journals_yaml("part-000", "part-001")
 
 
-class Counting:
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-
-    def new_store(self, shard: Any, recorder: Any) -> MemoryStore:
-        return MemoryStore()
-
-    def new_message(self, spec: Any) -> type[JSONMessage]:
-        return JSONMessage
-
-    def consume_message(self, shard: Any, store: Any, env: Envelope, pub: Any) -> None:
-        if get_flags(env.message.get_uuid()) == ACK_TXN:
-            return  # transaction acknowledgements are delivered too, as in Gazette
-        self.counts[env.message.doc["key"]] += 1
-
-    def finalize_txn(self, shard: Any, store: Any, pub: Any) -> None:
-        pass
-
-
-async def _consume(client: JournalClient, service: AppendService, app: Counting, store: MemoryStore,
+async def _consume(client: JournalClient, service: AppendService, app: CountingApp, store: MemoryStore,
                    shard: pc.ShardSpec, journals: dict[str, Any]) -> None:
     source = ShardSource(client, shard, journals, app.new_message, store.checkpoint, block=False)
     publisher: Publisher[Any] = Publisher(service)
@@ -112,7 +79,7 @@ async def test_exactly_once_into_transactions_and_resume(cluster: Cluster) -> No
         shard.sources.add(journal="in/part-000")
         shard.sources.add(journal="in/part-001")
         journals = {j.spec.name: j.spec for j in listing.journals}
-        app, store = Counting(), MemoryStore()
+        app, store = CountingApp(), MemoryStore()
         await _consume(client, service, app, store, shard, journals)
         assert app.counts == expect
         assert store.commits >= 1
@@ -123,6 +90,6 @@ async def test_exactly_once_into_transactions_and_resume(cluster: Cluster) -> No
         for _ in range(30):
             await pub.publish_committed(mapping, JSONMessage(key="late"))
         await service.flush()
-        app2 = Counting()
+        app2 = CountingApp()
         await _consume(client, service, app2, store, shard, journals)
         assert app2.counts == Counter({"late": 30})

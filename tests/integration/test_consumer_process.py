@@ -11,56 +11,25 @@ from typing import Any
 import aetcd
 import grpc
 import pytest
+from consumer_support import CountingApp, journals_yaml
 
 from gazette.allocator.keys import assignments_prefix
 from gazette.client import AppendService, JournalClient, list_journals
 from gazette.consumer.process import ConsumerConfig, ConsumerProcess
-from gazette.consumer.stores.memory import MemoryStore
 from gazette.etcd import connect
-from gazette.message import Envelope, JSONMessage, Publisher
-from gazette.message.uuid import ACK_TXN, get_flags
+from gazette.message import JSONMessage, Publisher
 from gazette.protocol import consumer_pb2 as pc
 from gazette.protocol import consumer_pb2_grpc as pc_grpc
 from gazette.rpc.channel import insecure_channel
 from gazette.testing.cluster import Cluster
 from gazette.testing.etcd import unique_prefix
 
-SPECS = """
-name: in/
-replication: 1
-labels:
-- name: content-type
-  value: application/x-ndjson
-fragment:
-  length: 1048576
-  compression_codec: NONE
-  stores: [file:///]
-  refresh_interval: 1s
-children:
-- name: in/part-000
-- name: in/part-001
-"""
+SPECS = journals_yaml("part-000", "part-001")
 
 
-class App:
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-
-    def new_store(self, shard: Any, recorder: Any) -> MemoryStore:
-        return MemoryStore()
-
-    def new_message(self, spec: Any) -> type[JSONMessage]:
-        return JSONMessage
-
-    def consume_message(self, shard: Any, store: Any, env: Envelope, pub: Any) -> None:
-        if get_flags(env.message.get_uuid()) == ACK_TXN:
-            return
-        if shard.spec.id == "bad-000":
-            raise ValueError(f"cannot count {env.message.doc['key']}")
-        self.counts[env.message.doc["key"]] += 1
-
-    def finalize_txn(self, shard: Any, store: Any, pub: Any) -> None:
-        pass
+def _poison(shard: Any, env: Any) -> None:
+    if shard.spec.id == "bad-000":
+        raise ValueError(f"cannot count {env.message.doc['key']}")
 
 
 async def _statuses(client: aetcd.Client, prefix: str) -> dict[str, pc.ReplicaStatus]:
@@ -78,7 +47,7 @@ async def test_consumer_runs_primaries_and_fails_one_alone(cluster: Cluster) -> 
     prefix = unique_prefix("/gazette-test-consumers")
     etcd = await connect(cluster.etcd_url)
     try:
-        app = App()
+        app = CountingApp(_poison)
         proc = ConsumerProcess(ConsumerConfig(port=0, broker_address=cluster.broker.address,
                                               etcd_address=cluster.etcd_url, etcd_prefix=prefix,
                                               etcd_lease=5), app)
