@@ -41,7 +41,7 @@ DEFAULT_ADDRESS = "http://localhost:8080"
 
 # Brokers send content chunks of just under 32 KiB, but List and ListFragments answers
 # can be large; accept up to 16 MiB as Gazette's clients do.
-_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_receive_message_length", 16 << 20),
     ("grpc.max_send_message_length", 16 << 20),
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -70,6 +70,17 @@ def grpc_target(endpoint: str) -> tuple[str, bool]:
     if ":" in host:  # IPv6 literal.
         host = f"[{host}]"
     return f"{host}:{port}", tls
+
+
+def channel_for(endpoint: str, factory: ChannelFactory,
+                options: Sequence[tuple[str, Any]]) -> RpcChannel:
+    """A channel to ``endpoint``: grpcio's TLS channel for ``https://``, else ``factory``'s."""
+    target, tls = grpc_target(endpoint)
+    if tls:
+        channel: RpcChannel = grpc.aio.secure_channel(
+            target, grpc.ssl_channel_credentials(), options=list(options))
+        return channel
+    return factory(target, list(options))
 
 
 def rpc_error(err: grpc.aio.AioRpcError, endpoint: str = "", journal: str = "") -> TransportError:
@@ -102,7 +113,7 @@ class JournalClient:
         self.address = address
         self.zone = zone
         self.routes = route_cache if route_cache is not None else RouteCache()
-        self._options = list(_CHANNEL_OPTIONS) + list(channel_options)
+        self._options = list(CHANNEL_OPTIONS) + list(channel_options)
         self._channel_factory = channel_factory
         self._channels: dict[str, RpcChannel] = {}
         self._stubs: dict[str, Any] = {}
@@ -114,13 +125,8 @@ class JournalClient:
         endpoint = endpoint or self.address
         stub = self._stubs.get(endpoint)
         if stub is None:
-            target, tls = grpc_target(endpoint)
-            if tls:
-                channel = grpc.aio.secure_channel(
-                    target, grpc.ssl_channel_credentials(), options=self._options)
-            else:
-                channel = self._channel_factory(target, self._options)
-            self._channels[endpoint] = channel
+            channel = self._channels[endpoint] = channel_for(
+                endpoint, self._channel_factory, self._options)
             stub = self._stubs[endpoint] = pb_grpc.JournalStub(channel)
         return stub
 

@@ -27,8 +27,10 @@ from typing import Any
 from gazette.allocator import shard_is_consistent
 from gazette.allocator.keys import assignments_prefix, items_key, parse_assignment_key
 from gazette.client import AppendService, JournalClient
+from gazette.consumer.client import ShardClient
 from gazette.consumer.interfaces import Application
 from gazette.consumer.keys import consumer_decoder
+from gazette.consumer.resolver import Resolver
 from gazette.consumer.service import ShardService
 from gazette.consumer.shard import ShardRuntime
 from gazette.etcd import txn
@@ -72,6 +74,9 @@ class ConsumerProcess(MemberProcess):
         self.service = AppendService(self.client)
         self.shards: dict[str, tuple[ShardRuntime, asyncio.Task[None]]] = {}
         self._shard_tasks = Supervisor("consumer shards", "log")
+        self.resolver = Resolver(self)
+        self.peers = ShardClient()  # used only with explicit peer endpoints
+        self._reconciled = asyncio.Event()
 
     # -- member process hooks ---------------------------------------------------------
 
@@ -98,6 +103,7 @@ class ConsumerProcess(MemberProcess):
 
     async def closed(self) -> None:
         await self._shard_tasks.aclose()
+        await self.peers.close()
         await self.service.close()
         await self.client.close()
 
@@ -115,7 +121,12 @@ class ConsumerProcess(MemberProcess):
     async def _follow(self) -> None:
         while True:
             await self._reconcile()
+            signal, self._reconciled = self._reconciled, asyncio.Event()
+            signal.set()
             await self.keyspace.wait_for_update()
+
+    async def wait_reconciled(self) -> None:
+        await self._reconciled.wait()
 
     async def _reconcile(self) -> None:
         local = self._local_assignments()

@@ -12,8 +12,9 @@ Invariants:
 * An Apply either applies every change or none (one etcd transaction); a source journal that
   does not exist or has no framed content-type refuses the request with INVALID_ARGUMENT
   naming the field (``changes[i].upsert.sources[j].journal``).
-* Stat of a shard this process is not primary for answers NOT_SHARD_PRIMARY with the route
-  (proxying to the primary comes with the resolver).
+* Stat is resolved by the ``Resolver``: served by the local primary once a completed
+  transaction read through the requested offsets, or forwarded once to the remote primary
+  with the resolution's header (which that process checks); never a second hop.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ import aetcd
 from gazette.allocator.keys import (
     item_assignments_prefix,
     items_key,
-    members_key,
-    parse_assignment_key,
 )
 from gazette.client import JournalClient, list_journals
+from gazette.consumer.client import ShardClient
+from gazette.consumer.resolver import Resolver, route_of
 from gazette.consumer.shard import ShardRuntime
 from gazette.errors import ValidationError
 from gazette.etcd import txn
@@ -55,6 +56,8 @@ class ConsumerContext(Protocol):
     keyspace: KeySpace
     client: JournalClient
     shards: dict[str, tuple[ShardRuntime, asyncio.Task[None]]]
+    resolver: Resolver
+    peers: ShardClient  # channels to the other consumer processes, for proxied requests
 
     @property
     def etcd(self) -> aetcd.Client: ...
@@ -72,19 +75,6 @@ class ShardService(pc_grpc.ShardServicer):
         hdr.etcd.CopyFrom(self.proc.keyspace.header.to_proto())
         return hdr
 
-    def _route(self, shard_id: str) -> tuple[pb.Route, list[pc.ReplicaStatus]]:
-        ks = self.proc.keyspace
-        route, statuses = pb.Route(primary=-1), []
-        for kv in ks.prefixed(item_assignments_prefix(ks.root, shard_id)):
-            a = parse_assignment_key(ks.root, kv.key)
-            if a.slot == 0:
-                route.primary = len(route.members)
-            route.members.add(zone=a.zone, suffix=a.suffix)
-            member = ks.search(members_key(ks.root, a.zone, a.suffix))
-            route.endpoints.append(member.value.process_spec.endpoint if member is not None and member.value else "")
-            statuses.append(kv.value if isinstance(kv.value, pc.ReplicaStatus) else pc.ReplicaStatus())
-        return route, statuses
-
     @grpc_edge
     async def List(self, request: pc.ListRequest, context: Any) -> pc.ListResponse:
         validate_shard_list_request(request)
@@ -99,7 +89,7 @@ class ShardService(pc_grpc.ShardServicer):
             if not selector.matches(with_shard_meta_labels(LabelSet.from_proto(spec.labels), spec.id)):
                 continue
             shard = resp.shards.add(spec=spec, mod_revision=kv.mod_revision, create_revision=kv.create_revision)
-            route, statuses = self._route(spec.id)
+            route, statuses = route_of(ks, spec.id)
             shard.route.CopyFrom(route)
             shard.status.extend(statuses)
         return resp
@@ -139,36 +129,24 @@ class ShardService(pc_grpc.ShardServicer):
     @grpc_edge
     async def Stat(self, request: pc.StatRequest, context: Any) -> pc.StatResponse:
         validate_stat_request(request)
-        ks = self.proc.keyspace
-        if request.header.etcd.revision:
-            await ks.wait_for_revision(request.header.etcd.revision)
-        resp = pc.StatResponse(status=pc.Status.OK)
-        if ks.search(items_key(ks.root, request.shard)) is None:
-            resp.status = pc.Status.SHARD_NOT_FOUND
-        else:
-            local = self.proc.shards.get(request.shard)
-            if local is None:
-                route, _ = self._route(request.shard)
-                resp.status = pc.Status.NO_SHARD_PRIMARY if route.primary == -1 else pc.Status.NOT_SHARD_PRIMARY
-                resp.header.CopyFrom(self._header())
-                resp.header.route.CopyFrom(route)
-                return resp
-            rt, task = local
-            while True:  # read-your-writes: wait for a transaction covering the offsets
-                read_through, publish_at = rt.progress()
-                if all(read_through.get(j, 0) >= o for j, o in request.read_through.items()):
-                    break
-                if task.done():
-                    resp.status = pc.Status.SHARD_STOPPED
-                    break
-                progressed = rt.progressed
-                await asyncio.wait({asyncio.ensure_future(progressed.wait()), task},
-                                   return_when=asyncio.FIRST_COMPLETED)
+        res = await self.proc.resolver.resolve(
+            request.shard, may_proxy=not request.HasField("header"),
+            proxy_header=request.header if request.HasField("header") else None,
+            read_through=dict(request.read_through))
+        if res.status == pc.Status.OK and res.shard is None:  # the primary is another process
+            fwd = pc.StatRequest()
+            fwd.CopyFrom(request)
+            fwd.header.CopyFrom(res.header)
+            proxied: pc.StatResponse = await self._peer(res.endpoint).Stat(fwd)
+            return proxied
+        resp = pc.StatResponse(status=res.status)  # type: ignore[arg-type]
+        resp.header.CopyFrom(res.header)
+        if res.shard is not None:
+            read_through, publish_at = res.shard.progress()
             for j, o in read_through.items():
                 resp.read_through[j] = o
             for j, o in publish_at.items():
                 resp.publish_at[j] = o
-        resp.header.CopyFrom(self._header())
         return resp
 
     @grpc_edge
@@ -178,6 +156,9 @@ class ShardService(pc_grpc.ShardServicer):
             resp.status = pc.Status.SHARD_NOT_FOUND
         resp.header.CopyFrom(self._header())
         return resp  # recovery-log hints come with the embedded stores
+
+    def _peer(self, endpoint: str) -> Any:
+        return self.proc.peers.stub(endpoint)
 
     @grpc_edge
     async def Unassign(self, request: pc.UnassignRequest, context: Any) -> pc.UnassignResponse:

@@ -50,10 +50,18 @@ class ShardRuntime:
         self.journal_client = client
         self.service = service
         self.stopping = asyncio.Event()
+        self.ready = asyncio.Event()  # set once the checkpoint is restored and the loop runs
+        self.store: Any = None
+        self.recovered_hints: Any = None  # FSMHints once recovery logs land (next issue)
         self._write_status = write_status
         self._read_through: dict[str, int] = {}
         self._publish_at: dict[str, int] = {}
         self.progressed = asyncio.Event()  # set (and renewed) on each completed transaction
+
+    @property
+    def done(self) -> asyncio.Event:
+        """The cancellation signal: set when the shard leaves this process (or fails)."""
+        return self.stopping
 
     def progress(self) -> tuple[Mapping[str, int], Mapping[str, int]]:
         return dict(self._read_through), dict(self._publish_at)
@@ -87,7 +95,7 @@ class ShardRuntime:
             self.stopping.set()
 
     async def _run(self) -> None:
-        store = await _maybe(self.app.new_store(self, None))
+        store = self.store = await _maybe(self.app.new_store(self, None))
         try:
             checkpoint: pc.Checkpoint = await _maybe(store.restore_checkpoint(self))
             sel = pb.LabelSelector()
@@ -104,6 +112,7 @@ class ShardRuntime:
                 pending_appends=self.service.pending_except, on_progress=self._on_progress)
             await self._write_status(self.spec.id, pc.ReplicaStatus(code=pc.ReplicaStatus.PRIMARY))
             source.start()
+            self.ready.set()
             try:
                 await loop.run(checkpoint)
             finally:

@@ -1,10 +1,13 @@
-"""gazctl: command-line tool for journals on a gazette (or Gazette) broker cluster, and
-``attach-uuids`` (which needs no broker) for preparing records to append.
+"""gazctl: command-line tool for journals on a gazette (or Gazette) broker cluster, shards of
+its consumer applications, and ``attach-uuids`` (which needs no broker) for preparing records.
 
 Invariants:
 - Flags and output follow Gazette's gazctl (see ``gazctl journals <cmd> --help``).
 - The broker address is, in order: ``--broker.address``, ``$BROKER_ADDRESS``, ``Address``
-  under ``[journals.Broker]`` in ``~/.config/gazette/gazctl.ini``, ``http://localhost:8080``.
+  under ``[journals.Broker]`` (``[shards.Broker]`` for shard commands) in
+  ``~/.config/gazette/gazctl.ini``, ``http://localhost:8080``. The consumer address of shard
+  commands is ``--consumer.address``, ``$CONSUMER_ADDRESS``, ``Address`` under
+  ``[shards.Consumer]``, ``http://localhost:8080``.
 - ``main`` returns the exit status: 0 on success, 1 with a single ``FATA`` log line on
   stderr for any expected failure (bad input, unreachable broker, refused request);
   never a traceback for those. 2 is argparse's status for unusable flags.
@@ -24,8 +27,9 @@ from typing import IO, Any, TextIO
 
 from gazette.cli.gazctl import attach_uuids
 from gazette.cli.gazctl.common import CommandError, Context
-from gazette.cli.gazctl.journals import COMMANDS
+from gazette.cli.gazctl.journals import COMMANDS as JOURNAL_COMMANDS
 from gazette.cli.gazctl.output import LEVELS, Log
+from gazette.cli.gazctl.shards import COMMANDS as SHARD_COMMANDS
 from gazette.client.errors import ClientError
 from gazette.client.journal_client import DEFAULT_ADDRESS, grpc_target
 from gazette.protocol.errors import GazetteError
@@ -40,6 +44,9 @@ def _common_flags() -> argparse.ArgumentParser:
     g.add_argument("--broker.address", dest="broker_address", default=argparse.SUPPRESS,
                    help="Service address endpoint (env BROKER_ADDRESS; default "
                         f"{DEFAULT_ADDRESS})")
+    g.add_argument("--consumer.address", dest="consumer_address", default=argparse.SUPPRESS,
+                   help="Consumer service address of shard commands (env CONSUMER_ADDRESS; "
+                        f"default {DEFAULT_ADDRESS})")
     g.add_argument("--broker.cache.size", dest="broker_cache_size", type=int,
                    default=argparse.SUPPRESS,
                    help="Size of client route cache; > 0 also reads fragments directly "
@@ -59,21 +66,22 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gazctl", parents=[common],
         description="gazctl is a tool for interacting with Gazette brokers and consumer "
                     "applications.")
-    groups = parser.add_subparsers(dest="group", metavar="{attach-uuids,journals}")
+    groups = parser.add_subparsers(dest="group", metavar="{attach-uuids,journals,shards}")
     groups.required = True
     attach = groups.add_parser(
         "attach-uuids", parents=[common], help="Generate and attach UUIDs to text input records",
         description=attach_uuids.DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     attach_uuids.add_flags(attach)
-    journals = groups.add_parser("journals", parents=[common],
-                                 help="Interact with broker journals")
-    cmds = journals.add_subparsers(dest="command", metavar="<command>")
-    cmds.required = True
-    for name, (summary, description, add_flags, _) in COMMANDS.items():
-        sub = cmds.add_parser(name, parents=[common], help=summary, description=description,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-        add_flags(sub)
+    for group, summary_, table in (("journals", "Interact with broker journals", JOURNAL_COMMANDS),
+                                   ("shards", "Interact with consumer shards", SHARD_COMMANDS)):
+        sub_group = groups.add_parser(group, parents=[common], help=summary_)
+        cmds = sub_group.add_subparsers(dest="command", metavar="<command>")
+        cmds.required = True
+        for name, (summary, description, add_flags, _) in table.items():
+            sub = cmds.add_parser(name, parents=[common], help=summary, description=description,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+            add_flags(sub)
     return parser
 
 
@@ -87,14 +95,16 @@ def read_ini(home: str | None) -> configparser.ConfigParser:
 
 
 def resolve_address(ns: argparse.Namespace, env: dict[str, str] | os._Environ[str],
-                    ini: configparser.ConfigParser) -> str:
-    given = getattr(ns, "broker_address", None)
+                    ini: configparser.ConfigParser, group: str = "journals",
+                    service: str = "Broker") -> str:
+    """The address of ``service`` (Broker or Consumer): flag, environment, ini, default."""
+    given = getattr(ns, f"{service.lower()}_address", None)
     if given:
         return str(given)
-    if env.get("BROKER_ADDRESS"):
-        return env["BROKER_ADDRESS"]
-    if ini.has_option("journals.Broker", "Address"):
-        return ini.get("journals.Broker", "Address")
+    if env.get(f"{service.upper()}_ADDRESS"):
+        return str(env[f"{service.upper()}_ADDRESS"])
+    if ini.has_option(f"{group}.{service}", "Address"):
+        return ini.get(f"{group}.{service}", "Address")
     return DEFAULT_ADDRESS
 
 
@@ -135,13 +145,16 @@ def main(argv: Sequence[str] | None = None, *, stdin: IO[bytes] | None = None,
                                 out_stream)
 
     ini = read_ini(environ.get("HOME"))
-    address = resolve_address(ns, environ, ini)
+    address = resolve_address(ns, environ, ini, ns.group)
+    consumer_address = resolve_address(ns, environ, ini, ns.group, "Consumer")
     try:
         grpc_target(address)
+        grpc_target(consumer_address)
         cache_size = int(_setting(ns, "broker_cache_size", environ, "BROKER_CACHE_SIZE",
                                   ini, "Cache.Size", "0"))
     except ValueError as exc:
-        log.fatal("invalid broker configuration", err=str(exc), address=address)
+        log.fatal("invalid broker or consumer configuration", err=str(exc), address=address,
+                  consumer_address=consumer_address)
         return 1
 
     ctx = Context(
@@ -150,8 +163,9 @@ def main(argv: Sequence[str] | None = None, *, stdin: IO[bytes] | None = None,
         stdin=stdin if stdin is not None else sys.stdin.buffer,
         stdout=out_stream,
         env=environ,
+        consumer_address=consumer_address,
     )
-    run = COMMANDS[ns.command][3]
+    run = (SHARD_COMMANDS if ns.group == "shards" else JOURNAL_COMMANDS)[ns.command][3]
     try:
         asyncio.run(run(ctx))
     except CommandError as exc:

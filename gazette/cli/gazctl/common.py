@@ -20,6 +20,7 @@ from gazette.client.errors import (
 )
 from gazette.client.journal_client import JournalClient
 from gazette.client.listing import parse_selector
+from gazette.consumer.client import ShardClient
 from gazette.errors import GazetteError
 from gazette.protocol import protocol_pb2 as pb
 
@@ -41,9 +42,13 @@ class Context:
     cache_size: int = 0
     zone: str = ""
     env: Any = field(default_factory=dict)
+    consumer_address: str = "http://localhost:8080"
 
     def client(self) -> JournalClient:
         return JournalClient(self.address, zone=self.zone)
+
+    def shard_client(self) -> ShardClient:
+        return ShardClient(self.consumer_address)
 
 
 def selector_of(text: str | None) -> pb.LabelSelector:

@@ -1,0 +1,94 @@
+"""``gazctl shards apply``: apply shard specifications (Gazette's ``shards_apply.go``).
+
+The input is a shard space (``common`` plus ``shards``, the format of ``shards list -o yaml``).
+The consumer refuses a shard whose source journal is missing or has no framed content-type,
+naming the field, and then applies nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from google.protobuf import text_format
+
+from gazette.cli.gazctl.common import CommandError, Context
+from gazette.client.errors import ClientError
+from gazette.consumer.client import ShardClient, ShardStatusError
+from gazette.errors import GazetteError
+from gazette.protocol import consumer_pb2 as pc
+
+
+def apply_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--specs", default="-", help="Input specifications path to apply. "
+                   "Use '-' for stdin")
+    p.add_argument("--dry-run", action="store_true", help="Perform a dry-run of the apply")
+    p.add_argument("--max-txn-size", type=int, default=0,
+                   help="maximum number of specs to be processed within an apply "
+                        "transaction. If 0, the default, all changes are issued in a single "
+                        "transaction")
+
+
+def changes_from_yaml(text: str) -> pc.ApplyRequest:
+    """The ApplyRequest of a shard-space YAML document."""
+    from gazette.consumer.shardspace import flatten, parse_yaml
+
+    req = pc.ApplyRequest()
+    for entry in flatten(parse_yaml(text)):
+        change = req.changes.add(expect_mod_revision=entry.revision)
+        if entry.delete:
+            change.delete = entry.spec.id
+        else:
+            change.upsert.CopyFrom(entry.spec)
+    return req
+
+
+def decode_specs(text: str) -> pc.ApplyRequest:
+    try:
+        return changes_from_yaml(text)
+    except (ValueError, GazetteError) as err:
+        raise CommandError("failed to decode shard space", err=str(err)) from None
+
+
+def _shard_of(req: pc.ApplyRequest, message: str) -> str:
+    """The shard a refusal naming ``changes[i]...`` concerns."""
+    import re
+
+    m = re.search(r"changes\[(\d+)\]", message)
+    if m and int(m.group(1)) < len(req.changes):
+        ch = req.changes[int(m.group(1))]
+        return ch.upsert.id if ch.HasField("upsert") else ch.delete
+    return ""
+
+
+async def apply_changes(ctx: Context, client: ShardClient, req: pc.ApplyRequest) -> None:
+    try:
+        resp = await client.apply(req, ctx.args.max_txn_size)
+    except ShardStatusError as err:
+        if err.status == pc.Status.ETCD_TRANSACTION_FAILED:
+            raise CommandError("failed to apply shards: a shard changed since it was listed "
+                               "(stale revision); list again and retry", err=str(err)) from None
+        raise CommandError("failed to apply shards", err=str(err)) from None
+    except ClientError as err:
+        fields = {"err": str(err)}
+        shard = _shard_of(req, str(err))
+        if shard:
+            fields["shard"] = shard
+        raise CommandError("failed to apply shards", **fields) from None
+    ctx.log.info("successfully applied", revision=resp.header.etcd.revision)
+
+
+async def cmd_apply(ctx: Context) -> None:
+    path = ctx.args.specs
+    try:
+        data = ctx.stdin.read() if path == "-" else await asyncio.to_thread(Path(path).read_bytes)
+    except OSError as err:
+        raise CommandError("failed to read YAML input", err=str(err)) from None
+    req = decode_specs(data.decode())
+    if ctx.args.dry_run:
+        ctx.stdout.write(text_format.MessageToString(req).encode())
+        ctx.stdout.flush()
+        return
+    async with ctx.shard_client() as client:
+        await apply_changes(ctx, client, req)

@@ -1,0 +1,147 @@
+"""``gazctl shards list``: list shards (Gazette's ``shards_list.go``).
+
+Flags, help and output are Gazette's; see ``gazctl shards list --help``. ``--lag`` stats each
+shard (through any consumer: the request is forwarded to the primary) and reads each source
+journal's write head from the brokers; lag is the head minus the shard's read-through offset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from google.protobuf import text_format
+
+from gazette.cli.gazctl.common import CommandError, Context, selector_of
+from gazette.cli.gazctl.output import json_line, render_table
+from gazette.client import JournalClient
+from gazette.client.errors import ClientError, OffsetNotYetAvailable
+from gazette.client.reader import Reader
+from gazette.consumer.client import ShardClient, ShardStatusError
+from gazette.protocol import consumer_pb2 as pc
+from gazette.protocol import protocol_pb2 as pb
+
+
+def add_list_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-l", "--selector", default="", help="Label Selector query to filter on")
+    p.add_argument("-o", "--format", default="table", choices=["table", "yaml", "json", "proto"],
+                   help="Output format")
+    p.add_argument("-L", "--label-columns", dest="labels", action="append", default=[],
+                   help="Labels to present as columns, eg -L label-one -L label-two")
+    p.add_argument("-p", "--primary", action="store_true", help="Show primary column")
+    p.add_argument("-r", "--replicas", action="store_true", help="Show replicas column")
+    p.add_argument("--rf", action="store_true", help="Show replication factor column")
+    p.add_argument("--lag", action="store_true",
+                   help="Show the amount of unread data for each shard")
+
+
+async def list_shards(client: ShardClient, selector: str | None) -> pc.ListResponse:
+    sel = selector_of(selector)
+    try:
+        return await client.list(sel)
+    except (ClientError, ShardStatusError) as err:
+        raise CommandError("failed to list shards", err=str(err), consumer=client.address) from None
+
+
+def shards_yaml(resp: pc.ListResponse) -> str:
+    from gazette.consumer.shardspace import from_list_response, to_yaml
+
+    return to_yaml(from_list_response(resp))
+
+
+def reduce_status(statuses: list[pc.ReplicaStatus]) -> pc.ReplicaStatus:
+    """Gazette's ``ReplicaStatus.Reduce``: the highest code wins; FAILED errors accumulate."""
+    out = pc.ReplicaStatus()
+    for st in statuses:
+        if st.code > out.code:
+            out.code = st.code
+        if st.code == pc.ReplicaStatus.FAILED:
+            out.errors.extend(st.errors)
+    return out
+
+
+async def write_head(client: JournalClient, journal: str) -> int:
+    """The journal's current write head (a metadata-only, non-blocking read at the head)."""
+    reader = Reader(client, pb.ReadRequest(journal=journal, offset=-1, block=False,
+                                           metadata_only=True))
+    try:
+        async for _ in reader:
+            break
+    except OffsetNotYetAvailable:
+        pass
+    finally:
+        await reader.aclose()
+    return reader.write_head
+
+
+async def lag_of(shards: ShardClient, journals: JournalClient, shard_id: str) -> str:
+    try:
+        stat = await shards.stat(shard_id)
+    except (ClientError, ShardStatusError) as err:
+        raise CommandError("failed to stat shard", err=str(err), shard=shard_id) from None
+    parts = []
+    for journal, offset in sorted(stat.read_through.items()):
+        try:
+            head = await write_head(journals, journal)
+        except ClientError as err:
+            raise CommandError("failed to read journal", err=str(err), journal=journal) from None
+        parts.append(f"{journal}:{head - offset}")
+    return ", ".join(parts)
+
+
+def status_name(code: int) -> str:
+    return pc.ReplicaStatus.Code.Name(code)  # type: ignore[arg-type]
+
+
+async def _table(ctx: Context, resp: pc.ListResponse, shards: ShardClient) -> str:
+    a = ctx.args
+    headers = ["ID", "Status"]
+    headers += ["RF"] if a.rf else []
+    headers += ["Primary"] if a.primary else []
+    headers += ["Replicas"] if a.replicas else []
+    headers += a.labels
+    headers += ["Lag"] if a.lag else []
+    lags: list[str] = []
+    if a.lag:
+        async with ctx.client() as journals:
+            lags = list(await asyncio.gather(*(lag_of(shards, journals, s.spec.id)
+                                                for s in resp.shards)))
+    rows = []
+    for i, sh in enumerate(resp.shards):
+        primary, replicas = "<none>", []
+        for k, m in enumerate(sh.route.members):
+            code = sh.status[k].code if k < len(sh.status) else pc.ReplicaStatus.IDLE
+            cell = f"{m.suffix}:{status_name(code)}"
+            if k == sh.route.primary:
+                primary = cell
+            else:
+                replicas.append(cell)
+        row = [sh.spec.id, status_name(reduce_status(list(sh.status)).code)]
+        row += [str(0 if sh.spec.disable else sh.spec.hot_standbys + 1)] if a.rf else []
+        row += [primary] if a.primary else []
+        row += [",".join(replicas)] if a.replicas else []
+        for name in a.labels:
+            values = [lb.value for lb in sh.spec.labels.labels if lb.name == name]
+            row.append(",".join(values) if values else "<none>")
+        row += [lags[i]] if a.lag else []
+        rows.append(row)
+    return render_table(headers, rows)
+
+
+async def cmd_list(ctx: Context) -> None:
+    async with ctx.shard_client() as shards:
+        resp = await list_shards(shards, ctx.args.selector)
+        fmt = ctx.args.format
+        if fmt == "yaml":
+            out = shards_yaml(resp)
+        elif fmt == "json":
+            from google.protobuf.json_format import MessageToDict
+
+            out = json_line(MessageToDict(resp, preserving_proto_field_name=True,
+                                          always_print_fields_with_no_presence=True))
+        elif fmt == "proto":
+            out = text_format.MessageToString(resp)
+        else:
+            out = await _table(ctx, resp, shards)
+    ctx.stdout.write(out.encode())
+    ctx.stdout.flush()

@@ -1,0 +1,128 @@
+"""An async client of the ``consumer.Shard`` service (Gazette's ``consumer/shard_api.go`` client
+half): ``list``, ``apply``, ``stat``, ``get_hints``, ``unassign``.
+
+Invariants:
+
+* A response status other than OK raises ``ShardStatusError`` carrying it (``.status``,
+  ``.status_name``); a transport failure raises the journal client's ``TransportError``.
+* Any consumer process of the group answers every call: ``Stat`` and ``GetHints`` are
+  forwarded by the process that receives them to the shard's primary.
+* One channel per endpoint, opened on first use and closed by ``close``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from gazette.client.journal_client import (
+    CHANNEL_OPTIONS,
+    DEFAULT_ADDRESS,
+    channel_for,
+    grpc_target,
+    rpc_error,
+)
+from gazette.consumer.errors import ConsumerError
+from gazette.protocol import consumer_pb2 as pc
+from gazette.protocol import consumer_pb2_grpc as pc_grpc
+from gazette.protocol import protocol_pb2 as pb
+from gazette.rpc.channel import insecure_channel
+from gazette.rpc.seam import ChannelFactory, RpcChannel
+
+__all__ = ["ShardClient", "ShardStatusError", "shard_status_name"]
+
+
+def shard_status_name(status: int) -> str:
+    try:
+        return pc.Status.Name(status)  # type: ignore[arg-type]
+    except ValueError:
+        return f"STATUS_{status}"
+
+
+class ShardStatusError(ConsumerError):
+    """A consumer answered with a status other than OK."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+    def __init__(self, status: int, detail: str = "") -> None:
+        self.status = status
+        super().__init__(shard_status_name(status) + (f": {detail}" if detail else ""))
+
+    @property
+    def status_name(self) -> str:
+        return shard_status_name(self.status)
+
+
+class ShardClient:
+    def __init__(self, address: str = DEFAULT_ADDRESS, *,
+                 channel_factory: ChannelFactory = insecure_channel) -> None:
+        self.address = address
+        self._channel_factory = channel_factory
+        self._channels: dict[str, RpcChannel] = {}
+        self._stubs: dict[str, Any] = {}
+        grpc_target(address)  # Validate eagerly: a bad address is a configuration error.
+
+    def stub(self, endpoint: str | None = None) -> Any:
+        endpoint = endpoint or self.address
+        stub = self._stubs.get(endpoint)
+        if stub is None:
+            channel = self._channels[endpoint] = channel_for(endpoint, self._channel_factory, CHANNEL_OPTIONS)
+            stub = self._stubs[endpoint] = pc_grpc.ShardStub(channel)  # type: ignore[no-untyped-call]
+        return stub
+
+    async def close(self) -> None:
+        channels, self._channels, self._stubs = self._channels, {}, {}
+        for channel in channels.values():
+            await channel.close()
+
+    async def __aenter__(self) -> ShardClient:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def _call(self, method: str, req: Any, endpoint: str | None = None) -> Any:
+        try:
+            resp = await getattr(self.stub(endpoint), method)(req)
+        except grpc.aio.AioRpcError as err:
+            raise rpc_error(err, endpoint or self.address) from None
+        if resp.status != pc.Status.OK:
+            raise ShardStatusError(resp.status, f"{method} at {endpoint or self.address}")
+        return resp
+
+    async def list(self, selector: pb.LabelSelector | None = None) -> pc.ListResponse:
+        resp: pc.ListResponse = await self._call(
+            "List", pc.ListRequest(selector=selector or pb.LabelSelector()))
+        return resp
+
+    async def apply(self, changes: pc.ApplyRequest | Iterable[pc.ApplyRequest.Change],
+                    batch_size: int = 0) -> pc.ApplyResponse:
+        """Applies shard changes; with ``batch_size`` > 0, in several transactions of at most
+        that many changes (so they may partly apply)."""
+        all_changes = list(changes.changes if isinstance(changes, pc.ApplyRequest) else changes)
+        size = batch_size if batch_size > 0 else max(len(all_changes), 1)
+        resp = pc.ApplyResponse()
+        for start in range(0, max(len(all_changes), 1), size):
+            resp = await self._call("Apply", pc.ApplyRequest(changes=all_changes[start:start + size]))
+        return resp
+
+    async def stat(self, shard: str, read_through: Mapping[str, int] | None = None) -> pc.StatResponse:
+        req = pc.StatRequest(shard=shard)
+        for journal, offset in (read_through or {}).items():
+            req.read_through[journal] = offset
+        resp: pc.StatResponse = await self._call("Stat", req)
+        return resp
+
+    async def get_hints(self, shard: str) -> pc.GetHintsResponse:
+        resp: pc.GetHintsResponse = await self._call("GetHints", pc.GetHintsRequest(shard=shard))
+        return resp
+
+    async def unassign(self, shards: Sequence[str], *, only_failed: bool = False,
+                       dry_run: bool = False) -> pc.UnassignResponse:
+        resp: pc.UnassignResponse = await self._call("Unassign", pc.UnassignRequest(
+            shards=list(shards), only_failed=only_failed, dry_run=dry_run))
+        return resp

@@ -1,0 +1,179 @@
+"""Resolving a shard to the process that serves it (Gazette's ``consumer/resolver.go``).
+
+``Resolver.resolve(shard_id, ...)`` answers where a request about a shard must go: to the
+local primary (with its ``ShardRuntime`` and store, once they are ready and have read through
+the requested offsets), or to the remote primary (the resolution's header carries the route
+and the primary's process ID, to forward with the request), or nowhere (a status).
+
+This is the seam an application's own APIs use to serve reads of shard state wherever the
+request lands (Gazette's ``Service.Loopback`` pattern): resolve, then serve locally or call the
+same API at ``Resolution.endpoint`` with ``Resolution.header`` attached.
+
+Invariants:
+
+* A proxied request (``proxy_header`` given) is resolved no earlier than the etcd revision its
+  sender resolved at, and is refused if it reached a process other than the one intended or
+  came from another etcd cluster: a second hop never happens.
+* A local resolution is OK only once the shard's store is restored and its transaction loop
+  runs; if the shard ends meanwhile the status is SHARD_STOPPED.
+* ``read_through`` offsets of journals the shard does not read are ignored; the others block
+  the resolution until a completed transaction read through them.
+* Errors (status other than OK) carry this process's ID as the header's process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gazette.allocator.keys import (
+    item_assignments_prefix,
+    items_key,
+    members_key,
+    parse_assignment_key,
+)
+from gazette.consumer.errors import ConsumerError
+from gazette.consumer.shard import ShardRuntime
+from gazette.etcd.keyspace import KeySpace
+from gazette.protocol import consumer_pb2 as pc
+from gazette.protocol import protocol_pb2 as pb
+
+__all__ = ["ProxyError", "Resolution", "Resolver", "ResolverHost"]
+
+
+class ProxyError(ConsumerError):
+    """A proxied request reached the wrong process or the wrong etcd cluster."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+
+class ResolverHost(Protocol):
+    """What the resolver needs of its consumer process."""
+
+    local_id: pb.ProcessSpec.ID
+    keyspace: KeySpace
+    shards: dict[str, tuple[ShardRuntime, asyncio.Task[None]]]
+
+    async def wait_reconciled(self) -> None:
+        """Returns after the next reconcile of local shards with the keyspace."""
+        ...
+
+
+@dataclass
+class Resolution:
+    status: int  # a pc.Status value
+    header: pb.Header
+    spec: pc.ShardSpec | None = None
+    shard: ShardRuntime | None = None  # the local primary, or None
+    endpoint: str = ""  # the primary's endpoint, when remote
+    statuses: list[pc.ReplicaStatus] = field(default_factory=list)
+
+    @property
+    def store(self) -> Any:
+        return self.shard.store if self.shard is not None else None
+
+
+def route_of(ks: KeySpace, shard_id: str) -> tuple[pb.Route, list[pc.ReplicaStatus]]:
+    """The shard's route (members, primary, endpoints) and replica statuses, from ``ks``."""
+    route, statuses = pb.Route(primary=-1), []
+    for kv in ks.prefixed(item_assignments_prefix(ks.root, shard_id)):
+        a = parse_assignment_key(ks.root, kv.key)
+        if a.slot == 0:
+            route.primary = len(route.members)
+        route.members.add(zone=a.zone, suffix=a.suffix)
+        member = ks.search(members_key(ks.root, a.zone, a.suffix))
+        route.endpoints.append(member.value.process_spec.endpoint
+                               if member is not None and member.value else "")
+        statuses.append(kv.value if isinstance(kv.value, pc.ReplicaStatus) else pc.ReplicaStatus())
+    return route, statuses
+
+
+class Resolver:
+    def __init__(self, host: ResolverHost) -> None:
+        self.host = host
+
+    async def resolve(self, shard_id: str, *, may_proxy: bool = True,
+                      proxy_header: pb.Header | None = None,
+                      read_through: Mapping[str, int] | None = None) -> Resolution:
+        host, ks = self.host, self.host.keyspace
+        local = host.local_id
+        if proxy_header is not None:
+            if proxy_header.etcd.cluster_id and proxy_header.etcd.cluster_id != ks.header.cluster_id:
+                raise ProxyError(f"request etcd cluster_id doesn't match our own "
+                                 f"({proxy_header.etcd.cluster_id} vs {ks.header.cluster_id})")
+            pid = proxy_header.process_id
+            if (pid.zone or pid.suffix) and (pid.zone, pid.suffix) != (local.zone, local.suffix):
+                raise ProxyError(f"request process_id doesn't match our own ({pid.zone}/{pid.suffix} "
+                                 f"vs {local.zone}/{local.suffix})")
+            if proxy_header.etcd.revision > ks.header.revision:
+                await ks.wait_for_revision(proxy_header.etcd.revision)
+        while True:
+            res = self._resolve_now(shard_id, may_proxy)
+            if res.status != pc.Status.OK or res.endpoint:
+                return res
+            entry = host.shards.get(shard_id)
+            if entry is not None:
+                break
+            # Assigned here, but the shard is not started yet: wait for the next reconcile.
+            await host.wait_reconciled()
+        rt, task = entry
+        if not rt.ready.is_set():
+            await _first(rt.ready.wait(), task)
+            if not rt.ready.is_set():
+                return self._stopped(res)
+        sources = {s.journal for s in rt.spec.sources}
+        wanted = {j: o for j, o in (read_through or {}).items() if j in sources and o}
+        while True:
+            done, _ = rt.progress()
+            if all(done.get(j, 0) >= o for j, o in wanted.items()):
+                break
+            if task.done():
+                return self._stopped(res)
+            await _first(rt.progressed.wait(), task)
+        if task.done():
+            return self._stopped(res)
+        res.shard = rt
+        return res
+
+    def _resolve_now(self, shard_id: str, may_proxy: bool) -> Resolution:
+        ks, local = self.host.keyspace, self.host.local_id
+        hdr = pb.Header()
+        hdr.etcd.CopyFrom(ks.header.to_proto())
+        item = ks.search(items_key(ks.root, shard_id))
+        spec = item.value if item is not None and isinstance(item.value, pc.ShardSpec) else None
+        route, statuses = route_of(ks, shard_id) if spec is not None else (pb.Route(primary=-1), [])
+        hdr.route.CopyFrom(route)
+        res = Resolution(pc.Status.OK, hdr, spec, statuses=statuses)
+        primary = route.members[route.primary] if route.primary != -1 else None
+        if spec is None:
+            res.status = pc.Status.SHARD_NOT_FOUND
+        elif primary is None:
+            res.status = pc.Status.NO_SHARD_PRIMARY
+        elif (primary.zone, primary.suffix) != (local.zone, local.suffix):
+            if not may_proxy:
+                res.status = pc.Status.NOT_SHARD_PRIMARY
+            else:
+                hdr.process_id.CopyFrom(primary)
+                res.endpoint = route.endpoints[route.primary]
+                return res
+        if res.status != pc.Status.OK or primary is None:
+            hdr.process_id.CopyFrom(local)
+        else:
+            hdr.process_id.CopyFrom(primary)
+        return res
+
+    def _stopped(self, res: Resolution) -> Resolution:
+        res.status = pc.Status.SHARD_STOPPED
+        res.header.process_id.CopyFrom(self.host.local_id)
+        return res
+
+
+async def _first(waiter: Any, task: asyncio.Task[None]) -> None:
+    """Waits for ``waiter`` or the end of ``task``, whichever comes first."""
+    fut = asyncio.ensure_future(waiter)
+    try:
+        await asyncio.wait({fut, task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        fut.cancel()
