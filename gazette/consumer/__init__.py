@@ -7,10 +7,13 @@ Write an :class:`Application` (``new_store``, ``new_message``, ``consume_message
 shards (ShardSpecs) through the Shard service. See docs/consumers.md.
 """
 
+from gazette.consumer.client import ShardClient, ShardStatusError
 from gazette.consumer.errors import ConsumerError, DeferredFirstMessage, TransactionError
 from gazette.consumer.interfaces import Application, BeginFinisher, OpFuture, Shard, Store
 from gazette.consumer.process import ConsumerConfig, ConsumerProcess
+from gazette.consumer.resolver import Resolution, Resolver
 from gazette.consumer.run import run_consumer
+from gazette.consumer.stores.json_file import JSONFileStore
 from gazette.consumer.stores.memory import MemoryStore
 from gazette.consumer.transaction import TransactionLoop, TxnConfig, TxnState
 
@@ -21,9 +24,14 @@ __all__ = [
     "ConsumerError",
     "ConsumerProcess",
     "DeferredFirstMessage",
+    "JSONFileStore",
     "MemoryStore",
     "OpFuture",
+    "Resolution",
+    "Resolver",
     "Shard",
+    "ShardClient",
+    "ShardStatusError",
     "Store",
     "TransactionError",
     "TransactionLoop",
