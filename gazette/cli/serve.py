@@ -107,12 +107,13 @@ async def _serve(config: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
-    setup_logging(ns.log_level, ns.log_format)
-    if ns.command == "consume":
-        from gazette.consumer.run import load_app, run
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "consume":
+        from gazette.consumer.run import main_consume
 
-        return run(load_app(ns.app), ns)
+        return main_consume(args[1:])
+    ns = build_parser().parse_args(args)
+    setup_logging(ns.log_level, ns.log_format)
     config = config_from_args(ns)
     os.makedirs(config.file_root, exist_ok=True)
     malloc.tune()  # every append moves buffers of up to megabytes: keep them in the heap

@@ -65,12 +65,19 @@ class ShardClient:
         self._stubs: dict[str, Any] = {}
         grpc_target(address)  # Validate eagerly: a bad address is a configuration error.
 
+    def channel(self, endpoint: str | None = None) -> RpcChannel:
+        """The channel to ``endpoint`` (the default address when None), opened on first use."""
+        endpoint = endpoint or self.address
+        channel = self._channels.get(endpoint)
+        if channel is None:
+            channel = self._channels[endpoint] = channel_for(endpoint, self._channel_factory, CHANNEL_OPTIONS)
+        return channel
+
     def stub(self, endpoint: str | None = None) -> Any:
         endpoint = endpoint or self.address
         stub = self._stubs.get(endpoint)
         if stub is None:
-            channel = self._channels[endpoint] = channel_for(endpoint, self._channel_factory, CHANNEL_OPTIONS)
-            stub = self._stubs[endpoint] = pc_grpc.ShardStub(channel)  # type: ignore[no-untyped-call]
+            stub = self._stubs[endpoint] = pc_grpc.ShardStub(self.channel(endpoint))  # type: ignore[no-untyped-call]
         return stub
 
     async def close(self) -> None:

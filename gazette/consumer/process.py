@@ -19,15 +19,21 @@ Invariants:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from aiohttp import web
 
 from gazette.allocator import shard_is_consistent
 from gazette.allocator.keys import assignments_prefix, items_key, parse_assignment_key
 from gazette.client import AppendService, JournalClient
+from gazette.consumer import metrics
 from gazette.consumer.client import ShardClient
+from gazette.consumer.initialize import InitArgs, Initializer
 from gazette.consumer.interfaces import Application
 from gazette.consumer.keys import consumer_decoder
 from gazette.consumer.resolver import Resolver
@@ -57,6 +63,7 @@ class ConsumerConfig:
     etcd_prefix: str = "/gazette/consumers/app"
     etcd_lease: float = 20.0
     advertise_host: str | None = None
+    args: argparse.Namespace | None = None  # parsed flags, the app's own included
 
 
 class ConsumerProcess(MemberProcess):
@@ -77,6 +84,7 @@ class ConsumerProcess(MemberProcess):
         self.resolver = Resolver(self)
         self.peers = ShardClient()  # used only with explicit peer endpoints
         self._reconciled = asyncio.Event()
+        self._app_routes: list[web.RouteDef] = []
 
     # -- member process hooks ---------------------------------------------------------
 
@@ -88,6 +96,26 @@ class ConsumerProcess(MemberProcess):
 
     def register_services(self, server: GrpcServer) -> None:
         add_service(server, pc.DESCRIPTOR.services_by_name["Shard"], ShardService(self))
+
+    async def initialize(self, server: GrpcServer) -> None:
+        if isinstance(self.app, Initializer):
+            args = InitArgs(config=self.config.args, server=server, resolver=self.resolver,
+                            journal_client=self.client, peers=self.peers)
+            result = self.app.init_application(args)
+            if asyncio.iscoroutine(result):
+                await result
+            self._app_routes = list(args.routes)
+
+    def http_routes(self) -> Iterable[web.RouteDef]:
+        return self._app_routes
+
+    def not_serving(self) -> str:
+        local = self._local_assignments()
+        waiting = sorted(sid for sid, (slot, kv) in local.items() if slot == 0
+                         and not (isinstance(kv.value, pc.ReplicaStatus)
+                                  and kv.value.code == pc.ReplicaStatus.FAILED)
+                         and (sid not in self.shards or not self.shards[sid][0].ready.is_set()))
+        return f"shards not yet serving: {', '.join(waiting)}" if waiting else ""
 
     def has_capacity(self, spec: Any) -> bool:
         return isinstance(spec, pc.ConsumerSpec) and spec.shard_limit > 0
@@ -136,6 +164,7 @@ class ConsumerProcess(MemberProcess):
                     task.cancel()
                 if shard_id not in local or local[shard_id][0] != 0:
                     del self.shards[shard_id]
+                    log.info("shard left this process", extra={"shard": shard_id})
         for shard_id, (slot, kv) in local.items():
             status = kv.value.code if isinstance(kv.value, pc.ReplicaStatus) else pc.ReplicaStatus.IDLE
             if slot != 0:
@@ -147,7 +176,10 @@ class ConsumerProcess(MemberProcess):
             item = self.keyspace.search(items_key(self.keyspace.root, shard_id))
             if item is None or not isinstance(item.value, pc.ShardSpec):
                 continue
+            log.info("shard assigned as primary", extra={
+                "shard": shard_id, "sources": ",".join(s.journal for s in item.value.sources)})
             rt = ShardRuntime(item.key, item.value, self.app, self.client, self.service, self.write_status)
+            rt.assignment = kv
             self.shards[shard_id] = (rt, self._shard_tasks.spawn(shard_id, rt.run_primary()))
 
     async def write_status(self, shard_id: str, status: pc.ReplicaStatus) -> None:
@@ -160,4 +192,7 @@ class ConsumerProcess(MemberProcess):
         resp = await txn.commit(self.etcd, [txn.Cmp(kv.key, "mod", kv.mod_revision)],
                                 [txn.Put(kv.key, status.SerializeToString(), ignore_lease=True)])
         if resp.succeeded:
+            name = pc.ReplicaStatus.Code.Name(status.code)
+            for code in pc.ReplicaStatus.Code.keys():
+                metrics.SHARD_UP.labels(shard_id, code).set(1 if code == name else 0)
             await self.keyspace.wait_for_revision(resp.header.revision)

@@ -21,6 +21,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from gazette.consumer.initialize import FlagsAdder
 from gazette.consumer.interfaces import Application
 from gazette.consumer.process import ConsumerConfig, ConsumerProcess
 from gazette.durations import parse_duration
@@ -31,7 +32,7 @@ from gazette.server.flags import Flag, Flags, add_flags
 from gazette.server.logs import setup_logging
 from gazette.server.process import random_suffix, run_until_drained
 
-__all__ = ["CONSUMER_FLAGS", "load_app", "run", "run_consumer"]
+__all__ = ["CONSUMER_FLAGS", "consumer_parser", "load_app", "main_consume", "run", "run_consumer"]
 
 CONSUMER_FLAGS: list[Flag] = [
     # (flag, env, default, help)
@@ -81,7 +82,7 @@ def config_from_args(ns: argparse.Namespace) -> ConsumerConfig:
     return ConsumerConfig(host=get("consumer.host"), port=integer("consumer.port"),
                           zone=get("consumer.zone"), suffix=suffix, limit=integer("consumer.limit"),
                           broker_address=get("broker.address"), etcd_address=get("etcd.address"),
-                          etcd_prefix=get("etcd.prefix").rstrip("/"), etcd_lease=lease)
+                          etcd_prefix=get("etcd.prefix").rstrip("/"), etcd_lease=lease, args=ns)
 
 
 async def _consume(config: ConsumerConfig, app: Application) -> None:
@@ -102,10 +103,33 @@ def run(app: Application, ns: argparse.Namespace) -> int:
     return 0
 
 
-def run_consumer(app: Application, argv: Sequence[str] | None = None) -> int:
-    """The main of a consumer application: parses the consumer flags and runs ``app``."""
-    parser = argparse.ArgumentParser(prog=os.path.basename(sys.argv[0]), description="Gazette consumer")
+def consumer_parser(app: Application | None, prog: str, *, app_flag: bool = False) -> argparse.ArgumentParser:
+    """The parser of the consumer flags, plus ``--app`` and the app's own flags (``add_flags``)."""
+    parser = argparse.ArgumentParser(prog=prog, description="Gazette consumer")
+    if app_flag:
+        parser.add_argument("--app", required=True, help="The Application: package.module:AppClass")
     add_flags(parser, CONSUMER_FLAGS)
-    ns = parser.parse_args(argv)
+    if isinstance(app, FlagsAdder):
+        app.add_flags(parser.add_argument_group("Application"))
+    return parser
+
+
+def main_consume(argv: Sequence[str]) -> int:
+    """``gazette consume --app package.module:AppClass [flags]``: the app is loaded first, so
+    its own flags parse (and show in ``--help``) beside the consumer's."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--app")
+    known, _ = pre.parse_known_args(argv)
+    app = load_app(known.app) if known.app else None
+    ns = consumer_parser(app, "gazette consume", app_flag=True).parse_args(argv)
+    assert app is not None  # --app is required: parse_args exited without it
+    setup_logging(ns.log_level, ns.log_format)
+    return run(app, ns)
+
+
+def run_consumer(app: Application, argv: Sequence[str] | None = None) -> int:
+    """The main of a consumer application: parses the consumer flags (and the app's own, if it
+    has ``add_flags``) and runs ``app``."""
+    ns = consumer_parser(app, os.path.basename(sys.argv[0])).parse_args(argv)
     setup_logging(ns.log_level, ns.log_format)
     return run(app, ns)

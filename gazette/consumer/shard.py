@@ -24,9 +24,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from gazette.client import AppendService, JournalClient, list_journals
+from gazette.consumer import metrics
 from gazette.consumer.interfaces import Application, OpFuture
 from gazette.consumer.source import ShardSource
-from gazette.consumer.transaction import TransactionLoop, TxnConfig
+from gazette.consumer.transaction import TransactionLoop, Txn, TxnConfig
 from gazette.message import Publisher
 from gazette.message.publisher import AckIntent
 from gazette.protocol import consumer_pb2 as pc
@@ -52,8 +53,10 @@ class ShardRuntime:
         self.stopping = asyncio.Event()
         self.ready = asyncio.Event()  # set once the checkpoint is restored and the loop runs
         self.store: Any = None
+        self.assignment: Any = None  # the keyspace entry of this process's assignment
         self.recovered_hints: Any = None  # FSMHints once recovery logs land (next issue)
         self._write_status = write_status
+        self._source: ShardSource | None = None
         self._read_through: dict[str, int] = {}
         self._publish_at: dict[str, int] = {}
         self.progressed = asyncio.Event()  # set (and renewed) on each completed transaction
@@ -69,8 +72,21 @@ class ShardRuntime:
     def _on_progress(self, read_through: Mapping[str, int], publish_at: Mapping[str, int]) -> None:
         self._read_through.update(read_through)
         self._publish_at.update(publish_at)
+        sid, heads = self.spec.id, self._source.write_heads if self._source is not None else {}
+        for journal, offset in read_through.items():
+            metrics.READ_HEAD.labels(sid, journal).set(offset)
+            if journal in heads:
+                metrics.READ_LAG.labels(sid, journal).set(max(0, heads[journal] - offset))
         signal, self.progressed = self.progressed, asyncio.Event()
         signal.set()
+
+    def _on_txn(self, txn: Txn) -> None:
+        sid = self.spec.id
+        metrics.TXN_TOTAL.labels(sid).inc()
+        metrics.READ_MESSAGES.labels(sid).inc(txn.consumed)
+        metrics.READ_BYTES.labels(sid).inc(txn.consumed_bytes)
+        if txn.committed_at is not None:
+            metrics.TXN_SECONDS.labels(sid).observe(max(0.0, txn.committed_at - txn.began_at))
 
     def _write_acks(self, intents: Sequence[AckIntent], after: OpFuture) -> list[Any]:
         out = []
@@ -105,11 +121,12 @@ class ShardRuntime:
             missing = [s.journal for s in self.spec.sources if s.journal not in journals]
             if missing:
                 raise LookupError(f"source journals {missing} of shard {self.spec.id} do not exist")
-            source = ShardSource(self.journal_client, self.spec, journals, self.app.new_message, checkpoint)
+            source = self._source = ShardSource(self.journal_client, self.spec, journals, self.app.new_message, checkpoint)
             loop = TransactionLoop(
                 self, self.app, store, Publisher(self.service), source,
                 config=TxnConfig.from_spec(self.spec), write_acks=self._write_acks,
-                pending_appends=self.service.pending_except, on_progress=self._on_progress)
+                pending_appends=self.service.pending_except, on_progress=self._on_progress,
+                on_txn=self._on_txn)
             await self._write_status(self.spec.id, pc.ReplicaStatus(code=pc.ReplicaStatus.PRIMARY))
             source.start()
             self.ready.set()

@@ -81,6 +81,7 @@ class ShardSource:
         self._readers = Supervisor(f"shard {spec.id} readers", "collect")
         self._live = 0
         self._replay = replay_opener(client)
+        self.write_heads: dict[str, int] = {}  # last write head seen per source journal
 
     def start(self) -> None:
         """Starts one reader task per source journal."""
@@ -93,10 +94,13 @@ class ShardSource:
 
     async def _pump(self, journal: str, offset: int) -> None:
         framing, decode = self._codecs[journal]
-        it = ReadUncommittedIter(JournalSource(self.client, journal, offset, block=self.block), framing, decode)
+        src = JournalSource(self.client, journal, offset, block=self.block)
+        it = ReadUncommittedIter(src, framing, decode)
+        heads = self.write_heads
         try:
             while True:
                 envs, uuids = await it.next_batch_with_uuids()
+                heads[journal] = src.reader.write_head
                 if not envs:
                     break
                 await self._queue.put(_Batch(journal, envs, uuids))

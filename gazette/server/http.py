@@ -2,7 +2,8 @@
 
 ``/debug/metrics`` serves the process's Prometheus registry in the text exposition format;
 ``/debug/ready`` answers 200 once the process has announced itself and serves its assignments
-(the ``ready`` event), 503 before that and while draining. Brokers add their gateway, consumers
+(the ``ready`` event, and the process's ``not_serving`` check finds nothing pending), 503
+with the reason before that and while draining. Brokers add their gateway, consumers
 their applications' routes.
 
 Invariants: the app accepts bodies of any size (``client_max_size=0``: the gateway streams
@@ -12,7 +13,7 @@ appends); the runner neither installs signal handlers (the process owns them) no
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -20,17 +21,22 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 __all__ = ["debug_routes", "start_app"]
 
 
-def debug_routes(ready: asyncio.Event) -> list[web.RouteDef]:
-    """``/debug/metrics`` and ``/debug/ready`` (from ``ready``)."""
+def debug_routes(ready: asyncio.Event,
+                 not_serving: Callable[[], str] = lambda: "") -> list[web.RouteDef]:
+    """``/debug/metrics`` and ``/debug/ready`` (``ready`` set and ``not_serving()`` empty; else
+    503 with the reason)."""
 
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def is_ready(_: web.Request) -> web.Response:
-        if ready.is_set():
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text="not ready\n")
+        if not ready.is_set():
+            return web.Response(status=503, text="not ready\n")
+        reason = not_serving()
+        if reason:
+            return web.Response(status=503, text=f"not ready: {reason}\n")
+        return web.Response(text="ready\n")
 
     return [web.get("/debug/metrics", metrics), web.get("/debug/ready", is_ready)]
 

@@ -94,6 +94,15 @@ class MemberProcess:
     def register_services(self, server: GrpcServer) -> None:
         """Registers the process's gRPC services (``gazette.server.grpc.add_service``)."""
 
+    async def initialize(self, server: GrpcServer) -> None:
+        """Runs once before the port is bound and the member announced (e.g. an application's
+        own set-up: its services on ``server``, its routes through ``http_routes``)."""
+
+    def not_serving(self) -> str:
+        """Why the process is announced but not yet serving its assignments ("" when it is);
+        ``/debug/ready`` answers 503 with it."""
+        return ""
+
     def http_routes(self) -> Iterable[web.RouteDef]:
         """Routes served beside ``/debug/metrics`` and ``/debug/ready``."""
         return ()
@@ -145,10 +154,11 @@ class MemberProcess:
 
     async def run(self) -> None:
         """Runs the process until ``stop()``; then drains and returns."""
-        self._etcd = await etcd_connect(self.etcd_address)
         grpc_server = build_server(os.path.join(self.scratch_dir, "grpc.sock"))
         self.register_services(grpc_server)
-        runner = await start_app([*debug_routes(self.ready), *self.http_routes()])
+        await self.initialize(grpc_server)
+        self._etcd = await etcd_connect(self.etcd_address)
+        runner = await start_app([*debug_routes(self.ready, self.not_serving), *self.http_routes()])
         assert runner.server is not None
         mux = Multiplexer(os.path.join(self.scratch_dir, "grpc.sock"), runner.server, h2_protocol_factory=(
             grpc_server.protocol if isinstance(grpc_server, RpcServer) else None))
