@@ -103,7 +103,7 @@ async def test_app_flags_services_routes_and_readiness(cluster: Cluster) -> None
                     await proc.wait_reconciled()
             async with JournalClient(cluster.broker.address) as client, AppendService(client) as svc:
                 pub = Publisher(svc)
-                for i in range(50):
+                for _ in range(50):
                     await pub.publish_committed(lambda m: ("in/part-000", "application/x-ndjson"),
                                                 JSONMessage(key="k"))
                 await svc.flush()
