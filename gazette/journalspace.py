@@ -59,6 +59,7 @@ from gazette.specspace import (
 )
 
 __all__ = [
+    "apply_request",
     "FlatEntry",
     "Node",
     "SpecSpaceError",
@@ -527,6 +528,18 @@ def nest(entries: Iterable[FlatEntry]) -> Node:
     root = _extract_tree(nodes)
     _hoist(root)
     return root
+
+
+def apply_request(text: str) -> pb.ApplyRequest:
+    """The broker ApplyRequest of a journal-space YAML document (what ``journals apply`` sends)."""
+    req = pb.ApplyRequest()
+    for entry in flatten(parse_yaml(text)):
+        change = req.changes.add(expect_mod_revision=entry.revision)
+        if entry.delete:
+            change.delete = entry.spec.name
+        else:
+            change.upsert.CopyFrom(entry.spec)
+    return req
 
 
 def from_list_response(resp: pb.ListResponse) -> Node:

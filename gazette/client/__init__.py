@@ -37,7 +37,7 @@ from gazette.client.listing import (
     list_journals,
     parse_selector,
 )
-from gazette.client.reader import Reader, RetryReader, open_fragment
+from gazette.client.reader import Reader, RetryReader, open_fragment, write_head
 from gazette.client.route_cache import RouteCache
 from gazette.client.sync import SyncJournalClient
 from gazette.errors import ValidationError
@@ -73,6 +73,7 @@ __all__ = [
     "get_journal",
     "grpc_target",
     "list_journals",
+    "write_head",
     "open_fragment",
     "parse_selector",
 ]

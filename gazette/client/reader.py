@@ -491,3 +491,16 @@ async def _fetch(url: str, file_root: str | None,
                     yield block, effective
     except aiohttp.ClientError as err:
         raise FragmentFetchError(f"fetching fragment {url!r}: {err}") from None
+
+
+async def write_head(client: JournalClient, journal: str) -> int:
+    """The journal's current write head (a metadata-only, non-blocking read at the head)."""
+    reader = Reader(client, pb.ReadRequest(journal=journal, offset=-1, block=False, metadata_only=True))
+    try:
+        async for _ in reader:
+            break
+    except OffsetNotYetAvailable:
+        pass
+    finally:
+        await reader.aclose()
+    return reader.write_head

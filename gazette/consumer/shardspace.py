@@ -52,6 +52,7 @@ from gazette.specspace import (
 )
 
 __all__ = [
+    "apply_request",
     "FlatShard",
     "Shard",
     "ShardSet",
@@ -376,6 +377,18 @@ def nest(entries: Iterable[FlatShard]) -> ShardSet:
         for shard in out.shards:
             shard.spec = _subtract(shard.spec, out.common)
     return out
+
+
+def apply_request(text: str) -> pc.ApplyRequest:
+    """The consumer ApplyRequest of a shard-space YAML document (what ``shards apply`` sends)."""
+    req = pc.ApplyRequest()
+    for entry in flatten(parse_yaml(text)):
+        change = req.changes.add(expect_mod_revision=entry.revision)
+        if entry.delete:
+            change.delete = entry.spec.id
+        else:
+            change.upsert.CopyFrom(entry.spec)
+    return req
 
 
 def from_list_response(resp: pc.ListResponse) -> ShardSet:

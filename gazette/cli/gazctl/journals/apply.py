@@ -32,16 +32,9 @@ def apply_flags(p: argparse.ArgumentParser) -> None:
 
 def changes_from_yaml(text: str) -> pb.ApplyRequest:
     """The ApplyRequest of a journal-space YAML document (Gazette's hierarchy)."""
-    from gazette.journalspace import flatten, parse_yaml
+    from gazette.journalspace import apply_request
 
-    req = pb.ApplyRequest()
-    for entry in flatten(parse_yaml(text)):
-        change = req.changes.add(expect_mod_revision=entry.revision)
-        if entry.delete:
-            change.delete = entry.spec.name
-        else:
-            change.upsert.CopyFrom(entry.spec)
-    return req
+    return apply_request(text)
 
 
 def _decode_specs(text: str) -> pb.ApplyRequest:

@@ -32,16 +32,9 @@ def apply_flags(p: argparse.ArgumentParser) -> None:
 
 def changes_from_yaml(text: str) -> pc.ApplyRequest:
     """The ApplyRequest of a shard-space YAML document."""
-    from gazette.consumer.shardspace import flatten, parse_yaml
+    from gazette.consumer.shardspace import apply_request
 
-    req = pc.ApplyRequest()
-    for entry in flatten(parse_yaml(text)):
-        change = req.changes.add(expect_mod_revision=entry.revision)
-        if entry.delete:
-            change.delete = entry.spec.id
-        else:
-            change.upsert.CopyFrom(entry.spec)
-    return req
+    return apply_request(text)
 
 
 def decode_specs(text: str) -> pc.ApplyRequest:

@@ -14,12 +14,10 @@ from google.protobuf import text_format
 
 from gazette.cli.gazctl.common import CommandError, Context, selector_of
 from gazette.cli.gazctl.output import json_line, render_table
-from gazette.client import JournalClient
-from gazette.client.errors import ClientError, OffsetNotYetAvailable
-from gazette.client.reader import Reader
+from gazette.client import JournalClient, write_head
+from gazette.client.errors import ClientError
 from gazette.consumer.client import ShardClient, ShardStatusError
 from gazette.protocol import consumer_pb2 as pc
-from gazette.protocol import protocol_pb2 as pb
 
 
 def add_list_flags(p: argparse.ArgumentParser) -> None:
@@ -58,20 +56,6 @@ def reduce_status(statuses: list[pc.ReplicaStatus]) -> pc.ReplicaStatus:
         if st.code == pc.ReplicaStatus.FAILED:
             out.errors.extend(st.errors)
     return out
-
-
-async def write_head(client: JournalClient, journal: str) -> int:
-    """The journal's current write head (a metadata-only, non-blocking read at the head)."""
-    reader = Reader(client, pb.ReadRequest(journal=journal, offset=-1, block=False,
-                                           metadata_only=True))
-    try:
-        async for _ in reader:
-            break
-    except OffsetNotYetAvailable:
-        pass
-    finally:
-        await reader.aclose()
-    return reader.write_head
 
 
 async def lag_of(shards: ShardClient, journals: JournalClient, shard_id: str) -> str:
