@@ -180,6 +180,7 @@ class TransactionLoop:
         # shard's until the first transaction completes.
         self.prev = Txn(commit=_resolved(), acks=self._acks(intents, _resolved()),
                         checkpoint=recovered or pc.Checkpoint())
+        txn = Txn()
         try:
             while True:
                 txn = Txn()
@@ -195,6 +196,10 @@ class TransactionLoop:
         finally:
             if self._read is not None:
                 await cancel_and_wait(self._read)
+            for t in (self.prev, txn):  # outcomes nobody will look at once the loop ended
+                for f in (t.commit, *t.acks):
+                    if f is not None:
+                        f.add_done_callback(_retrieve)
 
     # -- steps ----------------------------------------------------------------------------
 
@@ -373,6 +378,12 @@ class TransactionLoop:
         finally:
             if timer is not None:
                 timer.cancel()
+
+
+def _retrieve(f: asyncio.Future[Any]) -> None:
+    """Marks a future's outcome as seen (its error was reported through the loop's failure)."""
+    if not f.cancelled():
+        f.exception()
 
 
 async def _maybe(result: Any) -> Any:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import textwrap
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gazette.consumer.stores.memory import MemoryStore
 from gazette.message import Envelope, JSONMessage
 from gazette.message.uuid import ACK_TXN, get_flags
+from gazette.testing.cluster import console_script
 
 
 def journals_yaml(*parts: str) -> str:
@@ -41,3 +47,124 @@ class CountingApp:
 
     def finalize_txn(self, shard: Any, store: Any, pub: Any) -> None:
         pass
+
+
+# -- consumer applications as real processes ------------------------------------------------
+
+
+SQL_COUNTING_APP = textwrap.dedent('''
+    """Counts inputs by key into PostgreSQL (SQLStore) and publishes one derived message per
+    input into out/part-00{0,1}. With FREEZE_KEY set, the first process to finalize a
+    transaction holding that key stops itself (SIGSTOP) before committing: a zombie-to-be."""
+    import os, signal, zlib
+    from collections import Counter
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+    from gazette.consumer.stores.sql import SQLStore
+    from gazette.message import JSONMessage
+    from gazette.message.uuid import ACK_TXN, get_flags
+
+    UPSERT = text("INSERT INTO counts (k, n) VALUES (:k, :n) "
+                  "ON CONFLICT (k) DO UPDATE SET n = counts.n + EXCLUDED.n")
+
+    def _out(msg):
+        return f"out/part-00{zlib.crc32(msg.doc['key'].encode()) % 2}", "application/x-ndjson"
+
+    class App:
+        def __init__(self):
+            self.engine = create_async_engine(os.environ["STORE_DSN"], pool_size=16)
+            self.pending = {}
+
+        def new_store(self, shard, recorder):
+            return SQLStore(self.engine)
+
+        def new_message(self, spec):
+            return JSONMessage
+
+        def begin_txn(self, shard, store):
+            self.pending[shard.spec.id] = []
+
+        def finished_txn(self, shard, store, future):
+            pass
+
+        def consume_message(self, shard, store, env, pub):
+            if get_flags(env.message.get_uuid()) != ACK_TXN:
+                self.pending[shard.spec.id].append(env.message.doc)
+
+        async def finalize_txn(self, shard, store, pub):
+            docs = self.pending.pop(shard.spec.id, [])
+            if not docs:
+                return
+            conn = await store.transaction()
+            # Sorted keys: shards sharing keys lock their rows in one order (no deadlocks).
+            await conn.execute(UPSERT, [{"k": k, "n": n} for k, n in sorted(Counter(d["key"] for d in docs).items())])
+            freeze, flag = os.environ.get("FREEZE_KEY"), os.environ.get("FREEZE_FLAG", "")
+            if freeze and any(d["key"] == freeze for d in docs) and not os.path.exists(flag):
+                open(flag, "w").close()
+                os.kill(os.getpid(), signal.SIGSTOP)  # resumed by the test, as a zombie
+            await pub.publish_uncommitted_many(
+                _out, [JSONMessage(key=d["key"], seq=d["seq"]) for d in docs])
+''')
+
+COUNTS_DDL = "CREATE TABLE IF NOT EXISTS counts (k TEXT PRIMARY KEY, n BIGINT NOT NULL)"
+
+
+class ConsumerProc:
+    """``gazette consume --app <app>`` as a child process, logging to a file."""
+
+    def __init__(self, suffix: str, env: dict[str, str], log_dir: Path, app: str = "soakapp:App") -> None:
+        self.suffix, self.env, self.app = suffix, env, app
+        self.log_path = log_dir / f"consumer-{suffix}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self.proc = subprocess.Popen(
+                [console_script("gazette"), "consume", "--app", self.app, "--consumer.id", self.suffix],
+                env={**self.env, "CONSUMER_PORT": "0"}, stdout=log, stderr=subprocess.STDOUT)
+        finally:
+            log.close()
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.running():
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            if self.running():
+                self.proc.kill()
+            self.proc.wait(30)
+
+    def terminate(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.terminate()
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+            return -9
+
+    def stopped(self) -> bool:
+        """Whether the process is stopped (SIGSTOP): its /proc state is 'T'."""
+        if not self.running():
+            return False
+        assert self.proc is not None
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def consumer_env(base: dict[str, str], **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if k not in ("CONSUMER_PORT", "CONSUMER_ID")}
+    env.update(extra)
+    env.setdefault("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    return env

@@ -1,0 +1,272 @@
+"""Exactly-once through the consumer framework, with real etcd, a real broker, PostgreSQL
+(SQLStore) and consumer applications as real processes (``gazette consume``).
+
+The app counts inputs by key into PostgreSQL and publishes one derived message per input
+(``SQL_COUNTING_APP``). Two tests:
+
+* Zombie fencing: a primary freezes (SIGSTOP, by itself, mid-transaction: state written to its
+  SQL transaction, derived messages not yet published) until its etcd lease expires and the
+  shard moves to the other process, which restores (bumping the fence) and processes the same
+  input. Resumed, the zombie's commit fails on the fence: the key counts once, and a
+  read-committed reader sees its derived message once.
+* Soak (``soak``): under a steady input, consumer processes are killed (SIGKILL) and drained
+  (SIGTERM) and restarted, repeatedly, for minutes. Afterwards the per-key counts equal the
+  input exactly and a read-committed reader of the outputs sees every derived message exactly
+  once. ``SOAK_SECONDS`` sets the duration (default 180).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aetcd
+import pytest
+from consumer_support import COUNTS_DDL, SQL_COUNTING_APP, ConsumerProc, consumer_env
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from gazette.allocator.keys import assignments_prefix, items_key, members_prefix
+from gazette.client import AppendService, JournalClient
+from gazette.consumer.client import ShardClient
+from gazette.consumer.stores.sql import SQLStore
+from gazette.etcd import connect
+from gazette.message import JSONMessage, Publisher
+from gazette.message.reading import read_committed
+from gazette.message.uuid import ACK_TXN, get_flags
+from gazette.protocol import consumer_pb2 as pc
+from gazette.testing.cluster import Cluster
+from gazette.testing.etcd import unique_prefix
+
+PARTS = 4
+
+
+def _journals() -> str:
+    def tree(prefix: str, n: int) -> str:
+        children = "".join(f"- name: {prefix}part-00{i}\n" for i in range(n))
+        return (f"name: {prefix}\nreplication: 1\nlabels:\n- name: content-type\n"
+                "  value: application/x-ndjson\nfragment:\n  length: 4194304\n"
+                "  compression_codec: NONE\n  stores: [file:///]\n  refresh_interval: 1s\n"
+                "children:\n" + children)
+    return tree("in/", PARTS) + "---\n" + tree("out/", 2)
+
+
+@contextlib.asynccontextmanager
+async def _setup(cluster: Cluster, dsn: str, tmp_path: Path, shards: int) -> AsyncIterator[tuple[aetcd.Client, str, AsyncEngine, dict[str, str]]]:
+    cluster.add_broker("local", "sturdy-ox")
+    for doc in _journals().split("---\n"):
+        rc, _, err = cluster.gazctl("journals", "apply", stdin=doc)
+        assert rc == 0, err
+    engine = create_async_engine(dsn.replace("postgresql://", "postgresql+psycopg://", 1))
+    await SQLStore.create_tables(engine)
+    async with engine.begin() as conn:
+        await conn.execute(text("DROP TABLE IF EXISTS counts"))
+        await conn.execute(text(COUNTS_DDL))
+        await conn.execute(text("DELETE FROM gazette_checkpoints"))
+    prefix = unique_prefix("/gazette-test-eo")
+    etcd = await connect(cluster.etcd_url)
+    for i in range(shards):
+        spec = pc.ShardSpec(id=f"count-00{i}")
+        spec.sources.add(journal=f"in/part-00{i}")
+        spec.max_txn_duration.seconds = 1
+        await etcd.put(items_key(prefix, spec.id).encode(), spec.SerializeToString())
+    (tmp_path / "soakapp.py").write_text(SQL_COUNTING_APP)
+    env = consumer_env(cluster.env(), PYTHONPATH=str(tmp_path), ETCD_ADDRESS=cluster.etcd_url,
+                       ETCD_PREFIX=prefix, ETCD_LEASE="2s", LOG_FORMAT="text",
+                       STORE_DSN=dsn.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        yield etcd, prefix, engine, env
+    finally:
+        await etcd.delete_prefix(prefix.encode())
+        await etcd.close()
+        await engine.dispose()
+
+
+async def _counts(engine: AsyncEngine) -> dict[str, int]:
+    async with engine.connect() as conn:
+        return {k: int(n) for k, n in (await conn.execute(text("SELECT k, n FROM counts"))).all()}
+
+
+async def _assignments(etcd: aetcd.Client, prefix: str) -> dict[str, tuple[str, pc.ReplicaStatus]]:
+    """shard -> (member suffix, status) of primary assignments."""
+    out = {}
+    for kv in await etcd.get_prefix(assignments_prefix(prefix).encode()):
+        parts = kv.key.decode()[len(assignments_prefix(prefix)):].split("#")
+        if len(parts) >= 4 and parts[3] == "0":
+            out[parts[0]] = (parts[2], pc.ReplicaStatus.FromString(kv.value))
+    return out
+
+
+async def _endpoints(etcd: aetcd.Client, prefix: str) -> list[str]:
+    out = []
+    for kv in await etcd.get_prefix(members_prefix(prefix).encode()):
+        spec = pc.ConsumerSpec.FromString(kv.value)
+        if spec.shard_limit > 0:
+            out.append(spec.process_spec.endpoint)
+    return out
+
+
+async def _derived(client: JournalClient) -> Counter[int]:
+    seen: Counter[int] = Counter()
+    async for env in read_committed(client, "prefix=out/", block=False):
+        if get_flags(env.message.get_uuid()) != ACK_TXN:
+            seen[int(env.message.doc["seq"])] += 1
+    return seen
+
+
+async def _wait(cond: Any, limit: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + limit
+    while True:
+        got = await cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {limit}s waiting for {what}")
+        await asyncio.sleep(interval)  # polling external processes, not synchronisation
+
+
+@pytest.mark.timeout(240)
+async def test_zombie_primary_is_fenced(cluster: Cluster, postgres_dsn: str, tmp_path: Path) -> None:
+    async with _setup(cluster, postgres_dsn, tmp_path, shards=1) as (etcd, prefix, engine, env):
+        flag = tmp_path / "froze"
+        env = {**env, "FREEZE_KEY": "zombie", "FREEZE_FLAG": str(flag)}
+        a = ConsumerProc("cons-a", env, tmp_path)
+        b = ConsumerProc("cons-b", env, tmp_path)
+        a.start()
+        try:
+            await _wait(lambda: _first_primary(etcd, prefix, "cons-a"), 60, "cons-a primary of count-000")
+            b.start()
+            await _wait(lambda: _endpoints_n(etcd, prefix, 2), 60, "cons-b announced")
+            async with JournalClient(cluster.broker.address) as client, AppendService(client) as svc:
+                pub = Publisher(svc)
+                docs = [{"key": "k", "seq": i} for i in range(20)] + [{"key": "zombie", "seq": 20}]
+                for d in docs:
+                    await pub.publish_committed(lambda m: ("in/part-000", "application/x-ndjson"), JSONMessage(**d))
+                await svc.flush()
+                # cons-a froze itself mid-transaction; its lease lapses and cons-b takes over.
+                await _wait(lambda: _true(a.stopped()), 60, "cons-a to freeze")
+                await _wait(lambda: _first_primary(etcd, prefix, "cons-b"), 60, "cons-b primary after the lease")
+                # The zombie's open SQL transaction holds row locks on the counts it wrote, so
+                # cons-b's writes of the same keys wait on it (PostgreSQL semantics; see
+                # docs/consumers.md on idle_in_transaction_session_timeout).
+                a.signal(signal.SIGCONT)  # the zombie resumes and tries to commit
+                await _wait(lambda: _true("FencedError" in a.log_text()), 60,
+                            "the zombie's commit to fail on the fence")
+                await _wait(lambda: _counts_are(engine, {"k": 20, "zombie": 1}), 60, "cons-b to count")
+                assert await _counts(engine) == {"k": 20, "zombie": 1}
+                derived = await _wait(lambda: _derived_complete(client, 21), 60, "derived messages")
+                assert derived == Counter(range(21)), "each derived message exactly once"
+        finally:
+            a.terminate()
+            b.terminate()
+
+
+async def _true(v: bool) -> bool:
+    return v
+
+
+async def _first_primary(etcd: aetcd.Client, prefix: str, suffix: str) -> bool:
+    got = (await _assignments(etcd, prefix)).get("count-000")
+    return got is not None and got[0] == suffix and got[1].code == pc.ReplicaStatus.PRIMARY
+
+
+async def _endpoints_n(etcd: aetcd.Client, prefix: str, n: int) -> bool:
+    return len(await _endpoints(etcd, prefix)) >= n
+
+
+async def _counts_are(engine: AsyncEngine, want: dict[str, int]) -> bool:
+    return await _counts(engine) == want
+
+
+async def _derived_complete(client: JournalClient, n: int) -> Counter[int] | None:
+    seen = await _derived(client)
+    return seen if len(seen) >= n else None
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1800)
+async def test_exactly_once_under_kills_and_restarts(cluster: Cluster, postgres_dsn: str, tmp_path: Path) -> None:
+    duration = float(os.environ.get("SOAK_SECONDS", "180"))
+    rng = random.Random(int(os.environ.get("SOAK_SEED", "7")))
+    async with _setup(cluster, postgres_dsn, tmp_path, shards=PARTS) as (etcd, prefix, engine, env):
+        procs = [ConsumerProc(f"cons-{i}", env, tmp_path) for i in range(3)]
+        for p in procs:
+            p.start()
+        expect: Counter[str] = Counter()
+        sent = 0
+        stats = Counter[str]()
+        stop = asyncio.Event()
+
+        async def produce() -> None:
+            nonlocal sent
+            async with JournalClient(cluster.broker.address) as client, AppendService(client) as svc:
+                pub = Publisher(svc)
+                while not stop.is_set():
+                    batch = []
+                    for _ in range(40):
+                        key = f"k{rng.randrange(200)}"
+                        batch.append(JSONMessage(key=key, seq=sent))
+                        expect[key] += 1
+                        sent += 1
+                    part = f"in/part-00{(sent // 40) % PARTS}"
+                    await pub.publish_committed_many(lambda m, p=part: (p, "application/x-ndjson"), batch)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), 0.05)  # a steady rate (~800/s)
+                await svc.flush()
+
+        async def unassign_failed() -> None:
+            for ep in await _endpoints(etcd, prefix):
+                with contextlib.suppress(Exception):
+                    async with ShardClient(ep) as sc:
+                        resp = await sc.unassign([f"count-00{i}" for i in range(PARTS)], only_failed=True)
+                        stats["failed shards re-assigned"] += len(resp.shards)
+                    return
+
+        producer = asyncio.create_task(produce())
+        started = time.monotonic()
+        try:
+            while time.monotonic() - started < duration:
+                await asyncio.sleep(rng.uniform(3, 8))  # the fault schedule, not synchronisation
+                victim = rng.choice(procs)
+                if rng.random() < 0.7:
+                    await asyncio.to_thread(victim.kill)
+                    stats["SIGKILL"] += 1
+                else:
+                    await asyncio.to_thread(victim.terminate)
+                    stats["SIGTERM"] += 1
+                victim.start()
+                await unassign_failed()
+            stop.set()
+            await producer
+            for p in procs:
+                if not p.running():
+                    p.start()
+
+            async def converged() -> bool:
+                await unassign_failed()
+                return await _counts(engine) == dict(expect)
+
+            await _wait(converged, 300, "per-key counts to equal the input", interval=1.0)
+            async with JournalClient(cluster.broker.address) as client:
+                derived = await _wait(lambda: _derived_complete(client, sent), 300, "derived messages", interval=1.0)
+            dupes = {s: n for s, n in derived.items() if n != 1}
+            assert not dupes, f"derived messages seen more than once: {list(dupes.items())[:10]}"
+            assert set(derived) == set(range(sent))
+            print(f"\nsoak: {sent} inputs over {duration:.0f}s, faults {dict(stats)}; counts exact, "
+                  f"{len(derived)} derived messages each seen once")
+        finally:
+            stop.set()
+            if not producer.done():
+                producer.cancel()
+                with contextlib.suppress(BaseException):
+                    await producer
+            for p in procs:
+                await asyncio.to_thread(p.terminate)
