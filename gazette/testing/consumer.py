@@ -102,7 +102,8 @@ class ConsumerHarness:
         self.shards = ShardClient(self.processes[0].endpoint)
         req = shard_apply_request(self.shards_yaml)
         self.shard_ids = [ch.upsert.id for ch in req.changes if ch.HasField("upsert")]
-        await self.shards.apply(req)
+        if req.changes:
+            await self.shards.apply(req)
         await self.wait_serving()
 
     async def wait_serving(self) -> None:

@@ -1,0 +1,279 @@
+"""Consumer framework throughput and latency, beside Bytewax measured in the same run.
+
+Starts an etcd and one broker (``gazette.testing``: real processes on loopback), and runs the
+consumer in this process (``ConsumerHarness``: the real ``ConsumerProcess``, allocator, Shard
+service, transaction loop and reader tasks).
+
+* **throughput**: ``--messages`` JSON messages (``{"key": "k<i % 1000>", "n": i}``, ~40 bytes,
+  committed, UUID-stamped) are appended to one journal first; then one shard of a trivial app
+  (read-committed JSON, count by key into ``MemoryStore``, one commit per transaction) reads
+  them all. Messages/s from the first consumed message to the transaction that read through the
+  last. The ceiling column is the read-committed path alone over the same journal
+  (``read_committed``, no framework), measured in this run.
+* **Bytewax**: the same keyed count over the same messages, from a file of the same JSON lines
+  (``FileSource``, ``stateful_map``), single worker, with recovery snapshots on (one-second
+  epochs, a SQLite recovery partition) and, as a second row, without recovery. Bytewax has no
+  exactly-once output; ours commits every transaction's state and checkpoint.
+* **latency**: at ``--rate`` messages/s for ``--seconds``, each input carries its send time;
+  the app publishes one derived message per input (``publish_uncommitted``, acknowledged when
+  the transaction commits); a read-committed reader of the output journal records
+  now - send time per derived message. p50/p99/max.
+
+Prints ratios against the targets: >= 150k msgs/s per shard, p50 <= 5 ms, p99 <= 25 ms.
+Not a test: figures are noisy, compare the ratios of one run.
+
+    python bench/consumer_bench.py [--messages 500000] [--rate 1000] [--seconds 10] [--quick]
+
+Requires the bench extra (``pip install -e .[bench]``, which brings Bytewax); without Bytewax
+the peer rows are skipped with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from gazette.client import AppendService, JournalClient
+from gazette.consumer.stores.memory import MemoryStore
+from gazette.message import JSONMessage, Publisher
+from gazette.message.reading import read_committed
+from gazette.message.uuid import ACK_TXN, get_flags
+from gazette.testing.consumer import ConsumerHarness
+from gazette.testing.etcd import start_test_etcd
+
+JOURNALS = """\
+name: bench/
+replication: 1
+labels:
+- name: content-type
+  value: application/x-ndjson
+fragment:
+  length: 536870912
+  compression_codec: NONE
+  stores: [file:///]
+  refresh_interval: 10m
+children:
+- name: bench/in
+- name: bench/out
+"""
+
+SHARDS = """\
+common:
+  max_txn_duration: 1s
+shards:
+- id: bench-000
+  sources:
+  - journal: bench/in
+"""
+
+
+class CountApp:
+    """Counts by key into a MemoryStore; with ``derive``, publishes one message per input."""
+
+    def __init__(self, expect: int = 0, derive: bool = False) -> None:
+        self.counts: Counter[str] = Counter()
+        self.expect, self.derive = expect, derive
+        self.seen = 0
+        self.first: float | None = None
+        self.last: float | None = None
+        self.pending: list[dict[str, Any]] = []
+
+    def new_store(self, shard: Any, recorder: Any) -> MemoryStore:
+        return MemoryStore()
+
+    def new_message(self, spec: Any) -> type[JSONMessage]:
+        return JSONMessage
+
+    def consume_message(self, shard: Any, store: Any, env: Any, pub: Any) -> None:
+        msg = env.message
+        if get_flags(msg.get_uuid()) == ACK_TXN:
+            return
+        if self.first is None:
+            self.first = time.perf_counter()
+        doc = msg.doc
+        self.counts[doc["key"]] += 1
+        self.seen += 1
+        if self.derive:
+            self.pending.append(doc)
+
+    async def finalize_txn(self, shard: Any, store: Any, pub: Publisher[Any]) -> None:
+        if self.seen >= self.expect and self.last is None and self.expect:
+            self.last = time.perf_counter()
+        if self.pending:
+            docs, self.pending = self.pending, []
+            await pub.publish_uncommitted_many(lambda m: ("bench/out", "application/x-ndjson"),
+                                               [JSONMessage(t=d["t"]) for d in docs])
+
+
+async def preload(client: JournalClient, n: int) -> None:
+    async with AppendService(client) as svc:
+        pub = Publisher(svc)
+        step = 5000
+        for start in range(0, n, step):
+            await pub.publish_committed_many(
+                lambda m: ("bench/in", "application/x-ndjson"),
+                [JSONMessage(key=f"k{i % 1000}", n=i) for i in range(start, min(n, start + step))])
+        await svc.flush()
+
+
+async def ceiling(client: JournalClient, n: int) -> float:
+    t0, seen = time.perf_counter(), 0
+    async for env in read_committed(client, "bench/in", block=False):
+        if get_flags(env.message.get_uuid()) != ACK_TXN:
+            seen += 1
+    assert seen == n, (seen, n)
+    return n / (time.perf_counter() - t0)
+
+
+async def throughput(etcd_url: str, root: Path, n: int) -> tuple[float, float]:
+    app = CountApp(expect=n)
+    harness = ConsumerHarness(app, journals=JOURNALS, shards="shards: []\n", etcd_url=etcd_url,
+                              root=root / "tp")
+    async with harness as h:
+        assert h.client is not None and h.shards is not None
+        print(f"  preloading {n} messages ...", file=sys.stderr)
+        await preload(h.client, n)
+        ceil = await ceiling(h.client, n)
+        from gazette.consumer.shardspace import apply_request
+
+        req = apply_request(SHARDS)
+        h.shard_ids = ["bench-000"]
+        await h.shards.apply(req)
+        await h.wait_serving()
+        await h.read_through()
+        assert app.seen == n and app.first is not None and app.last is not None, (app.seen, n)
+        assert sum(app.counts.values()) == n
+        return n / (app.last - app.first), ceil
+
+
+async def latency(etcd_url: str, root: Path, rate: int, seconds: float) -> list[float]:
+    app = CountApp(derive=True)
+    async with ConsumerHarness(app, journals=JOURNALS, shards=SHARDS, etcd_url=etcd_url,
+                               root=root / "lat") as h:
+        assert h.client is not None
+        lat: list[float] = []
+        total = int(rate * seconds)
+
+        async def reader() -> None:
+            assert h.client is not None
+            async for env in read_committed(h.client, "bench/out", block=True):
+                if get_flags(env.message.get_uuid()) == ACK_TXN:
+                    continue
+                lat.append(time.perf_counter() - env.message.doc["t"])
+                if len(lat) >= total:
+                    return
+
+        task = asyncio.create_task(reader())
+        async with AppendService(h.client) as svc:
+            pub = Publisher(svc)
+            t0 = time.perf_counter()
+            for i in range(total):
+                due = t0 + i / rate
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)  # pacing the input rate
+                await pub.publish_committed(lambda m: ("bench/in", "application/x-ndjson"),
+                                            JSONMessage(key=f"k{i % 1000}", t=time.perf_counter()))
+            await svc.flush()
+        async with asyncio.timeout(60):
+            await task
+        return sorted(lat)
+
+
+def bytewax_count(path: Path, n: int, recovery_dir: Path | None) -> float | None:
+    """Keyed count by Bytewax over the JSON lines of ``path``; msgs/s, or None without Bytewax."""
+    try:
+        import bytewax.operators as op
+        from bytewax.connectors.files import FileSource
+        from bytewax.dataflow import Dataflow
+        from bytewax.outputs import DynamicSink, StatelessSinkPartition
+        from bytewax.recovery import RecoveryConfig, init_db_dir
+        from bytewax.testing import run_main
+    except ImportError:
+        return None
+
+    class _Null(StatelessSinkPartition[Any]):
+        def write_batch(self, items: list[Any]) -> None:
+            pass
+
+    class NullSink(DynamicSink[Any]):
+        def build(self, step_id: str, worker_index: int, worker_count: int) -> _Null:
+            return _Null()
+
+    def count(state: int | None, _: Any) -> tuple[int, int]:
+        state = (state or 0) + 1
+        return state, state
+
+    flow = Dataflow("keyed_count")
+    lines = op.input("in", flow, FileSource(path, batch_size=1000))
+    docs = op.map("parse", lines, json.loads)
+    keyed = op.key_on("key", docs, lambda d: d["key"])
+    counted = op.stateful_map("count", keyed, count)
+    op.output("out", counted, NullSink())
+    config = None
+    if recovery_dir is not None:
+        recovery_dir.mkdir(parents=True, exist_ok=True)
+        init_db_dir(recovery_dir, 1)
+        config = RecoveryConfig(str(recovery_dir))
+    t0 = time.perf_counter()
+    run_main(flow, epoch_interval=timedelta(seconds=1), recovery_config=config)
+    return n / (time.perf_counter() - t0)
+
+
+def pct(xs: list[float], p: float) -> float:
+    return xs[min(len(xs) - 1, int(p * len(xs)))] * 1000
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=500_000)
+    ap.add_argument("--rate", type=int, default=1000)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--quick", action="store_true", help="200k messages, 5 s of latency")
+    a = ap.parse_args()
+    if a.quick:
+        a.messages, a.seconds = 200_000, 5.0
+    etcd = start_test_etcd()
+    try:
+        with tempfile.TemporaryDirectory(prefix="gazette-consumer-bench-") as tmp:
+            root = Path(tmp)
+            ours, ceil = asyncio.run(throughput(etcd.url, root, a.messages))
+            src = root / "input.jsonl"
+            with open(src, "w") as f:
+                for i in range(a.messages):
+                    f.write(json.dumps({"key": f"k{i % 1000}", "n": i}) + "\n")
+            bw_rec = bytewax_count(src, a.messages, root / "bw-recovery")
+            bw_plain = bytewax_count(src, a.messages, None)
+            lat = asyncio.run(latency(etcd.url, root, a.rate, a.seconds))
+    finally:
+        etcd.close()
+
+    print(f"\nconsumer_bench: {a.messages} messages, one shard, this machine ({os.cpu_count()} cores)")
+    print(f"{'workload':<44} {'msgs/s':>12} {'ratio':>8}")
+    print(f"{'gazette consumer (count, MemoryStore)':<44} {ours:>12,.0f} {'1.00':>8}")
+    print(f"{'ceiling: read_committed alone':<44} {ceil:>12,.0f} {ours / ceil:>8.2f}  (ours/ceiling)")
+    for name, figure in (("bytewax, recovery on (1 s epochs)", bw_rec), ("bytewax, no recovery", bw_plain)):
+        if figure is None:
+            print(f"{name:<44} {'(bytewax not installed: pip install -e .[bench])':>12}")
+        else:
+            print(f"{name:<44} {figure:>12,.0f} {ours / figure:>8.2f}  (ours/bytewax)")
+    print(f"target >= 150,000 msgs/s per shard: {ours / 150_000:.2f}x")
+    p50, p99, mx = pct(lat, 0.50), pct(lat, 0.99), lat[-1] * 1000
+    print(f"\nlatency at {a.rate} msgs/s for {a.seconds:.0f} s ({len(lat)} messages), input appended -> "
+          f"derived message read committed:")
+    print(f"  p50 {p50:.2f} ms (target <= 5: {'met' if p50 <= 5 else 'missed'}), "
+          f"p99 {p99:.2f} ms (target <= 25: {'met' if p99 <= 25 else 'missed'}), max {mx:.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
