@@ -19,7 +19,7 @@ Invariants (what the framework guarantees the roles):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from gazette.message import Envelope, Publisher
@@ -30,6 +30,7 @@ __all__ = [
     "Application",
     "BeginFinisher",
     "MaybeAwaitable",
+    "MessageProducer",
     "OpFuture",
     "Shard",
     "Store",
@@ -55,6 +56,26 @@ class Shard(Protocol):
     @property
     def stopping(self) -> asyncio.Event:
         """Set when the shard leaves this process (its primary loop ends)."""
+        ...
+
+    @property
+    def done(self) -> asyncio.Event:
+        """The cancellation signal (the same event as ``stopping``)."""
+        ...
+
+    @property
+    def journal_client(self) -> Any:
+        """The process's ``JournalClient`` (to read or append journals from the app)."""
+        ...
+
+    @property
+    def assignment(self) -> Any:
+        """The keyspace entry of this process's assignment of the shard (its ``ReplicaStatus``)."""
+        ...
+
+    @property
+    def recovered_hints(self) -> Any:
+        """The recovery log hints the shard's store was recovered from (None without one)."""
         ...
 
     def progress(self) -> tuple[Mapping[str, int], Mapping[str, int]]:
@@ -99,6 +120,29 @@ class Application(Protocol):
     def finalize_txn(self, shard: Shard, store: Store, publisher: Publisher[Any]) -> MaybeAwaitable:
         """Last call of a transaction: flush what it buffered into the store and publisher."""
         ...
+
+
+@runtime_checkable
+class MessageProducer(Protocol):
+    """Optional: an Application that produces its shards' messages itself (Gazette's
+    ``MessageProducer``), e.g. from something other than plain journal messages.
+
+    * ``start_reading_messages`` yields batches of *uncommitted* envelopes (in each journal's
+      order) from the checkpoint on; the framework sequences them (transactions, ACKs) and the
+      checkpoint records each envelope's journal offsets as usual. Its end ends the shard.
+    * ``replay_range`` returns the envelopes of ``journal`` over ``[begin, end)`` again, for a
+      sequencer's replay of messages evicted from its ring.
+    * ``read_through`` maps the offsets a read-your-writes request asks for to the offsets the
+      shard must have read through (by default: those of its source journals)."""
+
+    def start_reading_messages(self, shard: Shard, store: Store,
+                               checkpoint: pc.Checkpoint) -> AsyncIterator[Sequence[Envelope]]: ...
+
+    def replay_range(self, shard: Shard, store: Store, journal: str, begin: int,
+                     end: int) -> MaybeAwaitable: ...
+
+    def read_through(self, shard: Shard, store: Store,
+                     offsets: Mapping[str, int]) -> Mapping[str, int]: ...
 
 
 @runtime_checkable

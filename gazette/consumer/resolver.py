@@ -35,6 +35,7 @@ from gazette.allocator.keys import (
     parse_assignment_key,
 )
 from gazette.consumer.errors import ConsumerError
+from gazette.consumer.interfaces import MessageProducer
 from gazette.consumer.shard import ShardRuntime
 from gazette.etcd.keyspace import KeySpace
 from gazette.protocol import consumer_pb2 as pc
@@ -123,8 +124,11 @@ class Resolver:
             await _first(rt.ready.wait(), task)
             if not rt.ready.is_set():
                 return self._stopped(res)
-        sources = {s.journal for s in rt.spec.sources}
-        wanted = {j: o for j, o in (read_through or {}).items() if j in sources and o}
+        if isinstance(rt.app, MessageProducer):  # the app says what its shard must read
+            wanted = dict(rt.app.read_through(rt, rt.store, dict(read_through or {})))
+        else:
+            sources = {s.journal for s in rt.spec.sources}
+            wanted = {j: o for j, o in (read_through or {}).items() if j in sources and o}
         while True:
             done, _ = rt.progress()
             if all(done.get(j, 0) >= o for j, o in wanted.items()):

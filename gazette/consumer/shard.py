@@ -25,7 +25,7 @@ from typing import Any
 
 from gazette.client import AppendService, JournalClient, list_journals
 from gazette.consumer import metrics
-from gazette.consumer.interfaces import Application, OpFuture
+from gazette.consumer.interfaces import Application, MessageProducer, OpFuture
 from gazette.consumer.source import ShardSource
 from gazette.consumer.transaction import TransactionLoop, Txn, TxnConfig
 from gazette.message import Publisher
@@ -121,7 +121,13 @@ class ShardRuntime:
             missing = [s.journal for s in self.spec.sources if s.journal not in journals]
             if missing:
                 raise LookupError(f"source journals {missing} of shard {self.spec.id} do not exist")
-            source = self._source = ShardSource(self.journal_client, self.spec, journals, self.app.new_message, checkpoint)
+            producer = replay = None
+            if isinstance(self.app, MessageProducer):
+                app = self.app
+                producer = app.start_reading_messages(self, store, checkpoint)
+                replay = lambda j, b, e: app.replay_range(self, store, j, b, e)  # noqa: E731
+            source = self._source = ShardSource(self.journal_client, self.spec, journals, self.app.new_message,
+                                                checkpoint, producer=producer, replay=replay)
             loop = TransactionLoop(
                 self, self.app, store, Publisher(self.service), source,
                 config=TxnConfig.from_spec(self.spec), write_acks=self._write_acks,

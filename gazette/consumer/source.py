@@ -62,7 +62,8 @@ class ShardSource:
 
     def __init__(self, client: JournalClient, spec: pc.ShardSpec, journals: Mapping[str, pb.JournalSpec],
                  new_message: Any, checkpoint: pc.Checkpoint | None = None, *,
-                 block: bool = True, decode: Decoder | None = None) -> None:
+                 block: bool = True, decode: Decoder | None = None,
+                 producer: Any = None, replay: Any = None) -> None:
         cp = checkpoint or pc.Checkpoint()
         self.client = client
         self.block = block
@@ -81,10 +82,16 @@ class ShardSource:
         self._readers = Supervisor(f"shard {spec.id} readers", "collect")
         self._live = 0
         self._replay = replay_opener(client)
+        self._producer = producer  # an async iterator of envelope batches, replacing the readers
+        self._replay_range = replay  # (journal, begin, end) -> envelopes, with a producer
         self.write_heads: dict[str, int] = {}  # last write head seen per source journal
 
     def start(self) -> None:
-        """Starts one reader task per source journal."""
+        """Starts one reader task per source journal (or one over the app's producer)."""
+        if self._producer is not None:
+            self._readers.spawn("producer", self._pump_producer(self._producer))
+            self._live += 1
+            return
         for journal, offset in self._offsets.items():
             self._readers.spawn(journal, self._pump(journal, offset))
             self._live += 1
@@ -104,6 +111,18 @@ class ShardSource:
                 if not envs:
                     break
                 await self._queue.put(_Batch(journal, envs, uuids))
+        except Exception as err:  # noqa: BLE001 - delivered in order to the transaction loop
+            await self._queue.put(_Failed(err))
+            return
+        await self._queue.put(_END)
+
+    async def _pump_producer(self, batches: Any) -> None:
+        try:
+            async for batch in batches:
+                if batch:
+                    envs = list(batch)
+                    self.write_heads[envs[-1].journal] = envs[-1].end
+                    await self._queue.put(_Batch(envs[0].journal, envs, None))
         except Exception as err:  # noqa: BLE001 - delivered in order to the transaction loop
             await self._queue.put(_Failed(err))
             return
@@ -131,8 +150,14 @@ class ShardSource:
             i = seq.queue_and_drain(batch, out, i, uuids)
             if seq.dequeuing():  # ACK_COMMIT_REPLAY: read the older part of the sequence again
                 journal, begin, end = seq.replay_range()
-                framing, decode = self._codecs[journal]
-                seq.start_replay(await read_replay(self._replay, framing, decode, journal, begin, end))
+                if self._replay_range is not None:
+                    replayed = self._replay_range(journal, begin, end)
+                    if asyncio.iscoroutine(replayed):
+                        replayed = await replayed
+                    seq.start_replay(replayed)
+                else:
+                    framing, decode = self._codecs[journal]
+                    seq.start_replay(await read_replay(self._replay, framing, decode, journal, begin, end))
                 seq.drain_committed(out)
         return out
 

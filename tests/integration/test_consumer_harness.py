@@ -35,3 +35,40 @@ async def test_an_app_test_in_a_few_lines(gazette_consumer: Any) -> None:
         await h.read_through()
         assert app.counts == {"a": 6, "b": 1}
         assert h.runtime("count-000") is not None and h.store("count-001") is not None
+
+
+class ProducingApp(CountingApp):
+    """A MessageProducer: reads its source itself and tags every message it yields."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.replays: list[tuple[str, int, int]] = []
+        self.asked: list[dict[str, int]] = []
+
+    async def start_reading_messages(self, shard: Any, store: Any, checkpoint: Any) -> Any:
+        from gazette.message.reading import read_uncommitted
+
+        journal = shard.spec.sources[0].journal
+        offset = checkpoint.sources[journal].read_through if journal in checkpoint.sources else 0
+        async for env in read_uncommitted(shard.journal_client, journal, offset=offset):
+            if "key" in env.message.doc:
+                env.message.doc["key"] = "produced-" + env.message.doc["key"]
+            yield [env]
+
+    def replay_range(self, shard: Any, store: Any, journal: str, begin: int, end: int) -> list[Any]:
+        self.replays.append((journal, begin, end))
+        return []
+
+    def read_through(self, shard: Any, store: Any, offsets: dict[str, int]) -> dict[str, int]:
+        self.asked.append(dict(offsets))
+        return {shard.spec.sources[0].journal: max(offsets.values(), default=0)}
+
+
+@pytest.mark.timeout(120)
+async def test_message_producer_hooks(gazette_consumer: Any) -> None:
+    app = ProducingApp()
+    async with gazette_consumer(app, journals=journals_yaml("part-000"), shards=SHARDS.split("- id: count-001")[0]) as h:
+        await h.publish("in/part-000", {"key": "a"}, {"key": "a"})
+        await h.read_through(["count-000"])
+        assert app.counts == {"produced-a": 2}
+        assert app.asked and "in/part-000" in app.asked[-1]  # resolutions asked the app
