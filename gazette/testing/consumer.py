@@ -45,12 +45,14 @@ __all__ = ["ConsumerHarness"]
 
 class ConsumerHarness:
     """See the module docstring. ``etcd_url`` reuses a running etcd (else one is started);
-    ``processes`` consumer processes share the shards (each takes ``limit`` at most)."""
+    ``processes`` consumer processes share the shards (each takes ``limit`` at most);
+    ``app_args`` are parsed with the consumer's flags and the app's own (``add_flags``)."""
 
     def __init__(self, app: Application, *, journals: str, shards: str, etcd_url: str | None = None,
                  processes: int = 1, root: Path | None = None, limit: int = 64,
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, app_args: Sequence[str] = ()) -> None:
         self.app = app
+        self.app_args = list(app_args)
         self.journals_yaml, self.shards_yaml = journals, shards
         self.timeout = timeout
         self._etcd_url = etcd_url
@@ -88,12 +90,17 @@ class ConsumerHarness:
         await asyncio.to_thread(self.cluster.add_broker, "local")
         self.client = JournalClient(self.cluster.address)
         self._service = AppendService(self.client)
-        await self.client.apply(journal_apply_request(self.journals_yaml))
+        for doc in self.journals_yaml.split("\n---\n"):  # one or more YAML documents
+            if doc.strip():
+                await self.client.apply(journal_apply_request(doc))
         prefix = unique_prefix("/gazette-harness/consumers")
+        from gazette.consumer.run import consumer_parser
+
+        args = consumer_parser(self.app, "consumer-harness").parse_args(self.app_args)  # the app's flags
         for i in range(self._n):
             proc = ConsumerProcess(ConsumerConfig(
                 port=0, suffix=f"harness-{i}", limit=self._limit, broker_address=self.cluster.address,
-                etcd_address=self.cluster.etcd_url, etcd_prefix=prefix, etcd_lease=5), self.app)
+                etcd_address=self.cluster.etcd_url, etcd_prefix=prefix, etcd_lease=5, args=args), self.app)
             self.processes.append(proc)
             self._tasks.append(asyncio.create_task(proc.run(), name=f"consumer harness-{i}"))
         async with asyncio.timeout(self.timeout):
