@@ -78,3 +78,39 @@ def selector_only(p: argparse.ArgumentParser) -> None:
 
 Command = tuple[str, str, Callable[[argparse.ArgumentParser], None],
                 Callable[[Context], Coroutine[Any, Any, None]]]
+
+
+def apply_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of ``journals apply`` and ``shards apply`` (Gazette's ApplyConfig)."""
+    p.add_argument("--specs", default="-", help="Input specifications path to apply. "
+                   "Use '-' for stdin")
+    p.add_argument("--dry-run", action="store_true", help="Perform a dry-run of the apply")
+    p.add_argument("--max-txn-size", type=int, default=0,
+                   help="maximum number of specs to be processed within an apply "
+                        "transaction. If 0, the default, all changes are issued in a single "
+                        "transaction")
+
+
+async def read_specs(ctx: Context) -> str:
+    """The text of ``--specs`` (a path, or ``-`` for stdin)."""
+    import asyncio
+    from pathlib import Path
+
+    path = ctx.args.specs
+    try:
+        data = ctx.stdin.read() if path == "-" else await asyncio.to_thread(Path(path).read_bytes)
+    except OSError as err:
+        raise CommandError("failed to read YAML input", err=str(err)) from None
+    return data.decode()
+
+
+def listing_flags(p: argparse.ArgumentParser) -> None:
+    """The flags ``journals list`` and ``shards list`` share (Gazette's ListConfig)."""
+    p.add_argument("-l", "--selector", default="", help="Label Selector query to filter on")
+    p.add_argument("-o", "--format", default="table", choices=["table", "yaml", "json", "proto"],
+                   help="Output format")
+    p.add_argument("-L", "--label-columns", dest="labels", action="append", default=[],
+                   help="Labels to present as columns, eg -L label-one -L label-two")
+    p.add_argument("-p", "--primary", action="store_true", help="Show primary column")
+    p.add_argument("-r", "--replicas", action="store_true", help="Show replicas column")
+    p.add_argument("--rf", action="store_true", help="Show replication factor column")

@@ -7,9 +7,9 @@ shape plus one line in ``gazette.cli.gazctl``.
 
 from __future__ import annotations
 
-from gazette.cli.gazctl.common import Command, selector_only
+from gazette.cli.gazctl.common import Command, apply_flags, selector_only
 from gazette.cli.gazctl.journals.append import append_flags, cmd_append
-from gazette.cli.gazctl.journals.apply import apply_flags, cmd_apply
+from gazette.cli.gazctl.journals.apply import cmd_apply
 from gazette.cli.gazctl.journals.edit import cmd_edit, edit_flags
 from gazette.cli.gazctl.journals.fragments import cmd_fragments, fragments_flags
 from gazette.cli.gazctl.journals.list import add_list_flags, cmd_list

@@ -5,29 +5,15 @@ Flags, help and output are Gazette's; see ``gazctl journals apply --help``.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-from pathlib import Path
-
 from google.protobuf import text_format
 
-from gazette.cli.gazctl.common import CommandError, Context
+from gazette.cli.gazctl.common import CommandError, Context, read_specs
 from gazette.client.errors import (
     ClientError,
 )
 from gazette.client.journal_client import JournalClient
 from gazette.errors import GazetteError
 from gazette.protocol import protocol_pb2 as pb
-
-
-def apply_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--specs", default="-", help="Input specifications path to apply. "
-                   "Use '-' for stdin")
-    p.add_argument("--dry-run", action="store_true", help="Perform a dry-run of the apply")
-    p.add_argument("--max-txn-size", type=int, default=0,
-                   help="maximum number of specs to be processed within an apply "
-                        "transaction. If 0, the default, all changes are issued in a single "
-                        "transaction")
 
 
 def changes_from_yaml(text: str) -> pb.ApplyRequest:
@@ -53,12 +39,8 @@ async def _apply(ctx: Context, client: JournalClient, req: pb.ApplyRequest) -> N
 
 
 async def cmd_apply(ctx: Context) -> None:
-    path = ctx.args.specs
-    try:
-        data = ctx.stdin.read() if path == "-" else await asyncio.to_thread(Path(path).read_bytes)
-    except OSError as err:
-        raise CommandError("failed to read YAML input", err=str(err)) from None
-    req = _decode_specs(data.decode())
+    text = await read_specs(ctx)
+    req = _decode_specs(text)
     if ctx.args.dry_run:
         ctx.stdout.write(text_format.MessageToString(req).encode())
         ctx.stdout.flush()

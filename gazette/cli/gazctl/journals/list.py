@@ -9,7 +9,13 @@ import argparse
 
 from google.protobuf import text_format
 
-from gazette.cli.gazctl.common import CommandError, Context, list_selected, selector_of
+from gazette.cli.gazctl.common import (
+    CommandError,
+    Context,
+    list_selected,
+    listing_flags,
+    selector_of,
+)
 from gazette.cli.gazctl.output import (
     json_line,
     render_table,
@@ -22,14 +28,7 @@ from gazette.protocol import protocol_pb2 as pb
 
 
 def add_list_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-l", "--selector", default="", help="Label Selector query to filter on")
-    p.add_argument("-o", "--format", default="table", choices=["table", "yaml", "json", "proto"],
-                   help="Output format")
-    p.add_argument("-L", "--label-columns", dest="labels", action="append", default=[],
-                   help="Labels to present as columns, eg -L label-one -L label-two")
-    p.add_argument("-p", "--primary", action="store_true", help="Show primary column")
-    p.add_argument("-r", "--replicas", action="store_true", help="Show replicas column")
-    p.add_argument("--rf", action="store_true", help="Show replication factor column")
+    listing_flags(p)
     p.add_argument("--stores", action="store_true", help="Show fragment store column")
     p.add_argument("--watch", action="store_true",
                    help="Keep listing as the journals change (polls every --interval)")

@@ -8,8 +8,8 @@ also reads journals' heads from the brokers (``[shards.Broker]``).
 
 from __future__ import annotations
 
-from gazette.cli.gazctl.common import Command
-from gazette.cli.gazctl.shards.apply import apply_flags, cmd_apply
+from gazette.cli.gazctl.common import Command, apply_flags
+from gazette.cli.gazctl.shards.apply import cmd_apply
 from gazette.cli.gazctl.shards.edit import cmd_edit, edit_flags
 from gazette.cli.gazctl.shards.list import add_list_flags, cmd_list
 from gazette.cli.gazctl.shards.unassign import cmd_unassign, unassign_flags
