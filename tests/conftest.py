@@ -57,6 +57,13 @@ def postgres_dsn() -> Iterator[str]:
         yield dsn
 
 
+@pytest.fixture
+def postgres_db(postgres_dsn: str) -> Iterator[str]:
+    """DSN of a database of this test's own (so tables it makes leave the session's alone)."""
+    with temporary_database(PostgresServer()) as dsn:
+        yield dsn
+
+
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[str]:
     """Endpoint URL of a moto S3 server; dummy AWS credentials are set in the environment."""

@@ -134,8 +134,8 @@ async def _wait(cond: Any, limit: float, what: str, interval: float = 0.2) -> An
 
 
 @pytest.mark.timeout(240)
-async def test_zombie_primary_is_fenced(cluster: Cluster, postgres_dsn: str, tmp_path: Path) -> None:
-    async with _setup(cluster, postgres_dsn, tmp_path, shards=1) as (etcd, prefix, engine, env):
+async def test_zombie_primary_is_fenced(cluster: Cluster, postgres_db: str, tmp_path: Path) -> None:
+    async with _setup(cluster, postgres_db, tmp_path, shards=1) as (etcd, prefix, engine, env):
         flag = tmp_path / "froze"
         env = {**env, "FREEZE_KEY": "zombie", "FREEZE_FLAG": str(flag)}
         a = ConsumerProc("cons-a", env, tmp_path)
@@ -193,10 +193,10 @@ async def _derived_complete(client: JournalClient, n: int) -> Counter[int] | Non
 
 @pytest.mark.soak
 @pytest.mark.timeout(1800)
-async def test_exactly_once_under_kills_and_restarts(cluster: Cluster, postgres_dsn: str, tmp_path: Path) -> None:
+async def test_exactly_once_under_kills_and_restarts(cluster: Cluster, postgres_db: str, tmp_path: Path) -> None:
     duration = float(os.environ.get("SOAK_SECONDS", "180"))
     rng = random.Random(int(os.environ.get("SOAK_SEED", "7")))
-    async with _setup(cluster, postgres_dsn, tmp_path, shards=PARTS) as (etcd, prefix, engine, env):
+    async with _setup(cluster, postgres_db, tmp_path, shards=PARTS) as (etcd, prefix, engine, env):
         procs = [ConsumerProc(f"cons-{i}", env, tmp_path) for i in range(3)]
         for p in procs:
             p.start()

@@ -26,7 +26,7 @@ def _tree(prefix: str, n: int) -> str:
 
 
 @pytest.mark.timeout(120)
-async def test_the_guides_application_runs(gazette_consumer: Any, postgres_dsn: str) -> None:
+async def test_the_guides_application_runs(gazette_consumer: Any, postgres_db: str) -> None:
     doc = DOC.read_text()
     code = re.search(r"```python\n(# wordcount.py\n.*?)```", doc, re.S)
     assert code is not None
@@ -34,7 +34,7 @@ async def test_the_guides_application_runs(gazette_consumer: Any, postgres_dsn: 
     exec(compile(code.group(1), "wordcount.py", "exec"), module.__dict__)  # noqa: S102 - our own doc
     shards = re.search(r"```yaml\n# shards.yaml\n(.*?)```", doc, re.S)
     assert shards is not None
-    dsn = postgres_dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+    dsn = postgres_db.replace("postgresql://", "postgresql+psycopg://", 1)
     engine = create_async_engine(dsn)
     await module.SQLStore.create_tables(engine)
     async with engine.begin() as conn:
