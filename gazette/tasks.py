@@ -29,7 +29,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, Literal
 
-__all__ = ["Supervisor", "cancel_and_wait"]
+__all__ = ["Supervisor", "cancel_and_wait", "wait_first"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,18 @@ async def cancel_and_wait(fut: asyncio.Future[Any]) -> None:
     task = asyncio.current_task()
     if interrupted or (task is not None and task.cancelling()):
         raise asyncio.CancelledError()
+
+
+async def wait_first(*aws: Any) -> None:
+    """Returns once any of ``aws`` (futures, tasks or coroutines) is done. Coroutines are
+    wrapped here and cancelled on return; futures and tasks given are the caller's, left as is."""
+    futs = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(futs, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for f, a in zip(futs, aws, strict=True):
+            if f is not a:
+                f.cancel()
 
 
 class Supervisor:

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from gazette import malloc
-from gazette.durations import parse_duration
 from gazette.server.flags import Flags, add_flags
 from gazette.server.logs import setup_logging
 
@@ -70,23 +69,12 @@ def config_from_args(ns: argparse.Namespace) -> Any:
             raise SystemExit(f"gazette: invalid --{name} {value} (expected >= 0 bytes per second)")
         return value
 
-    try:
-        lease = parse_duration(get("etcd.lease")).total_seconds()
-    except ValueError as err:
-        raise SystemExit(f"gazette: invalid --etcd.lease: {err}") from None
-    from gazette.protocol import protocol_pb2 as pb
-    from gazette.protocol.errors import ValidationError
-    from gazette.protocol.validate import validate_process_id
-
-    suffix = get("broker.id") or random_suffix()
-    try:
-        validate_process_id(pb.ProcessSpec.ID(zone=get("broker.zone"), suffix=suffix))
-    except ValidationError as err:
-        raise SystemExit(f"gazette: invalid --broker.zone/--broker.id: {err}") from None
+    lease = flags.seconds("etcd.lease")
+    zone, suffix = flags.process_id("broker", random_suffix())
     return BrokerConfig(
         host=get("broker.host"),
         port=integer("broker.port"),
-        zone=get("broker.zone"),
+        zone=zone,
         suffix=suffix,
         file_root=get("broker.file-root"),
         limit=integer("broker.limit"),

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gazette.allocator.keys import (
@@ -40,6 +40,7 @@ from gazette.consumer.shard import ShardRuntime
 from gazette.etcd.keyspace import KeySpace
 from gazette.protocol import consumer_pb2 as pc
 from gazette.protocol import protocol_pb2 as pb
+from gazette.tasks import wait_first
 
 __all__ = ["ProxyError", "Resolution", "Resolver", "ResolverHost"]
 
@@ -69,7 +70,6 @@ class Resolution:
     spec: pc.ShardSpec | None = None
     shard: ShardRuntime | None = None  # the local primary, or None
     endpoint: str = ""  # the primary's endpoint, when remote
-    statuses: list[pc.ReplicaStatus] = field(default_factory=list)
 
     @property
     def store(self) -> Any:
@@ -121,7 +121,7 @@ class Resolver:
             await host.wait_reconciled()
         rt, task = entry
         if not rt.ready.is_set():
-            await _first(rt.ready.wait(), task)
+            await wait_first(rt.ready.wait(), task)
             if not rt.ready.is_set():
                 return self._stopped(res)
         if isinstance(rt.app, MessageProducer):  # the app says what its shard must read
@@ -135,7 +135,7 @@ class Resolver:
                 break
             if task.done():
                 return self._stopped(res)
-            await _first(rt.progressed.wait(), task)
+            await wait_first(rt.progressed.wait(), task)
         if task.done():
             return self._stopped(res)
         res.shard = rt
@@ -147,9 +147,9 @@ class Resolver:
         hdr.etcd.CopyFrom(ks.header.to_proto())
         item = ks.search(items_key(ks.root, shard_id))
         spec = item.value if item is not None and isinstance(item.value, pc.ShardSpec) else None
-        route, statuses = route_of(ks, shard_id) if spec is not None else (pb.Route(primary=-1), [])
+        route = route_of(ks, shard_id)[0] if spec is not None else pb.Route(primary=-1)
         hdr.route.CopyFrom(route)
-        res = Resolution(pc.Status.OK, hdr, spec, statuses=statuses)
+        res = Resolution(pc.Status.OK, hdr, spec)
         primary = route.members[route.primary] if route.primary != -1 else None
         if spec is None:
             res.status = pc.Status.SHARD_NOT_FOUND
@@ -162,10 +162,7 @@ class Resolver:
                 hdr.process_id.CopyFrom(primary)
                 res.endpoint = route.endpoints[route.primary]
                 return res
-        if res.status != pc.Status.OK or primary is None:
-            hdr.process_id.CopyFrom(local)
-        else:
-            hdr.process_id.CopyFrom(primary)
+        hdr.process_id.CopyFrom(local)  # the local primary, or the author of an error status
         return res
 
     def _stopped(self, res: Resolution) -> Resolution:
@@ -173,11 +170,3 @@ class Resolver:
         res.header.process_id.CopyFrom(self.host.local_id)
         return res
 
-
-async def _first(waiter: Any, task: asyncio.Task[None]) -> None:
-    """Waits for ``waiter`` or the end of ``task``, whichever comes first."""
-    fut = asyncio.ensure_future(waiter)
-    try:
-        await asyncio.wait({fut, task}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        fut.cancel()

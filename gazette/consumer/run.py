@@ -24,10 +24,6 @@ from collections.abc import Sequence
 from gazette.consumer.initialize import FlagsAdder
 from gazette.consumer.interfaces import Application
 from gazette.consumer.process import ConsumerConfig, ConsumerProcess
-from gazette.durations import parse_duration
-from gazette.protocol import protocol_pb2 as pb
-from gazette.protocol.errors import ValidationError
-from gazette.protocol.validate import validate_process_id
 from gazette.server.flags import Flag, Flags, add_flags
 from gazette.server.logs import setup_logging
 from gazette.server.process import random_suffix, run_until_drained
@@ -68,19 +64,11 @@ def load_app(spec: str) -> Application:
 def config_from_args(ns: argparse.Namespace) -> ConsumerConfig:
     flags = Flags(ns)
     get, integer = flags.get, flags.integer
-
-    try:
-        lease = parse_duration(get("etcd.lease")).total_seconds()
-        parse_duration(get("consumer.watch-delay"))
-    except ValueError as err:
-        raise SystemExit(f"gazette: invalid duration: {err}") from None
-    suffix = get("consumer.id") or random_suffix()
-    try:
-        validate_process_id(pb.ProcessSpec.ID(zone=get("consumer.zone"), suffix=suffix))
-    except ValidationError as err:
-        raise SystemExit(f"gazette: invalid --consumer.zone/--consumer.id: {err}") from None
+    lease = flags.seconds("etcd.lease")
+    flags.seconds("consumer.watch-delay")
+    zone, suffix = flags.process_id("consumer", random_suffix())
     return ConsumerConfig(host=get("consumer.host"), port=integer("consumer.port"),
-                          zone=get("consumer.zone"), suffix=suffix, limit=integer("consumer.limit"),
+                          zone=zone, suffix=suffix, limit=integer("consumer.limit"),
                           broker_address=get("broker.address"), etcd_address=get("etcd.address"),
                           etcd_prefix=get("etcd.prefix").rstrip("/"), etcd_lease=lease, args=ns)
 

@@ -137,7 +137,7 @@ class ShardService(pc_grpc.ShardServicer):
             fwd = pc.StatRequest()
             fwd.CopyFrom(request)
             fwd.header.CopyFrom(res.header)
-            proxied: pc.StatResponse = await self._peer(res.endpoint).Stat(fwd)
+            proxied: pc.StatResponse = await self.proc.peers.stub(res.endpoint).Stat(fwd)
             return proxied
         resp = pc.StatResponse(status=res.status)  # type: ignore[arg-type]
         resp.header.CopyFrom(res.header)
@@ -156,9 +156,6 @@ class ShardService(pc_grpc.ShardServicer):
             resp.status = pc.Status.SHARD_NOT_FOUND
         resp.header.CopyFrom(self._header())
         return resp  # recovery-log hints come with the embedded stores
-
-    def _peer(self, endpoint: str) -> Any:
-        return self.proc.peers.stub(endpoint)
 
     @grpc_edge
     async def Unassign(self, request: pc.UnassignRequest, context: Any) -> pc.UnassignResponse:

@@ -36,3 +36,26 @@ class Flags:
             return int(self.get(name))
         except ValueError:
             raise SystemExit(f"gazette: invalid --{name} {self.get(name)!r} (expected an integer)") from None
+
+    def seconds(self, name: str) -> float:
+        """A Go-style duration flag (``20s``, ``30ms``), in seconds."""
+        from gazette.durations import parse_duration
+
+        try:
+            return parse_duration(self.get(name)).total_seconds()
+        except ValueError as err:
+            raise SystemExit(f"gazette: invalid --{name}: {err}") from None
+
+    def process_id(self, role: str, default_suffix: str) -> tuple[str, str]:
+        """(zone, suffix) of ``--{role}.zone`` and ``--{role}.id`` (``default_suffix`` when the
+        id is empty), validated as a ProcessSpec.ID."""
+        from gazette.protocol import protocol_pb2 as pb
+        from gazette.protocol.errors import ValidationError
+        from gazette.protocol.validate import validate_process_id
+
+        zone, suffix = self.get(f"{role}.zone"), self.get(f"{role}.id") or default_suffix
+        try:
+            validate_process_id(pb.ProcessSpec.ID(zone=zone, suffix=suffix))
+        except ValidationError as err:
+            raise SystemExit(f"gazette: invalid --{role}.zone/--{role}.id: {err}") from None
+        return zone, suffix

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from gazette.allocator.keys import items_key, members_prefix
 from gazette.client import AppendService, JournalClient, append, write_head
 from gazette.consumer.client import ShardClient
 from gazette.consumer.interfaces import Application
@@ -36,6 +37,8 @@ from gazette.consumer.process import ConsumerConfig, ConsumerProcess
 from gazette.consumer.shard import ShardRuntime
 from gazette.consumer.shardspace import apply_request as shard_apply_request
 from gazette.journalspace import apply_request as journal_apply_request
+from gazette.protocol import consumer_pb2 as pc
+from gazette.tasks import wait_first
 from gazette.testing.cluster import Cluster
 from gazette.testing.etcd import start_test_etcd, unique_prefix
 from gazette.testing.etcd_process import EtcdProcess
@@ -106,6 +109,12 @@ class ConsumerHarness:
         async with asyncio.timeout(self.timeout):
             for proc in self.processes:
                 await _first(proc.ready.wait(), self._tasks)
+            # Every process sees every member before shards exist, so the first assignment is
+            # already balanced (no shard moves right after the harness reports it serving).
+            while any(len(p.keyspace.prefixed(members_prefix(p.keyspace.root))) < self._n
+                      for p in self.processes):
+                await _first(wait_first(*(p.keyspace.wait_for_update() for p in self.processes)),
+                             self._tasks)
         self.shards = ShardClient(self.processes[0].endpoint)
         req = shard_apply_request(self.shards_yaml)
         self.shard_ids = [ch.upsert.id for ch in req.changes if ch.HasField("upsert")]
@@ -121,9 +130,9 @@ class ConsumerHarness:
                     started = [e for p in self.processes if (e := p.shards.get(sid)) is not None
                                and not e[1].done()]
                     if started:  # primary here: wait for its store to restore (or it to end)
-                        await _first(_any(started[0][0].ready.wait(), started[0][1]), self._tasks)
+                        await _first(wait_first(started[0][0].ready.wait(), started[0][1]), self._tasks)
                     else:  # not assigned yet: wait for the processes to follow the keyspace
-                        await _first(_any(*(p.wait_reconciled() for p in self.processes)), self._tasks)
+                        await _first(wait_first(*(p.wait_reconciled() for p in self.processes)), self._tasks)
 
     async def aclose(self) -> None:
         for proc in self.processes:
@@ -177,23 +186,14 @@ class ConsumerHarness:
         current write heads (what was appended before this call has been processed)."""
         assert self.client is not None and self.shards is not None
         for sid in shard_ids or self.shard_ids:
-            rt = self.runtime(sid)
-            spec = rt.spec if rt is not None else None
-            journals = [s.journal for s in spec.sources] if spec is not None else []
+            ks = self.processes[0].keyspace  # the spec, even while the shard moves between processes
+            item = ks.search(items_key(ks.root, sid))
+            if item is None or not isinstance(item.value, pc.ShardSpec):
+                raise LookupError(f"shard {sid!r} does not exist")
+            journals = [s.journal for s in item.value.sources]
             heads = {j: await write_head(self.client, j) for j in journals}
             async with asyncio.timeout(self.timeout):
                 await self.shards.stat(sid, read_through={j: h for j, h in heads.items() if h})
-
-
-async def _any(*aws: Any) -> None:
-    """Returns once any of ``aws`` completes (the others are cancelled if not tasks we own)."""
-    futs = [asyncio.ensure_future(a) for a in aws]
-    owned = [f for f, a in zip(futs, aws, strict=True) if f is not a]
-    try:
-        await asyncio.wait(futs, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for f in owned:
-            f.cancel()
 
 
 async def _first(waiter: Any, tasks: Sequence[asyncio.Task[None]]) -> None:

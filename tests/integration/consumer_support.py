@@ -25,6 +25,13 @@ def journals_yaml(*parts: str) -> str:
             "  refresh_interval: 1s\nchildren:\n" + children)
 
 
+def shards_yaml(*parts: str, common: str = "") -> str:
+    """A shard space of shards ``count-NNN`` reading ``in/part-NNN`` (1 s transactions), with
+    ``common`` lines added under ``common:``."""
+    shards = "".join(f"- id: count-{p.rsplit('-', 1)[-1]}\n  sources:\n  - journal: in/{p}\n" for p in parts)
+    return "common:\n  max_txn_duration: 1s\n" + common + "shards:\n" + shards
+
+
 class CountingApp:
     """Counts messages by their ``key`` field (ACKs skipped); ``fail(shard, env)`` may raise."""
 

@@ -6,21 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from consumer_support import CountingApp, journals_yaml
+from consumer_support import CountingApp, journals_yaml, shards_yaml
 
 from gazette.testing.consumer import ConsumerHarness
 
-SHARDS = """\
-common:
-  max_txn_duration: 1s
-shards:
-- id: count-000
-  sources:
-  - journal: in/part-000
-- id: count-001
-  sources:
-  - journal: in/part-001
-"""
+SHARDS = shards_yaml("part-000", "part-001")
 
 
 @pytest.mark.timeout(120)
@@ -67,7 +57,7 @@ class ProducingApp(CountingApp):
 @pytest.mark.timeout(120)
 async def test_message_producer_hooks(gazette_consumer: Any) -> None:
     app = ProducingApp()
-    async with gazette_consumer(app, journals=journals_yaml("part-000"), shards=SHARDS.split("- id: count-001")[0]) as h:
+    async with gazette_consumer(app, journals=journals_yaml("part-000"), shards=shards_yaml("part-000")) as h:
         await h.publish("in/part-000", {"key": "a"}, {"key": "a"})
         await h.read_through(["count-000"])
         assert app.counts == {"produced-a": 2}

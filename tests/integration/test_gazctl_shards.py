@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
-from consumer_support import CountingApp, journals_yaml
+from consumer_support import CountingApp, journals_yaml, shards_yaml
 
 from gazette.client import AppendService, JournalClient
 from gazette.consumer.process import ConsumerConfig, ConsumerProcess
@@ -23,20 +23,7 @@ from gazette.rpc.channel import insecure_channel
 from gazette.testing.cluster import Cluster
 from gazette.testing.etcd import unique_prefix
 
-SHARDS = """\
-common:
-  max_txn_duration: 1s
-  labels:
-  - name: app
-    value: counter
-shards:
-- id: count-000
-  sources:
-  - journal: in/part-000
-- id: count-001
-  sources:
-  - journal: in/part-001
-"""
+SHARDS = shards_yaml("part-000", "part-001", common="  labels:\n  - name: app\n    value: counter\n")
 
 UNFRAMED = """\
 name: raw/blobs
