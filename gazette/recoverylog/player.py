@@ -1,0 +1,470 @@
+"""The player: rebuilds a store's directory from its recovery log (Gazette's
+``recoverylog.Player``), and tails it as a hot standby.
+
+``play()`` reads the log from the hints' first segment (skipping segments of files no longer
+live, and segments of dead branches), applies each op to an FSM and re-enacts it on disk: files
+are staged as ``{dir}/.fnodes/{fnode}`` and linked to their paths only when playback completes,
+so a half-played directory is never mistaken for a store. It reaches the log's write head, then
+either *finishes* there (``finish_at_write_head``: read-only recovery, ``gazctl shards
+recover``) or *hands off* (``inject_handoff(author)``: appends a no-op with
+``union_registers={author}``, reads through it, and completes if its no-op was the one
+applied, so a recorder seeded from ``fsm`` continues the one linear history). Until asked,
+a player at the head keeps tailing: that is a hot standby.
+
+States (one step each): BACKFILL → TAIL (at the head, blocking reads) → EXIT_AT_HEAD |
+INJECT_HANDOFF_AT_HEAD → READ_HANDOFF_BARRIER → COMPLETE.
+
+Invariants:
+
+* A corrupt or mis-sequenced log (a frame without the fixed-framing word, an undecodable op or
+  an unknown op, a checksum mismatch, a sequence gap, hinted segments beyond the write head)
+  raises ``PlaybackError`` naming the log and offset, and the directory is removed: a partially
+  recovered store is never left behind. Duplicates (a sequence number already applied) and ops
+  of dead branches (a non-hinted author) are skipped, as they are normal in a raced log.
+* Progress (bytes read, bytes remaining to the head, live files, rate and ETA) is reported to
+  ``on_progress`` and the ``gazette_recoverylog_playback_*`` metrics every
+  ``progress_interval`` seconds of the injected clock, and once at completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gazette.client import JournalClient, RetryReader, write_head
+from gazette.client.appender import append
+from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol import recoverylog_pb2 as rl
+from gazette.recoverylog import metrics
+from gazette.recoverylog.errors import (
+    FnodeNotTracked,
+    FSMError,
+    NotHintedAuthor,
+    PlaybackError,
+    WrongSeqNo,
+)
+from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.hints import FSMHints
+from gazette.recoverylog.ops import HEADER_LENGTH, decode_header, decode_op
+from gazette.recoverylog.recorder import handoff_op
+
+__all__ = ["STAGING_DIR", "PlaybackProgress", "Player", "PlayerState", "apply_for_playback"]
+
+log = logging.getLogger(__name__)
+
+STAGING_DIR = ".fnodes"
+_COMPACT_AT = 1 << 20
+
+
+class PlayerState(enum.Enum):
+    BACKFILL = "backfill"
+    TAIL = "tail"
+    EXIT_AT_HEAD = "exit-at-head"
+    INJECT_HANDOFF_AT_HEAD = "inject-handoff-at-head"
+    READ_HANDOFF_BARRIER = "read-handoff-barrier"
+    COMPLETE = "complete"
+
+
+@dataclass(frozen=True, slots=True)
+class PlaybackProgress:
+    log: str
+    offset: int
+    read_bytes: int
+    remaining_bytes: int
+    files: int
+    elapsed: float
+    state: PlayerState
+
+    @property
+    def rate(self) -> float:
+        """Bytes per second so far."""
+        return self.read_bytes / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds to the head at the rate so far (None before there is a rate)."""
+        return self.remaining_bytes / self.rate if self.rate > 0 else None
+
+    def describe(self) -> str:
+        eta = "unknown" if self.eta is None else f"{self.eta:.1f}s"
+        return (f"{self.log}@{self.offset}: {self.read_bytes / 1e6:.1f} MB read, "
+                f"{self.remaining_bytes / 1e6:.1f} MB to go, {self.files} files, "
+                f"{self.rate / 1e6:.1f} MB/s, ETA {eta}")
+
+
+class _Interrupted(Exception):
+    pass
+
+
+class _AtHead(Exception):
+    pass
+
+
+class _LogReader:
+    """A byte-buffered reader of one journal at a time over ``RetryReader``."""
+
+    def __init__(self, client: JournalClient) -> None:
+        self.client = client
+        self.journal = ""
+        self.offset = 0  # journal offset of the next unconsumed byte
+        self.read_bytes = 0
+        self._buf = bytearray()
+        self._pos = 0
+        self._rr: RetryReader | None = None
+        self._block = False
+
+    async def seek(self, journal: str, offset: int) -> None:
+        await self.close()
+        self.journal, self.offset = journal, offset
+        self._buf, self._pos = bytearray(), 0
+
+    async def close(self) -> None:
+        if self._rr is not None:
+            rr, self._rr = self._rr, None
+            await rr.aclose()
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf) - self._pos
+
+    async def _next_chunk(self, block: bool, interrupt: asyncio.Event | None) -> bytes:
+        end = self.offset + self.buffered
+        if self._rr is None or self._block != block:
+            await self.close()
+            self._rr, self._block = RetryReader(self.client, pb.ReadRequest(
+                journal=self.journal, offset=end, block=block)), block
+        rr = self._rr
+        if block and interrupt is not None:
+            task = asyncio.ensure_future(rr.__anext__())
+            waiter = asyncio.ensure_future(interrupt.wait())
+            try:
+                await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+                if not task.done():
+                    task.cancel()
+                    await asyncio.wait([task])
+                    await self.close()
+            if task.cancelled():
+                raise _Interrupted
+            try:
+                chunk = task.result()
+            except StopAsyncIteration:
+                self._rr = None
+                raise _AtHead from None
+        else:
+            try:
+                chunk = await rr.__anext__()
+            except StopAsyncIteration:
+                self._rr = None
+                raise _AtHead from None
+        begin = rr.offset - len(chunk)
+        if begin != end:
+            if self.buffered:
+                raise PlaybackError(self.journal, self.offset,
+                                    f"the log jumps from {end} to {begin} in the middle of an op")
+            log.warning("recovery log offset jump", extra={"log": self.journal, "from": end, "to": begin})
+            self.offset = begin
+        self.read_bytes += len(chunk)
+        return chunk
+
+    async def need(self, n: int, block: bool, interrupt: asyncio.Event | None) -> memoryview:
+        """``n`` buffered bytes at the read position (not consumed)."""
+        while self.buffered < n:
+            chunk = await self._next_chunk(block, interrupt)
+            if self._pos >= _COMPACT_AT:
+                del self._buf[:self._pos]
+                self._pos = 0
+            self._buf += chunk
+        return memoryview(self._buf)[self._pos:self._pos + n]
+
+    def consume(self, n: int) -> None:
+        self._pos += n
+        self.offset += n
+        if self._pos == len(self._buf):
+            self._buf, self._pos = bytearray(), 0
+
+    async def stream(self, n: int, sink: Callable[[memoryview, int], None]) -> None:
+        """Passes the next ``n`` bytes to ``sink(data, position)`` and consumes them (blocking:
+        the op's frame is in the log, so its data is too)."""
+        done = 0
+        while done < n:
+            if not self.buffered:
+                chunk = await self._next_chunk(True, None)
+                if len(chunk) <= n - done:
+                    with memoryview(chunk) as mv:
+                        sink(mv, done)
+                    done += len(chunk)
+                    self.offset += len(chunk)
+                    continue
+                self._buf, self._pos = bytearray(chunk), 0
+            k = min(self.buffered, n - done)
+            with memoryview(self._buf) as mv, mv[self._pos:self._pos + k] as part:
+                sink(part, done)
+            done += k
+            self.consume(k)
+
+
+class Player:
+    def __init__(self, client: JournalClient, hints: FSMHints, directory: str, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_progress: Callable[[PlaybackProgress], None] | None = None,
+                 progress_interval: float = 5.0) -> None:
+        self.client = client
+        self.hints = hints
+        self.dir = os.path.abspath(directory)
+        self.fsm = FSM.from_hints(hints)
+        self.state = PlayerState.BACKFILL
+        self.tailing = asyncio.Event()  # set once playback first reaches the write head
+        self.write_head = 0  # of hints.log, as of the last time playback reached it
+        self._clock = clock
+        self._on_progress = on_progress
+        self._interval = progress_interval
+        self._handoff: int | None = None  # 0: finish at the head; else the author to hand off to
+        self._asked = asyncio.Event()
+        self._files: dict[int, int] = {}  # fnode -> fd of its staged file
+        self._reader = _LogReader(client)
+        self._started = 0.0
+        self._last_report = 0.0
+        self._target: dict[str, int] = {}
+
+    # -- requests -------------------------------------------------------------------------
+
+    def finish_at_write_head(self) -> None:
+        self._request(0)
+
+    def inject_handoff(self, author: int) -> None:
+        if author == 0:
+            raise ValueError("a hand-off needs a non-zero author")
+        self._request(author)
+
+    def _request(self, author: int) -> None:
+        if self._asked.is_set():
+            raise RuntimeError("the player was already asked to finish or hand off")
+        self._handoff = author
+        self._asked.set()
+
+    # -- playback -------------------------------------------------------------------------
+
+    def staged_path(self, fnode: int) -> str:
+        return os.path.join(self.dir, STAGING_DIR, str(fnode))
+
+    async def play(self) -> FSM:
+        """Plays the log until finished or handed off; returns the recovered FSM."""
+        self._started = self._last_report = self._clock()
+        try:
+            await self._play()
+        except BaseException:
+            self._abort()
+            raise
+        finally:
+            await self._reader.close()
+        return self.fsm
+
+    async def _play(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(os.path.join(self.dir, STAGING_DIR))
+        logs = {self.hints.log} | {s.log for s in self.fsm.hinted_segments}
+        heads = {j: await write_head(self.client, j) for j in sorted(logs)}
+        for seg in self.fsm.hinted_segments:
+            head = heads[seg.log]
+            if seg.first_offset >= head or seg.last_offset > head:
+                raise PlaybackError(seg.log, seg.first_offset,
+                                    f"write head is {head}, before hinted segment {seg}; possible data loss")
+        self._target = dict(heads)
+        reader = self._reader
+        read_through = 0
+        while True:
+            if self.fsm.hinted_segments:
+                seg = self.fsm.hinted_segments[0]
+                if reader.journal != seg.log or reader.offset < seg.first_offset:
+                    await reader.seek(seg.log, seg.first_offset)
+                    read_through = heads[seg.log]
+                elif reader.offset >= read_through:
+                    raise PlaybackError(reader.journal, reader.offset,
+                                        f"reached the write head {read_through} with hints left; possible data loss")
+            elif not reader.journal:
+                await reader.seek(self.hints.log, 0)
+                read_through = heads[self.hints.log]
+            elif reader.journal != self.hints.log:
+                raise PlaybackError(reader.journal, reader.offset, "hints used up on a log other than the hinted one")
+
+            if self._asked.is_set() and self.state in (PlayerState.BACKFILL, PlayerState.TAIL):
+                self.state = (PlayerState.EXIT_AT_HEAD if self._handoff == 0
+                              else PlayerState.INJECT_HANDOFF_AT_HEAD)
+            self._maybe_report()
+            block = self.state is PlayerState.TAIL
+            try:
+                op_begin = reader.offset
+                op, message = await self._next_op(block)
+            except _Interrupted:
+                continue
+            except _AtHead:
+                if reader.offset < read_through:
+                    raise PlaybackError(reader.journal, reader.offset,
+                                        f"the log ends before its write head {read_through}") from None
+                self.write_head = reader.offset
+                if not self.tailing.is_set():
+                    self.tailing.set()
+                    log.info("recovery log playback reached the write head",
+                             extra={"log": reader.journal, "offset": reader.offset})
+                if self.state is PlayerState.BACKFILL:
+                    self.state = PlayerState.TAIL
+                elif self.state is PlayerState.EXIT_AT_HEAD:
+                    self._complete()
+                    return
+                elif self.state is PlayerState.INJECT_HANDOFF_AT_HEAD:
+                    assert self._handoff
+                    frame, registers = handoff_op(self.fsm, self._handoff)
+                    resp = await append(self.client, self.hints.log, frame, union_registers=registers,
+                                        max_attempts=8)
+                    read_through = resp.commit.end
+                    self.state = PlayerState.READ_HANDOFF_BARRIER
+                elif self.state is PlayerState.READ_HANDOFF_BARRIER:
+                    raise PlaybackError(reader.journal, reader.offset,
+                                        "read to the write head without finding the injected hand-off") from None
+                continue
+            applied = await self._apply(op, message, op_begin)
+            if self._handoff and op.author == self._handoff and self.state is PlayerState.READ_HANDOFF_BARRIER:
+                if applied:
+                    self._complete()
+                    return
+                self.state = PlayerState.INJECT_HANDOFF_AT_HEAD
+
+    async def _next_op(self, block: bool) -> tuple[rl.RecordedOp, bytes]:
+        reader = self._reader
+        interrupt = None if self._asked.is_set() else self._asked
+        header = await reader.need(HEADER_LENGTH, block, interrupt)
+        try:
+            length = decode_header(header)
+        except ValueError as err:
+            raise PlaybackError(reader.journal, reader.offset, str(err)) from None
+        finally:
+            header.release()
+        # The frame is in the log whole (appends are atomic): read it without interruption.
+        view = await reader.need(HEADER_LENGTH + length, True, None)
+        message = bytes(view[HEADER_LENGTH:])
+        view.release()
+        try:
+            op = decode_op(message)
+        except ValueError as err:
+            raise PlaybackError(reader.journal, reader.offset, str(err)) from None
+        op.first_offset = reader.offset
+        op.last_offset = reader.offset + HEADER_LENGTH + length + (op.write.length if op.HasField("write") else 0)
+        op.log = reader.journal
+        reader.consume(HEADER_LENGTH + length)
+        return op, message
+
+    async def _apply(self, op: rl.RecordedOp, message: bytes, offset: int) -> bool:
+        applied = apply_for_playback(self.fsm, op, message, offset)
+        try:
+            if op.HasField("write"):
+                w = op.write
+                target = self._files.get(w.fnode) if applied else None
+                if target is None:
+                    await self._reader.stream(w.length, lambda data, pos: None)
+                else:
+                    fd = target
+                    await self._reader.stream(w.length, lambda data, pos: _pwrite_all(fd, data, w.offset + pos))
+            elif not applied:
+                pass
+            elif op.HasField("create"):
+                self._files[op.seq_no] = os.open(self.staged_path(op.seq_no),
+                                                 os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            elif op.HasField("unlink") and op.unlink.fnode not in self.fsm.live_nodes:
+                fd = self._files.pop(op.unlink.fnode)
+                os.close(fd)
+                os.unlink(self.staged_path(op.unlink.fnode))
+        except OSError as err:
+            raise PlaybackError(op.log, offset, f"re-enacting op {op.seq_no} in {self.dir}: {err}") from err
+        return applied
+
+    def _complete(self) -> None:
+        if self.fsm.has_remaining_hints():
+            raise PlaybackError(self._reader.journal, self._reader.offset, "completed with hints left")
+        for fnode, node in self.fsm.live_nodes.items():
+            os.close(self._files.pop(fnode))
+            for path in node.links:
+                target = os.path.join(self.dir, path.lstrip("/"))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.link(self.staged_path(fnode), target)
+            os.unlink(self.staged_path(fnode))
+        if self._files:
+            raise PlaybackError(self._reader.journal, self._reader.offset,
+                                f"staged files {sorted(self._files)} are not live in the FSM")
+        os.rmdir(os.path.join(self.dir, STAGING_DIR))
+        for path, content in self.fsm.properties.items():
+            target = os.path.join(self.dir, path.lstrip("/"))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "x") as f:
+                f.write(content)
+        self.state = PlayerState.COMPLETE
+        self._maybe_report(force=True)
+        log.info("recovery log playback complete", extra={
+            "log": self._reader.journal, "offset": self._reader.offset, "files": len(self.fsm.live_nodes),
+            "next_seq_no": self.fsm.next_seq_no, "dir": self.dir})
+
+    def _abort(self) -> None:
+        for fd in self._files.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._files.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def progress(self) -> PlaybackProgress:
+        r = self._reader
+        head = max(self._target.get(self.hints.log, 0), self.write_head)
+        remaining = max(0, head - r.offset) if r.journal == self.hints.log else \
+            max(0, self._target.get(r.journal, 0) - r.offset) + head
+        return PlaybackProgress(log=r.journal or self.hints.log, offset=r.offset, read_bytes=r.read_bytes,
+                                remaining_bytes=remaining, files=len(self._files) or len(self.fsm.live_nodes),
+                                elapsed=self._clock() - self._started, state=self.state)
+
+    def _maybe_report(self, force: bool = False) -> None:
+        now = self._clock()
+        if not force and now - self._last_report < self._interval:
+            return
+        self._last_report = now
+        p = self.progress()
+        metrics.PLAYBACK_REMAINING.labels(self.hints.log).set(p.remaining_bytes)
+        metrics.PLAYBACK_FILES.labels(self.hints.log).set(p.files)
+        metrics.PLAYBACK_BYTES.labels(self.hints.log).inc(max(0, p.read_bytes - self._reported_bytes))
+        self._reported_bytes = p.read_bytes
+        if self._on_progress is not None:
+            self._on_progress(p)
+        elif self.state is not PlayerState.TAIL:
+            log.info("recovery log playback: %s", p.describe())
+
+    _reported_bytes = 0
+
+
+def apply_for_playback(fsm: FSM, op: rl.RecordedOp, message: bytes | memoryview, offset: int) -> bool:
+    """Applies ``op`` read at ``offset`` of ``op.log`` to ``fsm`` as a player does: True if its
+    effect is to be re-enacted; False for ops to skip (duplicates, dead branches, files the
+    hints say are dead); ``PlaybackError`` for a corrupt or mis-sequenced log."""
+    try:
+        fsm.apply(op, message)
+        return True
+    except (FnodeNotTracked, NotHintedAuthor):
+        return False
+    except WrongSeqNo:
+        if op.seq_no >= fsm.next_seq_no:
+            raise PlaybackError(op.log, offset, f"sequence gap: op {op.seq_no} where "
+                                f"{fsm.next_seq_no} was expected") from None
+        return False  # a duplicate, or a raced recorder's op already superseded
+    except FSMError as err:
+        raise PlaybackError(op.log, offset, f"{type(err).__name__}: {err}") from None
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while len(data):
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n

@@ -1,0 +1,180 @@
+"""The recorder: turns a store's file changes into recovery-log operations, appended
+atomically and fenced (Gazette's ``recoverylog.Recorder``).
+
+A store (or its capture: a directory scan, a WAL scan) calls ``create``, ``write_at``,
+``unlink``, ``link`` and ``rename`` as files change; each call encodes an op, applies it to the
+recorder's FSM and buffers it. ``flush`` appends everything buffered as *one* journal append
+whose ``check_registers`` is this recorder's author fence, so the batch commits whole or not at
+all, and only while no other process has taken the log over.
+
+Invariants:
+
+* Ops are sequenced and checksummed from the FSM the player recovered, so the log stays one
+  linear history; each op's ``first_offset`` is a lower bound of where it lands (the write head
+  known when it was buffered plus its position in the batch), ``last_offset`` is left unknown
+  (0), as Gazette's recorder does.
+* Flushes are serialised (one in flight): batch N+1 is appended only after batch N committed.
+* Once an append fails (fenced: REGISTER_MISMATCH; or any other error), the FSM has diverged
+  from the log: the recorder is *failed* and every later call raises. The owner's recourse is
+  to drop the store and recover it from the log.
+* ``build_hints`` describes only committed ops: it refuses while a batch is buffered or after
+  a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Iterable, Sequence
+from typing import Any
+
+from gazette.client import JournalClient
+from gazette.client.appender import append
+from gazette.client.errors import AppendError
+from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol import recoverylog_pb2 as rl
+from gazette.recoverylog.errors import FencedError, RecoveryLogError
+from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.hints import FSMHints
+from gazette.recoverylog.ops import encode_op, fence, fence_selector
+
+__all__ = ["Recorder"]
+
+
+class Recorder:
+    def __init__(self, client: JournalClient, log: str, fsm: FSM, author: int, directory: str, *,
+                 write_head: int = 0) -> None:
+        self.client = client
+        self.log = log
+        self.fsm = fsm
+        self.author = author
+        self.dir = os.path.abspath(directory)
+        self.write_head = write_head  # end offset of the last batch known to have committed
+        self.failed: BaseException | None = None
+        self.appended_bytes = 0
+        self.appends = 0
+        self._chunks: list[bytes | memoryview] = []
+        self._pending = 0
+        self._lock = asyncio.Lock()
+
+    # -- recording ------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self.failed is not None:
+            raise RecoveryLogError(f"the recorder of {self.log} failed: {self.failed}")
+
+    def _process(self, op: rl.RecordedOp) -> None:
+        self._check()
+        op.author, op.seq_no, op.checksum = self.author, self.fsm.next_seq_no, self.fsm.next_checksum
+        frame, message = encode_op(op)
+        op.first_offset = self.write_head + self._pending
+        op.log = self.log
+        self.fsm.apply(op, message)
+        self._chunks.append(frame)
+        self._pending += len(frame)
+
+    def path_of(self, path: str) -> str:
+        """The log's name of ``path`` (``/a/b``): a path under the store's directory is made
+        relative to it; any other path is already the log's name."""
+        if path.startswith(self.dir + os.sep):
+            path = path[len(self.dir):]
+        return "/" + os.path.normpath(path).replace(os.sep, "/").lstrip("/")
+
+    def fnode_of(self, path: str) -> int | None:
+        return self.fsm.links.get(self.path_of(path))
+
+    def create(self, path: str) -> int:
+        """Records a new, empty file at ``path`` (replacing any file there); its fnode."""
+        p = self.path_of(path)
+        if p in self.fsm.links:
+            self.unlink(p)
+        op = rl.RecordedOp()
+        op.create.path = p
+        self._process(op)
+        return self.fsm.links[p]
+
+    def write_at(self, fnode: int, data: bytes | memoryview, offset: int) -> None:
+        if not len(data):
+            return
+        op = rl.RecordedOp()
+        op.write.fnode, op.write.offset, op.write.length = fnode, offset, len(data)
+        self._process(op)
+        self._chunks.append(data)
+        self._pending += len(data)
+
+    def unlink(self, path: str) -> None:
+        p = self.path_of(path)
+        op = rl.RecordedOp()
+        op.unlink.fnode, op.unlink.path = self.fsm.links[p], p
+        self._process(op)
+
+    def link(self, src: str, target: str) -> None:
+        op = rl.RecordedOp()
+        op.link.fnode, op.link.path = self.fsm.links[self.path_of(src)], self.path_of(target)
+        self._process(op)
+
+    def rename(self, src: str, target: str) -> None:
+        s, t = self.path_of(src), self.path_of(target)
+        if t in self.fsm.links:
+            self.unlink(t)
+        self.link(s, t)
+        self.unlink(s)
+
+    # -- appending ------------------------------------------------------------------------
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending
+
+    def take_batch(self) -> list[bytes | memoryview]:
+        """The buffered ops (and write data) as one batch; the buffer starts over."""
+        chunks, self._chunks, self._pending = self._chunks, [], 0
+        return chunks
+
+    async def flush(self, wait_for: Iterable[Awaitable[Any]] = ()) -> pb.AppendResponse | None:
+        """Appends what is buffered as one fenced append, after every ``wait_for`` resolved.
+
+        Returns the append's response (None if nothing was buffered); raises ``FencedError``
+        when another process holds the log, and fails the recorder on any error."""
+        self._check()
+        batch = self.take_batch()
+        async with self._lock:
+            for f in wait_for:
+                await f
+            self._check()
+            if not batch:
+                return None
+            return await self.append_batch(batch)
+
+    async def append_batch(self, batch: Sequence[bytes | memoryview]) -> pb.AppendResponse:
+        try:
+            resp = await append(self.client, self.log, batch, check_registers=fence_selector(self.author),
+                                max_attempts=8)
+        except AppendError as err:
+            if err.status == pb.REGISTER_MISMATCH:
+                self.failed = FencedError(f"recovery log {self.log} is fenced by another author "
+                                          f"(this recorder is {self.author:08x}): a newer primary took over")
+                raise self.failed from None
+            self.failed = err
+            raise
+        except BaseException as err:
+            self.failed = err
+            raise
+        self.write_head = max(self.write_head, resp.commit.end)
+        self.appended_bytes += resp.commit.end - resp.commit.begin
+        self.appends += 1
+        return resp
+
+    def build_hints(self) -> FSMHints:
+        """Hints of everything this recorder has committed (see the module docstring)."""
+        self._check()
+        if self._chunks or self._lock.locked():
+            raise RecoveryLogError("hints are built between batches, not while one is pending")
+        return self.fsm.build_hints(self.log)
+
+
+def handoff_op(fsm: FSM, author: int) -> tuple[bytes, pb.LabelSet]:
+    """The no-op a new owner appends (with ``union_registers``) to take the log over."""
+    op = rl.RecordedOp(seq_no=fsm.next_seq_no, checksum=fsm.next_checksum, author=author)
+    frame, _ = encode_op(op)
+    return frame, fence(author)

@@ -1,0 +1,280 @@
+"""The recovery log's FSM, recorder and playback rules as a state machine (hypothesis).
+
+An in-memory journal with an ``author`` register stands in for the broker. Recorders (the real
+``Recorder``, minus its network append) create, write, link, rename and unlink files and commit
+batches fenced by their author; new owners take over by playing the log and injecting a
+hand-off, sometimes raced by the old owner's commit; batches are sometimes appended twice (a
+retried append); hints are stored (through JSON) now and then. After every step, playing the
+log from the stored hints, and from no hints, must rebuild exactly the committed files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from gazette.protocol import recoverylog_pb2 as rl
+from gazette.recoverylog import FSM, FSMHints, Recorder
+from gazette.recoverylog.errors import PlaybackError
+from gazette.recoverylog.ops import (
+    HEADER_LENGTH,
+    decode_header,
+    decode_op,
+    encode_op,
+    extend_checksum,
+)
+from gazette.recoverylog.player import apply_for_playback
+from gazette.recoverylog.recorder import handoff_op
+
+LOG = "recovery/logs/shard-1"
+PATHS = ["/a", "/b", "/c", "/d/e"]
+
+
+@dataclass
+class Entry:
+    offset: int
+    op: rl.RecordedOp
+    message: bytes
+    data: bytes
+
+
+class MemLog:
+    """A journal of ops with an ``author`` register, as the broker keeps one."""
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.head = 0
+        self.author = ""
+
+    def append(self, batch: bytes, *, check: str | None = None, union: str | None = None) -> bool:
+        if check is not None and self.author not in ("", check):
+            return False
+        if union is not None:
+            self.author = union
+        pos = 0
+        while pos < len(batch):
+            n = decode_header(batch[pos:pos + HEADER_LENGTH])
+            msg = batch[pos + HEADER_LENGTH:pos + HEADER_LENGTH + n]
+            op = decode_op(msg)
+            end = pos + HEADER_LENGTH + n + (op.write.length if op.HasField("write") else 0)
+            op.first_offset, op.last_offset, op.log = self.head + pos, self.head + end, LOG
+            self.entries.append(Entry(self.head + pos, op, msg, batch[pos + HEADER_LENGTH + n:end]))
+            pos = end
+        self.head += len(batch)
+        return True
+
+
+def play(log: MemLog, hints: FSMHints, upto: int | None = None) -> tuple[FSM, dict[int, bytearray]]:
+    """Plays ``log`` from ``hints`` as the Player does (seeking to hinted segments)."""
+    fsm = FSM.from_hints(hints)
+    files: dict[int, bytearray] = {}
+    pos = 0
+    entries = [e for e in log.entries if upto is None or e.offset < upto]
+    i = 0
+    while i < len(entries):
+        if fsm.hinted_segments and pos < fsm.hinted_segments[0].first_offset:
+            pos = fsm.hinted_segments[0].first_offset
+            while i < len(entries) and entries[i].offset < pos:
+                i += 1
+            continue
+        e = entries[i]
+        op = rl.RecordedOp()
+        op.CopyFrom(e.op)
+        if apply_for_playback(fsm, op, e.message, e.offset):
+            if op.HasField("create"):
+                files[op.seq_no] = bytearray()
+            elif op.HasField("write"):
+                f = files[op.write.fnode]
+                end = op.write.offset + op.write.length
+                if len(f) < end:
+                    f.extend(b"\0" * (end - len(f)))
+                f[op.write.offset:end] = e.data
+            elif op.HasField("unlink") and op.unlink.fnode not in fsm.live_nodes:
+                del files[op.unlink.fnode]
+        pos = op.last_offset
+        i += 1
+    assert not fsm.has_remaining_hints()
+    return fsm, files
+
+
+def contents(fsm: FSM, files: dict[int, bytearray]) -> dict[str, bytes]:
+    return {path: bytes(files[fnode]) for path, fnode in fsm.links.items()}
+
+
+class Cell:
+    """A file's content, shared by its hard links."""
+
+    def __init__(self, data: bytes = b"") -> None:
+        self.data = data
+
+
+class Owner:
+    def __init__(self, fsm: FSM, author: int, log: MemLog, files: dict[int, bytearray]) -> None:
+        self.rec = Recorder(None, LOG, fsm, author, "/store", write_head=log.head)  # type: ignore[arg-type]
+        cells = {fnode: Cell(bytes(data)) for fnode, data in files.items()}
+        self.model = {path: cells[fnode] for path, fnode in fsm.links.items()}  # uncommitted included
+        self.alive = True
+
+    def snapshot(self) -> dict[str, bytes]:
+        return {path: cell.data for path, cell in self.model.items()}
+
+
+class RecoveryLogMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.log = MemLog()
+        self.next_author = 1
+        self.hints: FSMHints | None = None
+        self.owner = self._take_over(FSMHints(log=LOG))
+        self.zombie: Owner | None = None
+        self.committed: dict[str, bytes] = {}  # what the log must rebuild
+        self.last_batch = b""
+
+    def _take_over(self, hints: FSMHints, race: Owner | None = None) -> Owner:
+        author = self.next_author
+        self.next_author += 1
+        while True:
+            fsm, files = play(self.log, hints)
+            if race is not None:
+                self._commit(race)  # the old owner commits after we read the head
+                race = None
+            frame, _ = handoff_op(fsm, author)
+            self.log.append(frame, union=f"{author}")
+            fsm, files = play(self.log, hints)
+            last = self.log.entries[-1].op
+            if last.author == author and fsm.next_seq_no == last.seq_no + 1:
+                break
+        return Owner(fsm, author, self.log, files)
+
+    def _commit(self, owner: Owner) -> bool:
+        batch = b"".join(bytes(c) for c in owner.rec.take_batch())
+        if not batch:
+            return True
+        if not self.log.append(batch, check=f"{owner.rec.author}"):
+            owner.alive = False
+            return False
+        owner.rec.write_head = self.log.head
+        self.last_batch = batch
+        if owner is self.owner:
+            self.committed = owner.snapshot()
+        return True
+
+    # -- file operations of the current owner (or the zombie) --------------------------
+
+    def _actor(self, zombie: bool) -> Owner:
+        return self.zombie if zombie and self.zombie is not None and self.zombie.alive else self.owner
+
+    @rule(path=st.sampled_from(PATHS), zombie=st.booleans())
+    def create(self, path: str, zombie: bool) -> None:
+        o = self._actor(zombie)
+        o.rec.create(path)
+        o.model[path] = Cell()
+
+    @rule(path=st.sampled_from(PATHS), data=st.binary(min_size=1, max_size=20), at=st.integers(0, 30),
+          zombie=st.booleans())
+    def write(self, path: str, data: bytes, at: int, zombie: bool) -> None:
+        o = self._actor(zombie)
+        if path not in o.model:
+            return
+        cell = o.model[path]
+        at = min(at, len(cell.data))
+        o.rec.write_at(o.rec.fnode_of(path), data, at)  # type: ignore[arg-type]
+        cell.data = cell.data[:at] + data + cell.data[at + len(data):]
+
+    @rule(path=st.sampled_from(PATHS), zombie=st.booleans())
+    def unlink(self, path: str, zombie: bool) -> None:
+        o = self._actor(zombie)
+        if path in o.model:
+            o.rec.unlink(path)
+            del o.model[path]
+
+    @rule(src=st.sampled_from(PATHS), dst=st.sampled_from(PATHS), hard=st.booleans())
+    def link_or_rename(self, src: str, dst: str, hard: bool) -> None:
+        o = self.owner
+        if src not in o.model or src == dst:
+            return
+        if hard:
+            if dst in o.model:
+                return
+            o.rec.link(src, dst)
+            o.model[dst] = o.model[src]
+        else:
+            o.rec.rename(src, dst)
+            o.model[dst] = o.model.pop(src)
+
+    @rule(zombie=st.booleans())
+    def commit(self, zombie: bool) -> None:
+        o = self._actor(zombie)
+        if not self._commit(o) and o is self.owner:
+            raise AssertionError("the current owner was fenced")
+
+    @rule()
+    def duplicate_last_batch(self) -> None:
+        if self.last_batch:
+            self.log.append(self.last_batch, check=f"{self.owner.rec.author}")
+
+    @rule()
+    def store_hints(self) -> None:
+        self._commit(self.owner)
+        self.hints = FSMHints.from_json(self.owner.rec.build_hints().to_json())
+
+    @rule(raced=st.booleans())
+    def hand_off(self, raced: bool) -> None:
+        self._commit(self.owner)
+        old = self.owner
+        self.owner = self._take_over(self.hints or FSMHints(log=LOG), race=old if raced else None)
+        self.committed = self.owner.snapshot()
+        self.zombie = old
+
+    # -- invariants ---------------------------------------------------------------------
+
+    @invariant()
+    def playback_rebuilds_committed_files(self) -> None:
+        for hints in (self.hints, FSMHints(log=LOG)):
+            if hints is None:
+                continue
+            fsm, files = play(self.log, hints)
+            assert contents(fsm, files) == self.committed
+
+
+RecoveryLogMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestRecoveryLog = RecoveryLogMachine.TestCase
+
+
+def test_checksums_chain_over_message_bytes() -> None:
+    fsm = FSM(LOG)
+    op = rl.RecordedOp(seq_no=1, checksum=0, author=7)
+    op.create.path = "/x"
+    _, msg = encode_op(op)
+    fsm.apply(op, msg)
+    assert fsm.next_checksum == extend_checksum(0, msg) and fsm.next_seq_no == 2
+
+
+def test_corrupt_log_stops_playback_naming_the_offset() -> None:
+    log = MemLog()
+    rec = Recorder(None, LOG, FSM(LOG), 5, "/s")  # type: ignore[arg-type]
+    rec.write_at(rec.create("/a"), b"hello", 0)
+    log.append(b"".join(bytes(c) for c in rec.take_batch()))
+    bad = rl.RecordedOp(seq_no=rec.fsm.next_seq_no, checksum=rec.fsm.next_checksum ^ 1, author=5)
+    log.append(encode_op(bad)[0])
+    with pytest.raises(PlaybackError, match=f"at offset {log.entries[-1].offset}: ChecksumMismatch"):
+        play(log, FSMHints(log=LOG))
+    gap = MemLog()
+    gap.entries = [log.entries[0], log.entries[2]]  # the write op (seq 2) is lost
+    with pytest.raises(PlaybackError, match="sequence gap"):
+        play(gap, FSMHints(log=LOG))
+
+
+def test_hints_json_is_gazettes() -> None:
+    rec = Recorder(None, LOG, FSM(LOG), 0x1234, "/s")  # type: ignore[arg-type]
+    rec.write_at(rec.create("/a"), b"x", 0)
+    rec.take_batch()
+    doc = rec.build_hints().to_json()
+    assert doc == (b'{"log":"recovery/logs/shard-1","live_nodes":[{"fnode":1,"segments":[{"author":4660,'
+                   b'"first_seq_no":1,"last_seq_no":2}]}],"properties":[]}')
+    assert FSMHints.decode(doc) == rec.build_hints()
+    assert FSMHints.decode(rec.build_hints().to_proto().SerializeToString()) == rec.build_hints()
