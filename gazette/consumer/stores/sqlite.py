@@ -1,0 +1,86 @@
+"""``SQLiteStore``: a shard's state in an embedded SQLite database (stdlib ``sqlite3``),
+recorded into the shard's recovery log by WAL-frame capture (Gazette's ``store-sqlite``, by
+other means).
+
+The application uses ``conn`` with ordinary SQL inside the transaction the store keeps open;
+``start_commit`` writes the checkpoint row into the same SQL transaction and commits it, so
+state and checkpoint commit together; then the WAL's committed frames are captured (and, past
+``checkpoint_bytes`` of WAL, the store checkpoints the WAL into the database and records the
+pages) and appended as one fenced batch.
+
+Invariants:
+
+* The connection runs ``locking_mode=EXCLUSIVE``, ``journal_mode=WAL``, ``synchronous=OFF``
+  (durability is the log's) and ``wal_autocheckpoint=0`` (checkpoints are the store's): every
+  commit checks that the application did not change them, and fails naming the pragma if it
+  did, as capture would silently lose writes otherwise.
+* The checkpoint is the single row of table ``gazette_checkpoint``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+from collections.abc import Awaitable, Sequence
+from typing import Any
+
+from gazette.consumer.interfaces import OpFuture, Shard
+from gazette.consumer.stores.recorded import StoreOptionError, commit_batch, store_directory
+from gazette.protocol import consumer_pb2 as pc
+from gazette.recoverylog import Recorder
+from gazette.recoverylog.capture import WalCapture
+
+__all__ = ["SQLiteStore"]
+
+_PRAGMAS = (("locking_mode", "exclusive"), ("journal_mode", "wal"), ("synchronous", "0"),
+            ("wal_autocheckpoint", "0"))
+
+
+class SQLiteStore:
+    def __init__(self, recorder: Recorder | None, *, directory: str | None = None,
+                 filename: str = "db.sqlite", checkpoint_bytes: int = 4 << 20) -> None:
+        self.recorder = recorder
+        self.dir = store_directory(recorder, directory, "SQLiteStore")
+        self.path = os.path.join(self.dir, filename)
+        self.checkpoint_bytes = checkpoint_bytes
+        self.conn = sqlite3.connect(self.path, isolation_level="DEFERRED", check_same_thread=False)
+        for name, value in _PRAGMAS:
+            self.conn.execute(f"PRAGMA {name}={value}")
+        self._check_pragmas()
+        self.conn.execute("CREATE TABLE IF NOT EXISTS gazette_checkpoint "
+                          "(id INTEGER PRIMARY KEY CHECK (id = 0), checkpoint BLOB NOT NULL)")
+        self.conn.commit()
+        self.capture = WalCapture(recorder, self.path) if recorder is not None else None
+
+    def _check_pragmas(self) -> None:
+        for name, want in _PRAGMAS:
+            got = str(self.conn.execute(f"PRAGMA {name}").fetchone()[0]).lower()
+            if got != want:
+                raise StoreOptionError(
+                    f"SQLiteStore: PRAGMA {name} is {got}, but recording needs {want} "
+                    "(the store captures committed WAL frames and runs its own checkpoints)")
+
+    def restore_checkpoint(self, shard: Shard) -> pc.Checkpoint:
+        cp = pc.Checkpoint()
+        row = self.conn.execute("SELECT checkpoint FROM gazette_checkpoint WHERE id = 0").fetchone()
+        if row is not None:
+            cp.ParseFromString(row[0])
+        return cp
+
+    def start_commit(self, shard: Shard, checkpoint: pc.Checkpoint,
+                     wait_for: Sequence[Awaitable[Any]]) -> OpFuture:
+        self.conn.execute("INSERT OR REPLACE INTO gazette_checkpoint (id, checkpoint) VALUES (0, ?)",
+                          (checkpoint.SerializeToString(),))
+        self.conn.commit()
+        if self.capture is not None:
+            self._check_pragmas()
+            self.capture.capture_commit()
+            if self.capture.wal_recorded >= self.checkpoint_bytes:
+                self.capture.checkpoint(self.conn)
+        return commit_batch(self.recorder, wait_for)
+
+    def destroy(self) -> None:
+        self.conn.close()
+        if self.recorder is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,355 @@
+"""Captures: turning a store directory's changes into recorder calls, for stores whose file
+I/O cannot be intercepted from Python (RocksDB through rocksdict, SQLite through ``sqlite3``).
+
+``DirCapture`` scans a directory after each commit. Files matching ``append_only`` (RocksDB's
+SSTs, WALs and MANIFESTs) are recorded as the bytes appended since the last scan; any other file
+is small and recorded whole when its content changes; a name whose inode changed, a file that
+shrank or whose recorded head or tail bytes changed is recorded as unlink + create + full
+write; vanished names as unlinks. With ``stable`` (RocksDB's CURRENT inode, the MANIFEST it
+names and that MANIFEST's size), the scan repeats until a whole round saw ``stable`` unchanged:
+a MANIFEST that did not grow during a round describes a version whose every file the round saw
+complete (background compactions cannot have added or deleted any of them).
+
+``WalCapture`` records a SQLite database in WAL mode, with the store owning checkpoints: after
+each commit, the WAL's new frames up to the *last commit frame* (frames past it belong to a
+rolled-back transaction and are overwritten in place later); at a checkpoint, the database
+pages those frames named (read back after ``wal_checkpoint(TRUNCATE)``), then the emptied WAL
+as a new file. A database that shrank, or a WAL checkpointed behind the store's back, is
+rebased: the whole database recorded as a new file.
+
+Invariants:
+
+* After ``capture()``, replaying the log reproduces the directory as of the last commit, up to
+  files nothing references (half-written SSTs, which RocksDB deletes on open).
+* Ops within a batch are ordered data files, MANIFEST, CURRENT, other files, unlinks; the batch
+  is appended atomically anyway.
+* Files named by ``exclude`` (RocksDB's LOG and LOCK, the player's staging directory) are never
+  recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import struct
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from gazette.recoverylog.errors import RecoveryLogError
+from gazette.recoverylog.recorder import Recorder
+
+__all__ = ["CaptureError", "DirCapture", "WalCapture", "rocksdb_stable"]
+
+_GUARD = 512
+_READ_CHUNK = 4 << 20
+
+
+class CaptureError(RecoveryLogError):
+    """The store's files changed in a way its capture cannot record."""
+
+
+@dataclass(slots=True)
+class _Known:
+    ino: int
+    size: int
+    mtime: int
+    head: bytes  # first bytes of the recorded content (append-only files)
+    tail: bytes  # last bytes of the recorded content (append-only files)
+    content: bytes | None  # whole content (other files)
+
+
+def _pread(path: str, offset: int, length: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+
+
+def _rank(name: str) -> int:
+    if name.startswith("MANIFEST-"):
+        return 1
+    if name == "CURRENT":
+        return 2
+    return 0
+
+
+class DirCapture:
+    def __init__(self, recorder: Recorder, *, append_only: str = r"^(\d+\.(sst|log|blob)|MANIFEST-\d+)$",
+                 exclude: str = r"^(LOG.*|LOCK|\.fnodes)$",
+                 stable: Callable[[str], Hashable] | None = None, max_rounds: int = 1000) -> None:
+        self.recorder = recorder
+        self.dir = recorder.dir
+        self._append_only = re.compile(append_only)
+        self._exclude = re.compile(exclude)
+        self._stable = stable
+        self._max_rounds = max_rounds
+        self._known: dict[str, _Known] = {}
+        self.rounds = 0  # scan rounds of the last capture (1 when the directory was stable)
+        self._seed()
+
+    def _seed(self) -> None:
+        """Learns the files the recorder's FSM already holds (a recovered directory)."""
+        for path in list(self.recorder.fsm.links):
+            name = path.lstrip("/")
+            full = os.path.join(self.dir, name)
+            try:
+                st = os.stat(full)
+            except FileNotFoundError:
+                continue  # recorded but gone: the next scan records the unlink
+            if self._append_only.match(name):
+                self._known[name] = _Known(st.st_ino, st.st_size, st.st_mtime_ns, _pread(full, 0, _GUARD),
+                                           _pread(full, max(0, st.st_size - _GUARD), _GUARD), None)
+            else:
+                with open(full, "rb") as f:
+                    self._known[name] = _Known(st.st_ino, st.st_size, st.st_mtime_ns, b"", b"", f.read())
+        for name in [p.lstrip("/") for p in self.recorder.fsm.links]:
+            if name not in self._known:
+                self._known[name] = _Known(-1, -1, -1, b"", b"", None)
+
+    def capture(self) -> None:
+        """Records every change since the last capture (see the module docstring)."""
+        for rounds in range(1, self._max_rounds + 1):
+            before = self._stable(self.dir) if self._stable else None
+            self._scan()
+            if self._stable is None or self._stable(self.dir) == before:
+                self.rounds = rounds
+                return
+        raise CaptureError(f"{self.dir}: the directory did not settle in {self._max_rounds} scans")
+
+    def _scan(self) -> None:
+        rec = self.recorder
+        found: list[tuple[int, str, os.stat_result]] = []
+        with os.scandir(self.dir) as it:
+            for entry in it:
+                if self._exclude.match(entry.name) or not entry.is_file(follow_symlinks=False):
+                    continue
+                try:
+                    found.append((_rank(entry.name), entry.name, entry.stat(follow_symlinks=False)))
+                except FileNotFoundError:
+                    continue
+        seen = set()
+        for _, name, st in sorted(found):
+            seen.add(name)
+            k = self._known.get(name)
+            if k is not None and (k.ino, k.size, k.mtime) == (st.st_ino, st.st_size, st.st_mtime_ns):
+                continue
+            full = os.path.join(self.dir, name)
+            try:
+                if self._append_only.match(name):
+                    self._append_only_file(name, full, st, k)
+                else:
+                    with open(full, "rb") as f:
+                        content = f.read()
+                    if k is not None and k.ino == st.st_ino and k.content == content:
+                        k.size, k.mtime = st.st_size, st.st_mtime_ns
+                        continue
+                    fnode = rec.create(name)
+                    rec.write_at(fnode, content, 0)
+                    self._known[name] = _Known(st.st_ino, len(content), st.st_mtime_ns, b"", b"", content)
+            except FileNotFoundError:
+                seen.discard(name)  # deleted while we looked: recorded as gone below
+        for name in [n for n in self._known if n not in seen]:
+            del self._known[name]
+            if rec.fnode_of(name) is not None:
+                rec.unlink(name)
+
+    def _append_only_file(self, name: str, full: str, st: os.stat_result, k: _Known | None) -> None:
+        rec = self.recorder
+        whole = k is None or k.ino != st.st_ino or st.st_size < k.size
+        if not whole and k is not None and k.size > 0:
+            whole = (_pread(full, 0, min(_GUARD, k.size)) != k.head[:min(_GUARD, k.size)]
+                     or _pread(full, k.size - len(k.tail), len(k.tail)) != k.tail)
+        if whole:
+            fnode, start = rec.create(name), 0
+            head = b""
+        else:
+            assert k is not None
+            fnode, start, head = rec.fnode_of(name), k.size, k.head  # type: ignore[assignment]
+        assert fnode is not None
+        end, tail = start, k.tail if k is not None and not whole else b""
+        fd = os.open(full, os.O_RDONLY)
+        try:
+            while end < st.st_size:
+                data = os.pread(fd, min(_READ_CHUNK, st.st_size - end), end)
+                if not data:
+                    break
+                rec.write_at(fnode, data, end)
+                if len(head) < _GUARD:
+                    head = (head + data)[:_GUARD]
+                tail = (tail + data)[-_GUARD:]
+                end += len(data)
+        finally:
+            os.close(fd)
+        self._known[name] = _Known(st.st_ino, end, st.st_mtime_ns if end == st.st_size else -1, head, tail, None)
+
+
+def rocksdb_stable(directory: str) -> Hashable:
+    """RocksDB's stability key: (CURRENT's inode, the MANIFEST it names, that MANIFEST's size)."""
+    try:
+        ino = os.stat(os.path.join(directory, "CURRENT")).st_ino
+        with open(os.path.join(directory, "CURRENT")) as f:
+            manifest = f.read().strip()
+        return ino, manifest, os.stat(os.path.join(directory, manifest)).st_size
+    except FileNotFoundError:
+        return None
+
+
+_WAL_HEADER = 32
+_FRAME_HEADER = 24
+_U32 = struct.Struct(">I")
+
+
+class WalCapture:
+    def __init__(self, recorder: Recorder, db_path: str) -> None:
+        self.recorder = recorder
+        self.db_path = db_path
+        self.wal_path = db_path + "-wal"
+        self.db_name = os.path.basename(db_path)
+        self.wal_name = self.db_name + "-wal"
+        self.wal_recorded = 0  # WAL bytes recorded (through the last commit frame)
+        self.db_recorded = 0  # size of the recorded database file
+        self.page_size = 0
+        self._salts = b""
+        self._pages: set[int] = set()  # pages named by recorded frames since the last checkpoint
+        self.rebases = 0
+        self.checkpoints = 0
+        self._seed()
+
+    def _size(self, path: str) -> int:
+        try:
+            return os.stat(path).st_size
+        except FileNotFoundError:
+            return -1
+
+    def _seed(self) -> None:
+        rec = self.recorder
+        if rec.fnode_of(self.db_name) is None:
+            self._record_whole_db()
+        else:  # recovered: the file is what the log holds
+            self.db_recorded = max(0, self._size(self.db_path))
+        if rec.fnode_of(self.wal_name) is not None and self._size(self.wal_path) >= 0:
+            self.wal_recorded = self._walk(0, self._size(self.wal_path))
+        else:
+            self._new_wal()
+            self.capture_commit()
+
+    def _record_whole_db(self) -> None:
+        rec = self.recorder
+        fnode = rec.create(self.db_name)
+        size = 0
+        if os.path.exists(self.db_path):
+            with open(self.db_path, "rb") as f:
+                while data := f.read(_READ_CHUNK):
+                    rec.write_at(fnode, data, size)
+                    size += len(data)
+        self.db_recorded = size
+        self.rebases += 1
+
+    def _new_wal(self) -> None:
+        self.recorder.create(self.wal_name)
+        self.wal_recorded = 0
+        self._salts = b""
+        self._pages.clear()
+
+    def _walk(self, start: int, end: int) -> int:
+        """Walks the frames of [start, end), noting the pages of committed ones; returns the
+        end of the last commit frame (``start`` when there is none)."""
+        fd = os.open(self.wal_path, os.O_RDONLY)
+        try:
+            pos0 = start
+            if start == 0:
+                header = os.pread(fd, _WAL_HEADER, 0)
+                if len(header) < _WAL_HEADER:
+                    return 0
+                self.page_size = _U32.unpack_from(header, 8)[0]
+                self._salts = header[16:24]
+                pos0 = _WAL_HEADER
+            frame = _FRAME_HEADER + self.page_size
+            data = os.pread(fd, max(0, end - pos0), pos0)
+        finally:
+            os.close(fd)
+        committed_end, pages, pos = start, [], 0
+        while pos + frame <= len(data):
+            if data[pos + 8:pos + 16] != self._salts:
+                break  # a stale frame of an earlier WAL generation
+            pages.append(_U32.unpack_from(data, pos)[0])
+            if _U32.unpack_from(data, pos + 4)[0]:  # a commit frame (database size in pages)
+                committed_end = pos0 + pos + frame
+                self._pages.update(pages)
+                pages = []
+            pos += frame
+        return committed_end
+
+    def _wal_was_reset(self, size: int) -> bool:
+        if size < self.wal_recorded:
+            return True
+        if not self.wal_recorded:
+            return False
+        fd = os.open(self.wal_path, os.O_RDONLY)
+        try:
+            return os.pread(fd, 8, 16) != self._salts
+        finally:
+            os.close(fd)
+
+    def capture_commit(self) -> None:
+        """Records the WAL's frames up to its last commit frame (after each COMMIT)."""
+        size = self._size(self.wal_path)
+        if self._wal_was_reset(size):
+            # checkpointed behind the store's back: which pages moved is unknown, so rebase
+            self._record_whole_db()
+            self._new_wal()
+        if size <= self.wal_recorded:
+            return
+        start = self.wal_recorded
+        end = self._walk(start, size)
+        if end <= start:
+            return
+        fnode = self.recorder.fnode_of(self.wal_name)
+        if fnode is None:
+            fnode = self.recorder.create(self.wal_name)
+        fd = os.open(self.wal_path, os.O_RDONLY)
+        try:
+            pos = start
+            while pos < end:
+                data = os.pread(fd, min(_READ_CHUNK, end - pos), pos)
+                self.recorder.write_at(fnode, data, pos)
+                pos += len(data)
+        finally:
+            os.close(fd)
+        self.wal_recorded = end
+
+    def checkpoint(self, conn: sqlite3.Connection) -> None:
+        """Checkpoints the WAL into the database and records the pages it wrote."""
+        self.capture_commit()
+        busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        if busy:
+            raise CaptureError(f"{self.db_path}: wal_checkpoint(TRUNCATE) was blocked")
+        size = self._size(self.db_path)
+        if size < self.db_recorded or not self.page_size:
+            self._record_whole_db()
+        else:
+            fnode = self.recorder.fnode_of(self.db_name)
+            assert fnode is not None
+            fd = os.open(self.db_path, os.O_RDONLY)
+            try:
+                for first, count in _runs(sorted(self._pages)):
+                    offset = (first - 1) * self.page_size
+                    data = os.pread(fd, count * self.page_size, offset)
+                    self.recorder.write_at(fnode, data, offset)
+            finally:
+                os.close(fd)
+            self.db_recorded = max(self.db_recorded, size)
+        self._new_wal()
+        self.checkpoints += 1
+
+
+def _runs(pages: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for p in pages:
+        if out and out[-1][0] + out[-1][1] == p:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((p, 1))
+    return out
