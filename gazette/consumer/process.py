@@ -36,6 +36,7 @@ from gazette.consumer.client import ShardClient
 from gazette.consumer.initialize import InitArgs, Initializer
 from gazette.consumer.interfaces import Application
 from gazette.consumer.keys import consumer_decoder
+from gazette.consumer.recovery import HintsStore
 from gazette.consumer.resolver import Resolver
 from gazette.consumer.service import ShardService
 from gazette.consumer.shard import ShardRuntime
@@ -63,6 +64,7 @@ class ConsumerConfig:
     etcd_prefix: str = "/gazette/consumers/app"
     etcd_lease: float = 20.0
     advertise_host: str | None = None
+    hint_interval: float = 60.0  # seconds between recorded-hints writes of a recording shard
     args: argparse.Namespace | None = None  # parsed flags, the app's own included
 
 
@@ -178,7 +180,10 @@ class ConsumerProcess(MemberProcess):
                 continue
             log.info("shard assigned as primary", extra={
                 "shard": shard_id, "sources": ",".join(s.journal for s in item.value.sources)})
-            rt = ShardRuntime(item.key, item.value, self.app, self.client, self.service, self.write_status)
+            spec = item.value
+            hints = HintsStore(self.etcd, spec) if spec.recovery_log_prefix else None
+            rt = ShardRuntime(item.key, spec, self.app, self.client, self.service, self.write_status,
+                              hints=hints, hint_interval=self.config.hint_interval)
             rt.assignment = kv
             self.shards[shard_id] = (rt, self._shard_tasks.spawn(shard_id, rt.run_primary()))
 

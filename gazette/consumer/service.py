@@ -30,6 +30,7 @@ from gazette.allocator.keys import (
 )
 from gazette.client import JournalClient, list_journals
 from gazette.consumer.client import ShardClient
+from gazette.consumer.recovery import HintsStore
 from gazette.consumer.resolver import Resolver, route_of
 from gazette.consumer.shard import ShardRuntime
 from gazette.errors import ValidationError
@@ -151,11 +152,15 @@ class ShardService(pc_grpc.ShardServicer):
 
     @grpc_edge
     async def GetHints(self, request: pc.GetHintsRequest, context: Any) -> pc.GetHintsResponse:
-        resp = pc.GetHintsResponse(status=pc.Status.OK)
-        if self.proc.keyspace.search(items_key(self.proc.keyspace.root, request.shard)) is None:
-            resp.status = pc.Status.SHARD_NOT_FOUND
+        item = self.proc.keyspace.search(items_key(self.proc.keyspace.root, request.shard))
+        if item is None or not isinstance(item.value, pc.ShardSpec):
+            resp = pc.GetHintsResponse(status=pc.Status.SHARD_NOT_FOUND)
+        elif not item.value.recovery_log_prefix:
+            resp = pc.GetHintsResponse(status=pc.Status.OK)  # no log, no hints
+        else:
+            resp = await HintsStore(self.proc.etcd, item.value).response()
         resp.header.CopyFrom(self._header())
-        return resp  # recovery-log hints come with the embedded stores
+        return resp
 
     @grpc_edge
     async def Unassign(self, request: pc.UnassignRequest, context: Any) -> pc.UnassignResponse:

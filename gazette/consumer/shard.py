@@ -12,26 +12,32 @@ Invariants:
 * The store is destroyed and the readers stopped on every ending.
 * ``progress()`` is the read-through and publish-at offsets of the last completed
   transaction (what Stat's read-your-writes waits on).
-* Hot standbys and recovery logs come with the embedded stores (next issue): a non-primary
-  assignment is reported STANDBY at once, as a remote store needs no playback.
+* With a recovery log (``recovery_log_prefix``), the store is first recovered: the log is played
+  from the shard's hints into a fresh directory (or a hot standby's player, already tailing, is
+  taken over), a hand-off fences the previous primary, and ``new_store`` gets the ``Recorder``.
+  Hints are written after recovery, every ``hint_interval`` seconds after a committed
+  transaction, and when the shard leaves; a store without a log gets ``recorder=None``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from gazette.client import AppendService, JournalClient, list_journals
 from gazette.consumer import metrics
 from gazette.consumer.interfaces import Application, MessageProducer, OpFuture
+from gazette.consumer.recovery import HintsStore, new_player, recover, remove_dir
 from gazette.consumer.source import ShardSource
 from gazette.consumer.transaction import TransactionLoop, Txn, TxnConfig
 from gazette.message import Publisher
 from gazette.message.publisher import AckIntent
 from gazette.protocol import consumer_pb2 as pc
 from gazette.protocol import protocol_pb2 as pb
+from gazette.recoverylog import FSMHints, Player, Recorder, RecoveryLogError
 
 __all__ = ["ShardRuntime"]
 
@@ -44,7 +50,9 @@ class ShardRuntime:
     """A shard assigned to this process as primary (implements the ``Shard`` role)."""
 
     def __init__(self, fqn: str, spec: pc.ShardSpec, app: Application, client: JournalClient,
-                 service: AppendService, write_status: StatusWriter) -> None:
+                 service: AppendService, write_status: StatusWriter, *,
+                 hints: HintsStore | None = None, player: Player | None = None,
+                 hint_interval: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.fqn = fqn
         self.spec = spec
         self.app = app
@@ -54,7 +62,14 @@ class ShardRuntime:
         self.ready = asyncio.Event()  # set once the checkpoint is restored and the loop runs
         self.store: Any = None
         self.assignment: Any = None  # the keyspace entry of this process's assignment
-        self.recovered_hints: Any = None  # FSMHints once recovery logs land (next issue)
+        self.recovered_hints: FSMHints | None = None  # what the store was recovered from
+        self.recorder: Recorder | None = None
+        self.hints = hints
+        self.player = player  # a hot standby's player, taken over on promotion
+        self._hint_interval = hint_interval
+        self._clock = clock
+        self._hints_at = clock()
+        self._hints_task: asyncio.Task[bool] | None = None
         self._write_status = write_status
         self._source: ShardSource | None = None
         self._read_through: dict[str, int] = {}
@@ -82,11 +97,28 @@ class ShardRuntime:
 
     def _on_txn(self, txn: Txn) -> None:
         sid = self.spec.id
+        if self.recorder is not None and self._clock() - self._hints_at >= self._hint_interval:
+            self._store_hints()
         metrics.TXN_TOTAL.labels(sid).inc()
         metrics.READ_MESSAGES.labels(sid).inc(txn.consumed)
         metrics.READ_BYTES.labels(sid).inc(txn.consumed_bytes)
         if txn.committed_at is not None:
             metrics.TXN_SECONDS.labels(sid).observe(max(0.0, txn.committed_at - txn.began_at))
+
+    def _store_hints(self) -> None:
+        """Snapshots the recorder's hints (between batches) and writes them in the background."""
+        if self.recorder is None or self.hints is None or self.recorder.failed is not None:
+            return
+        if self._hints_task is not None and not self._hints_task.done():
+            return
+        try:
+            hints = self.recorder.build_hints()
+        except RecoveryLogError:
+            return  # a batch is pending: next transaction
+        self._hints_at = self._clock()
+        store, assignment = self.hints, self.assignment
+        self._hints_task = asyncio.ensure_future(store.store_recorded(hints, assignment))
+        self._hints_task.add_done_callback(_log_hints_failure)
 
     def _write_acks(self, intents: Sequence[AckIntent], after: OpFuture) -> list[Any]:
         out = []
@@ -110,10 +142,28 @@ class ShardRuntime:
         finally:
             self.stopping.set()
 
+    async def _recover(self) -> Recorder | None:
+        if not self.spec.recovery_log_prefix or self.hints is None:
+            return None
+        player = self.player
+        if player is None:
+            player = self.player = await new_player(self.journal_client, self.spec, await self.hints.pick())
+        recorder = self.recorder = await recover(player, self.journal_client, self.spec)
+        self.recovered_hints = recorder.fsm.build_hints(recorder.log)
+        return recorder
+
     async def _run(self) -> None:
-        store = self.store = await _maybe(self.app.new_store(self, None))
+        try:
+            recorder = await self._recover()
+            store = self.store = await _maybe(self.app.new_store(self, recorder))
+        except BaseException:
+            if self.player is not None:
+                remove_dir(self.player.dir)
+            raise
         try:
             checkpoint: pc.Checkpoint = await _maybe(store.restore_checkpoint(self))
+            if recorder is not None and self.hints is not None and self.recovered_hints is not None:
+                await self.hints.store_recovered(self.recovered_hints, self.assignment)
             sel = pb.LabelSelector()
             for src in self.spec.sources:
                 sel.include.labels.add(name="name", value=src.journal)
@@ -140,8 +190,30 @@ class ShardRuntime:
                 await loop.run(checkpoint)
             finally:
                 await source.aclose()
+                await self._final_hints()
         finally:
             store.destroy()
+            if self.player is not None:
+                remove_dir(self.player.dir)
+
+    async def _final_hints(self) -> None:
+        """Writes the hints as the shard leaves (shielded: the shard is being cancelled)."""
+        if self._hints_task is not None and not self._hints_task.done():
+            await asyncio.wait([self._hints_task])
+        if self.recorder is None or self.hints is None or self.recorder.failed is not None:
+            return
+        try:
+            hints = self.recorder.build_hints()
+        except RecoveryLogError:
+            return
+        task = asyncio.ensure_future(self.hints.store_recorded(hints, self.assignment))
+        task.add_done_callback(_log_hints_failure)
+        await asyncio.wait([task], timeout=5.0)
+
+
+def _log_hints_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("storing recovery-log hints failed", extra={"err": str(task.exception())})
 
 
 async def _maybe(result: Any) -> Any:

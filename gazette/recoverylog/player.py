@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gazette.client import JournalClient, RetryReader, write_head
+from gazette.client import JournalClient, RetryReader
 from gazette.client.appender import append
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import recoverylog_pb2 as rl
@@ -271,7 +271,7 @@ class Player:
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(os.path.join(self.dir, STAGING_DIR))
         logs = {self.hints.log} | {s.log for s in self.fsm.hinted_segments}
-        heads = {j: await write_head(self.client, j) for j in sorted(logs)}
+        heads = {j: await _write_head(self.client, j) for j in sorted(logs)}
         for seg in self.fsm.hinted_segments:
             head = heads[seg.log]
             if seg.first_offset >= head or seg.last_offset > head:
@@ -405,6 +405,7 @@ class Player:
             with open(target, "x") as f:
                 f.write(content)
         self.state = PlayerState.COMPLETE
+        self.write_head = self._reader.offset
         self._maybe_report(force=True)
         log.info("recovery log playback complete", extra={
             "log": self._reader.journal, "offset": self._reader.offset, "files": len(self.fsm.live_nodes),
@@ -462,6 +463,13 @@ def apply_for_playback(fsm: FSM, op: rl.RecordedOp, message: bytes | memoryview,
         return False  # a duplicate, or a raced recorder's op already superseded
     except FSMError as err:
         raise PlaybackError(op.log, offset, f"{type(err).__name__}: {err}") from None
+
+
+async def _write_head(client: JournalClient, journal: str) -> int:
+    """The journal's write head, by an empty append (a barrier: everything appended before it
+    is readable below the head), retried while the journal's brokers are being assigned."""
+    resp = await append(client, journal, b"", max_attempts=30)
+    return int(resp.commit.end)
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:

@@ -70,10 +70,11 @@ class RocksDBStore:
         opts.set_use_direct_io_for_flush_and_compaction(False)
         opts.set_wal_ttl_seconds(0)
         opts.set_wal_size_limit_mb(0)
+        # Learn the recovered files before RocksDB's open changes them (new MANIFEST, CURRENT).
+        self.capture = DirCapture(recorder, stable=rocksdb_stable) if recorder is not None else None
         self.db = rocksdict.Rdict(self.dir, opts)
         self._overlay: dict[bytes, bytes | None] = {}
         self._write_opts = rocksdict.WriteOptions()
-        self.capture = DirCapture(recorder, stable=rocksdb_stable) if recorder is not None else None
         if self.capture is not None:
             self.capture.capture()  # what opening the database changed
 

@@ -48,10 +48,11 @@ class SQLiteStore:
         for name, value in _PRAGMAS:
             self.conn.execute(f"PRAGMA {name}={value}")
         self._check_pragmas()
+        # Opening in WAL mode leaves a recovered database's files as recorded: learn them now.
+        self.capture = WalCapture(recorder, self.path) if recorder is not None else None
         self.conn.execute("CREATE TABLE IF NOT EXISTS gazette_checkpoint "
                           "(id INTEGER PRIMARY KEY CHECK (id = 0), checkpoint BLOB NOT NULL)")
         self.conn.commit()
-        self.capture = WalCapture(recorder, self.path) if recorder is not None else None
 
     def _check_pragmas(self) -> None:
         for name, want in _PRAGMAS:

@@ -1,0 +1,158 @@
+"""Recovering a shard's embedded store from its recovery log, and keeping its hints
+(Gazette's ``consumer/recovery.go``).
+
+A shard whose spec has a ``recovery_log_prefix`` records its store into the journal
+``{recovery_log_prefix}/{shard id}``. Its hints live in etcd: ``{hint_prefix}/{id}.primary``
+(written by the primary as it records: after recovery, every ``hint_interval`` and when the
+shard leaves the process) and ``.backup.0..N-1`` (on each recovery the recovered hints are
+pushed in front, shifting older ones back), so a player can start from an older hint when a
+newer one is bad. Every hint write is conditioned on this process's assignment still existing
+(its create revision), so a process that lost the shard never overwrites its successor's hints.
+
+Invariants:
+
+* ``recover`` returns a ``Recorder`` only after its hand-off no-op was read back as applied:
+  from then on the previous owner's appends fail REGISTER_MISMATCH.
+* The log must exist and be labelled ``content-type: application/x-gazette-recoverylog``;
+  hints must name the shard's log; else recovery fails naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import shutil
+import tempfile
+from typing import Any
+
+import aetcd
+
+from gazette.client import JournalClient, get_journal
+from gazette.consumer.errors import ConsumerError
+from gazette.etcd import txn
+from gazette.protocol import consumer_pb2 as pc
+from gazette.recoverylog import (
+    CONTENT_TYPE,
+    FSMHints,
+    PlaybackProgress,
+    Player,
+    Recorder,
+    hint_keys,
+    new_author,
+)
+
+__all__ = ["HintsStore", "RecoveryError", "new_player", "recover", "recovery_log", "remove_dir"]
+
+log = logging.getLogger(__name__)
+
+
+class RecoveryError(ConsumerError):
+    """The shard's store cannot be recovered (a missing or mislabelled log, bad hints)."""
+
+
+def recovery_log(spec: pc.ShardSpec) -> str:
+    return f"{spec.recovery_log_prefix}/{spec.id}" if spec.recovery_log_prefix else ""
+
+
+class HintsStore:
+    def __init__(self, etcd: aetcd.Client, spec: pc.ShardSpec) -> None:
+        self.etcd = etcd
+        self.log = recovery_log(spec)
+        self.primary, self.backups = hint_keys(spec.hint_prefix, spec.id, spec.hint_backups)
+
+    async def fetch(self) -> list[tuple[FSMHints | None, int]]:
+        """(hints or None, mod revision) of the primary key, then each backup key."""
+        out: list[tuple[FSMHints | None, int]] = []
+        for key in [self.primary, *self.backups]:
+            kv = await self.etcd.get(key.encode())
+            if kv is None:
+                out.append((None, 0))
+                continue
+            hints = FSMHints.decode(kv.value)
+            if hints.log != self.log:
+                raise RecoveryError(f"hints at {key} name log {hints.log}, not the shard's {self.log}")
+            out.append((hints, kv.mod_revision))
+        return out
+
+    async def pick(self) -> FSMHints:
+        """The first hints present (primary, then backups), or empty hints of the log."""
+        for hints, _ in await self.fetch():
+            if hints is not None:
+                return hints
+        return FSMHints(log=self.log)
+
+    async def store_recorded(self, hints: FSMHints, assignment: Any) -> bool:
+        resp = await txn.commit(self.etcd, [txn.Cmp(assignment.key, "create", assignment.create_revision)],
+                                [txn.Put(self.primary, hints.to_json())])
+        return bool(resp.succeeded)
+
+    async def store_recovered(self, hints: FSMHints, assignment: Any) -> bool:
+        """Pushes ``hints`` in front of the backups (and writes them as primary, too)."""
+        fetched = (await self.fetch())[1:]
+        cmps = [txn.Cmp(assignment.key, "create", assignment.create_revision)]
+        ops: list[txn.Op] = [txn.Put(self.primary, hints.to_json())]
+        value: bytes | None = hints.to_json()
+        for key, (old, rev) in zip(self.backups, fetched, strict=True):
+            if value is None:
+                break
+            cmps.append(txn.Cmp(key, "mod", rev))
+            ops.append(txn.Put(key, value))
+            value = old.to_json() if old is not None else None
+        resp = await txn.commit(self.etcd, cmps, ops)
+        return bool(resp.succeeded)
+
+    async def response(self) -> pc.GetHintsResponse:
+        resp = pc.GetHintsResponse(status=pc.Status.OK)
+        fetched = await self.fetch()
+        if fetched[0][0] is not None:
+            resp.primary_hints.hints.CopyFrom(fetched[0][0].to_proto())
+        for hints, _ in fetched[1:]:
+            rh = resp.backup_hints.add()
+            if hints is not None:
+                rh.hints.CopyFrom(hints.to_proto())
+        return resp
+
+
+def _report(shard: str) -> Any:
+    def report(p: PlaybackProgress) -> None:
+        log.info("recovering shard %s: %s", shard, p.describe(), extra={"shard": shard})
+    return report
+
+
+async def new_player(client: JournalClient, spec: pc.ShardSpec, hints: FSMHints, *,
+                     root: str | None = None) -> Player:
+    """A player of the shard's log into a fresh directory, after checking the log's spec."""
+    name = recovery_log(spec)
+    try:
+        jspec = await get_journal(client, name)
+    except Exception as err:  # noqa: BLE001 - any failure to fetch the spec ends recovery, named
+        raise RecoveryError(f"shard {spec.id}: recovery log {name}: {err}") from None
+    labels = {lbl.name: lbl.value for lbl in jspec.spec.labels.labels}
+    if labels.get("content-type") != CONTENT_TYPE:
+        raise RecoveryError(f"shard {spec.id}: recovery log {name} has content-type "
+                            f"{labels.get('content-type', '(none)')!r}, expected {CONTENT_TYPE}")
+    directory = tempfile.mkdtemp(prefix=re.sub(r"[^A-Za-z0-9_.-]", "_", spec.id) + "-", dir=root)
+    return Player(client, hints, directory, on_progress=_report(spec.id))
+
+
+async def recover(player: Player, client: JournalClient, spec: pc.ShardSpec) -> Recorder:
+    """Hands the log off to a new author once ``player`` reaches the head; the recorder."""
+    author = new_author()
+    task = asyncio.ensure_future(player.play())
+    player.inject_handoff(author)
+    try:
+        fsm = await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.cancel()
+        await asyncio.wait([task])
+        raise
+    log.info("shard store recovered", extra={"shard": spec.id, "dir": player.dir, "author": f"{author:08x}",
+                                             "files": len(fsm.live_nodes)})
+    return Recorder(client, recovery_log(spec), fsm, author, player.dir, write_head=player.write_head)
+
+
+def remove_dir(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,195 @@
+"""Recovery logs on a real broker: the recorder's fenced appends, the player's recovery into an
+empty directory and hand-off (which fences the previous owner), hints in etcd, and shards on
+RocksDBStore and SQLiteStore that recover their state from the log when they restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import rocksdict
+from consumer_support import journals_yaml, shards_yaml
+
+from gazette.client import JournalClient, append
+from gazette.consumer.stores.rocksdb import RocksDBStore
+from gazette.consumer.stores.sqlite import SQLiteStore
+from gazette.journalspace import apply_request as journal_apply_request
+from gazette.message import Envelope, JSONMessage
+from gazette.message.uuid import ACK_TXN, get_flags
+from gazette.protocol import consumer_pb2 as pc
+from gazette.recoverylog import (
+    FSM,
+    FencedError,
+    FSMHints,
+    PlaybackError,
+    Player,
+    Recorder,
+    new_author,
+)
+from gazette.recoverylog.player import PlaybackProgress
+from gazette.testing.cluster import Cluster
+
+RECOVERY_YAML = ("name: recovery/\nreplication: 1\nlabels:\n- name: content-type\n"
+                 "  value: application/x-gazette-recoverylog\nfragment:\n  length: 262144\n"
+                 "  compression_codec: NONE\n  stores: [file:///]\n  refresh_interval: 1s\n"
+                 "children:\n")
+
+
+def _exists(path: str) -> bool:
+    return os.path.exists(path)
+
+
+def recovery_yaml(*logs: str) -> str:
+    return RECOVERY_YAML + "".join(f"- name: recovery/{name}\n" for name in logs)
+
+
+async def _record(store: RocksDBStore, rec: Recorder, n: int, start: int = 0) -> None:
+    for i in range(start, start + n):
+        for j in range(100):
+            store.put(b"k%05d" % (i * 100 + j % 300), b"v%d" % i)
+        cp = pc.Checkpoint()
+        cp.sources["in"].read_through = i + 1
+        await store.start_commit(None, cp, [])  # type: ignore[arg-type]
+        if i % 50 == 49:
+            store.db.flush(True)
+
+
+@pytest.mark.timeout(120)
+async def test_recover_into_empty_dir_hand_off_fences_the_old_owner(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.add_broker("a")
+    async with JournalClient(cluster.address) as client:
+        await client.apply(journal_apply_request(recovery_yaml("rocks")))
+        log = "recovery/rocks"
+        # A first owner takes over an empty log (as a new shard does) and records.
+        p1 = Player(client, FSMHints(log=log), str(tmp_path / "one"))
+        a1 = new_author()
+        task = asyncio.ensure_future(p1.play())
+        p1.inject_handoff(a1)
+        rec1 = Recorder(client, log, await task, a1, p1.dir, write_head=p1.write_head)
+        store1 = RocksDBStore(rec1)
+        await _record(store1, rec1, 200)
+        hints = rec1.build_hints()
+        await _record(store1, rec1, 20, start=200)  # more, beyond the hints
+        want = dict(store1.items())
+
+        # A new owner recovers from the hints into an empty directory, reporting progress.
+        seen: list[PlaybackProgress] = []
+        p2 = Player(client, FSMHints.from_json(hints.to_json()), str(tmp_path / "two"),
+                    on_progress=seen.append, progress_interval=0.0)
+        a2 = new_author()
+        task = asyncio.ensure_future(p2.play())
+        await asyncio.wait_for(p2.tailing.wait(), 30)
+        p2.inject_handoff(a2)
+        fsm2 = await task
+        assert not _exists(os.path.join(p2.dir, ".fnodes"))
+        assert seen and seen[-1].remaining_bytes == 0 and seen[-1].read_bytes > 0
+        rec2 = Recorder(client, log, fsm2, a2, p2.dir, write_head=p2.write_head)
+        store2 = RocksDBStore(rec2)
+        assert dict(store2.items()) == want
+        assert store2.restore_checkpoint(None).sources["in"].read_through == 220  # type: ignore[arg-type]
+
+        # The zombie's next commit is refused, and it stays refused.
+        store1.put(b"zombie", b"1")
+        with pytest.raises(FencedError, match="fenced by another author"):
+            await store1.start_commit(None, pc.Checkpoint(), [])  # type: ignore[arg-type]
+        await _record(store2, rec2, 10, start=220)
+        want = dict(store2.items())
+
+        # Playback from scratch yields the new owner's history, without the zombie's write.
+        p3 = Player(client, FSMHints(log=log), str(tmp_path / "three"))
+        task = asyncio.ensure_future(p3.play())
+        p3.finish_at_write_head()
+        fsm3 = await task
+        assert sorted(fsm3.links) == sorted(rec2.fsm.links)
+        db = rocksdict.Rdict(p3.dir, rocksdict.Options(raw_mode=True))
+        try:
+            assert {bytes(k): bytes(v) for k, v in db.items() if k != b"\x00gazette.checkpoint"} == want
+        finally:
+            db.close()
+        store1.db.close()
+        store2.destroy()
+
+
+@pytest.mark.timeout(120)
+async def test_corrupt_log_fails_playback_naming_the_offset(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.add_broker("a")
+    async with JournalClient(cluster.address) as client:
+        await client.apply(journal_apply_request(recovery_yaml("bad")))
+        log = "recovery/bad"
+        rec = Recorder(client, log, FSM(log), 9, str(tmp_path / "s"))
+        rec.write_at(rec.create("/f"), b"data", 0)
+        await rec.flush()
+        head = rec.write_head
+        await append(client, log, b"\x66\x33\x93\x36\x05\x00\x00\x00garbage")  # a bad op
+        player = Player(client, FSMHints(log=log), str(tmp_path / "p"))
+        player.finish_at_write_head()
+        with pytest.raises(PlaybackError, match=f"recovery log {log} at offset {head}: not a RecordedOp"):
+            await player.play()
+        assert not _exists(player.dir)  # nothing partially recovered is left
+
+
+class StoreCountingApp:
+    """Counts messages by key in an embedded store chosen by the shard's ``store`` label."""
+
+    def new_store(self, shard: Any, recorder: Any) -> Any:
+        kind = {lbl.name: lbl.value for lbl in shard.spec.labels.labels}.get("store", "rocksdb")
+        if kind == "sqlite":
+            store = SQLiteStore(recorder)
+            store.conn.execute("CREATE TABLE IF NOT EXISTS counts (k TEXT PRIMARY KEY, n INTEGER)")
+            return store
+        return RocksDBStore(recorder)
+
+    def new_message(self, spec: Any) -> type[JSONMessage]:
+        return JSONMessage
+
+    def consume_message(self, shard: Any, store: Any, env: Envelope, pub: Any) -> None:
+        if get_flags(env.message.get_uuid()) == ACK_TXN:
+            return
+        key = env.message.doc["key"]
+        if isinstance(store, SQLiteStore):
+            store.conn.execute("INSERT INTO counts VALUES (?, 1) ON CONFLICT (k) DO UPDATE SET n = n + 1", (key,))
+        else:
+            store.put(key.encode(), b"%d" % (int(store.get(key.encode(), b"0")) + 1))
+
+    def finalize_txn(self, shard: Any, store: Any, pub: Any) -> None:
+        pass
+
+
+def counts_of(store: Any) -> dict[str, int]:
+    if isinstance(store, SQLiteStore):
+        return dict(store.conn.execute("SELECT k, n FROM counts").fetchall())
+    return {k.decode(): int(v) for k, v in store.items()}
+
+
+@pytest.mark.timeout(180)
+async def test_shards_recover_their_embedded_stores_from_the_log(gazette_consumer: Any) -> None:
+    journals = journals_yaml("part-000", "part-001") + "\n---\n" + recovery_yaml("count-000", "count-001")
+    shards = shards_yaml("part-000", "part-001",
+                         common="  recovery_log_prefix: recovery\n  hint_prefix: /gazette/hints\n"
+                                "  hint_backups: 2\n")
+    shards = shards.replace("- id: count-001\n", "- id: count-001\n  labels:\n  - name: store\n    value: sqlite\n")
+    app = StoreCountingApp()
+    async with gazette_consumer(app, journals=journals, shards=shards) as h:
+        for round_ in range(3):
+            await h.append_lines("in/part-000", [{"key": k} for k in "aab"] * 10)
+            await h.append_lines("in/part-001", [{"key": k} for k in "xyy"] * 10)
+            await h.read_through()
+            want = {"a": 20 * (round_ + 1), "b": 10 * (round_ + 1)}
+            assert counts_of(h.store("count-000")) == want
+            assert counts_of(h.store("count-001")) == {"x": 10 * (round_ + 1), "y": 20 * (round_ + 1)}
+            dirs = [h.runtime(s).recorder.dir for s in ("count-000", "count-001")]  # type: ignore[union-attr]
+            # The shards restart: their stores come back from the recovery log alone.
+            await h.shards.unassign(["count-000", "count-001"])  # type: ignore[union-attr]
+            await h.wait_serving()
+            assert all(h.runtime(s).recorder.dir not in dirs for s in ("count-000", "count-001"))  # type: ignore[union-attr]
+            assert all(not _exists(d) for d in dirs)
+            assert counts_of(h.store("count-000")) == want
+            assert counts_of(h.store("count-001")) == {"x": 10 * (round_ + 1), "y": 20 * (round_ + 1)}
+        hints = await h.shards.get_hints("count-001")  # type: ignore[union-attr]
+        assert hints.status == pc.Status.OK and hints.primary_hints.hints.log == "recovery/count-001"
+        assert len(hints.backup_hints) == 2 and all(b.hints.live_nodes for b in hints.backup_hints)
+        assert json.loads(FSMHints.from_proto(hints.primary_hints.hints).to_json())["live_nodes"]
