@@ -34,7 +34,7 @@ from gazette.consumer.stores.rocksdb import RocksDBStore  # noqa: E402
 from gazette.consumer.stores.sqlite import SQLiteStore  # noqa: E402
 from gazette.journalspace import apply_request  # noqa: E402
 from gazette.protocol import consumer_pb2 as pc  # noqa: E402
-from gazette.recoverylog import FSMHints, Player, Recorder, new_author  # noqa: E402
+from gazette.recoverylog import FSMHints, Player, Recorder, take_over  # noqa: E402
 from gazette.testing.cluster import Cluster  # noqa: E402
 from gazette.testing.etcd import start_test_etcd, unique_prefix  # noqa: E402
 
@@ -45,11 +45,7 @@ LOGS = ("name: bench/recovery/\nreplication: 1\nlabels:\n- name: content-type\n"
 
 
 async def owner(client: JournalClient, log: str, directory: Path) -> Recorder:
-    player = Player(client, FSMHints(log=log), str(directory))
-    author = new_author()
-    task = asyncio.ensure_future(player.play())
-    player.inject_handoff(author)
-    return Recorder(client, log, await task, author, player.dir, write_head=player.write_head)
+    return await take_over(Player(client, FSMHints(log=log), str(directory)))
 
 
 def rocks_txn(store: Any, rnd: random.Random) -> None:

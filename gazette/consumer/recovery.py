@@ -19,9 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 import re
 import shutil
 import tempfile
@@ -40,7 +38,7 @@ from gazette.recoverylog import (
     Player,
     Recorder,
     hint_keys,
-    new_author,
+    take_over,
 )
 
 __all__ = ["HintsStore", "RecoveryError", "new_player", "recover", "recovery_log", "remove_dir"]
@@ -137,22 +135,14 @@ async def new_player(client: JournalClient, spec: pc.ShardSpec, hints: FSMHints,
     return Player(client, hints, directory, on_progress=_report(spec.id))
 
 
-async def recover(player: Player, client: JournalClient, spec: pc.ShardSpec) -> Recorder:
-    """Hands the log off to a new author once ``player`` reaches the head; the recorder."""
-    author = new_author()
-    task = asyncio.ensure_future(player.play())
-    player.inject_handoff(author)
-    try:
-        fsm = await asyncio.shield(task)
-    except asyncio.CancelledError:
-        task.cancel()
-        await asyncio.wait([task])
-        raise
-    log.info("shard store recovered", extra={"shard": spec.id, "dir": player.dir, "author": f"{author:08x}",
-                                             "files": len(fsm.live_nodes)})
-    return Recorder(client, recovery_log(spec), fsm, author, player.dir, write_head=player.write_head)
+async def recover(player: Player, spec: pc.ShardSpec) -> Recorder:
+    """The shard's recorder, once ``player`` reached the head and handed the log off."""
+    recorder = await take_over(player)
+    log.info("shard store recovered", extra={"shard": spec.id, "dir": player.dir,
+                                             "author": f"{recorder.author:08x}",
+                                             "files": len(recorder.fsm.live_nodes)})
+    return recorder
 
 
 def remove_dir(path: str) -> None:
-    if os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(path, ignore_errors=True)

@@ -97,28 +97,28 @@ class ShardRuntime:
 
     def _on_txn(self, txn: Txn) -> None:
         sid = self.spec.id
-        if self.recorder is not None and self._clock() - self._hints_at >= self._hint_interval:
-            self._store_hints()
+        if (self.recorder is not None and self._clock() - self._hints_at >= self._hint_interval
+                and (self._hints_task is None or self._hints_task.done())):
+            self._start_hints_write()
         metrics.TXN_TOTAL.labels(sid).inc()
         metrics.READ_MESSAGES.labels(sid).inc(txn.consumed)
         metrics.READ_BYTES.labels(sid).inc(txn.consumed_bytes)
         if txn.committed_at is not None:
             metrics.TXN_SECONDS.labels(sid).observe(max(0.0, txn.committed_at - txn.began_at))
 
-    def _store_hints(self) -> None:
-        """Snapshots the recorder's hints (between batches) and writes them in the background."""
+    def _start_hints_write(self) -> asyncio.Task[bool] | None:
+        """Snapshots the recorder's hints (between batches) and starts writing them; None when
+        there is nothing to write now (no log, a failed recorder, a batch pending)."""
         if self.recorder is None or self.hints is None or self.recorder.failed is not None:
-            return
-        if self._hints_task is not None and not self._hints_task.done():
-            return
+            return None
         try:
             hints = self.recorder.build_hints()
         except RecoveryLogError:
-            return  # a batch is pending: next transaction
+            return None  # a batch is pending: next transaction
         self._hints_at = self._clock()
-        store, assignment = self.hints, self.assignment
-        self._hints_task = asyncio.ensure_future(store.store_recorded(hints, assignment))
-        self._hints_task.add_done_callback(_log_hints_failure)
+        task = self._hints_task = asyncio.ensure_future(self.hints.store_recorded(hints, self.assignment))
+        task.add_done_callback(_log_hints_failure)
+        return task
 
     def _write_acks(self, intents: Sequence[AckIntent], after: OpFuture) -> list[Any]:
         out = []
@@ -148,7 +148,7 @@ class ShardRuntime:
         player = self.player
         if player is None:
             player = self.player = await new_player(self.journal_client, self.spec, await self.hints.pick())
-        recorder = self.recorder = await recover(player, self.journal_client, self.spec)
+        recorder = self.recorder = await recover(player, self.spec)
         self.recovered_hints = recorder.fsm.build_hints(recorder.log)
         return recorder
 
@@ -197,18 +197,16 @@ class ShardRuntime:
                 remove_dir(self.player.dir)
 
     async def _final_hints(self) -> None:
-        """Writes the hints as the shard leaves (shielded: the shard is being cancelled)."""
+        """Writes the hints as the shard leaves (often while it is being cancelled: the write
+        gets 5 s, then is cancelled)."""
         if self._hints_task is not None and not self._hints_task.done():
             await asyncio.wait([self._hints_task])
-        if self.recorder is None or self.hints is None or self.recorder.failed is not None:
-            return
-        try:
-            hints = self.recorder.build_hints()
-        except RecoveryLogError:
-            return
-        task = asyncio.ensure_future(self.hints.store_recorded(hints, self.assignment))
-        task.add_done_callback(_log_hints_failure)
-        await asyncio.wait([task], timeout=5.0)
+        task = self._start_hints_write()
+        if task is not None:
+            done, _ = await asyncio.wait([task], timeout=5.0)
+            if not done:
+                task.cancel()
+                await asyncio.wait([task])
 
 
 def _log_hints_failure(task: asyncio.Task[Any]) -> None:

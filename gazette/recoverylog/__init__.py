@@ -19,7 +19,7 @@ from gazette.recoverylog.errors import (
 from gazette.recoverylog.fsm import FSM
 from gazette.recoverylog.hints import FnodeSegments, FSMHints, hint_keys
 from gazette.recoverylog.ops import CONTENT_TYPE, fence, new_author
-from gazette.recoverylog.player import PlaybackProgress, Player, PlayerState
+from gazette.recoverylog.player import PlaybackProgress, Player, PlayerState, take_over
 from gazette.recoverylog.recorder import Recorder
 from gazette.recoverylog.segment import Segment, SegmentSet
 
@@ -42,4 +42,5 @@ __all__ = [
     "fence",
     "hint_keys",
     "new_author",
+    "take_over",
 ]

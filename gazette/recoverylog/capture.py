@@ -230,7 +230,7 @@ class WalCapture:
         else:  # recovered: the file is what the log holds
             self.db_recorded = max(0, self._size(self.db_path))
         if rec.fnode_of(self.wal_name) is not None and self._size(self.wal_path) >= 0:
-            self.wal_recorded = self._walk(0, self._size(self.wal_path))
+            self.wal_recorded, _ = self._walk(0, self._size(self.wal_path))
         else:
             self._new_wal()
             self.capture_commit()
@@ -253,34 +253,34 @@ class WalCapture:
         self._salts = b""
         self._pages.clear()
 
-    def _walk(self, start: int, end: int) -> int:
-        """Walks the frames of [start, end), noting the pages of committed ones; returns the
-        end of the last commit frame (``start`` when there is none)."""
+    def _walk(self, start: int, end: int) -> tuple[int, memoryview]:
+        """Reads the WAL's [start, end) once and walks its frames, noting the pages of committed
+        ones; returns the end of the last commit frame (``start`` when there is none) and the
+        bytes from ``start`` to it."""
         fd = os.open(self.wal_path, os.O_RDONLY)
         try:
-            pos0 = start
-            if start == 0:
-                header = os.pread(fd, _WAL_HEADER, 0)
-                if len(header) < _WAL_HEADER:
-                    return 0
-                self.page_size = _U32.unpack_from(header, 8)[0]
-                self._salts = header[16:24]
-                pos0 = _WAL_HEADER
-            frame = _FRAME_HEADER + self.page_size
-            data = os.pread(fd, max(0, end - pos0), pos0)
+            data = os.pread(fd, max(0, end - start), start)
         finally:
             os.close(fd)
-        committed_end, pages, pos = start, [], 0
+        pos = 0
+        if start == 0:
+            if len(data) < _WAL_HEADER:
+                return 0, memoryview(b"")
+            self.page_size = _U32.unpack_from(data, 8)[0]
+            self._salts = data[16:24]
+            pos = _WAL_HEADER
+        frame = _FRAME_HEADER + self.page_size
+        committed, pages = 0, []
         while pos + frame <= len(data):
             if data[pos + 8:pos + 16] != self._salts:
                 break  # a stale frame of an earlier WAL generation
             pages.append(_U32.unpack_from(data, pos)[0])
             if _U32.unpack_from(data, pos + 4)[0]:  # a commit frame (database size in pages)
-                committed_end = pos0 + pos + frame
+                committed = pos + frame
                 self._pages.update(pages)
                 pages = []
             pos += frame
-        return committed_end
+        return start + committed, memoryview(data)[:committed]
 
     def _wal_was_reset(self, size: int) -> bool:
         if size < self.wal_recorded:
@@ -303,21 +303,13 @@ class WalCapture:
         if size <= self.wal_recorded:
             return
         start = self.wal_recorded
-        end = self._walk(start, size)
+        end, data = self._walk(start, size)
         if end <= start:
             return
         fnode = self.recorder.fnode_of(self.wal_name)
         if fnode is None:
             fnode = self.recorder.create(self.wal_name)
-        fd = os.open(self.wal_path, os.O_RDONLY)
-        try:
-            pos = start
-            while pos < end:
-                data = os.pread(fd, min(_READ_CHUNK, end - pos), pos)
-                self.recorder.write_at(fnode, data, pos)
-                pos += len(data)
-        finally:
-            os.close(fd)
+        self.recorder.write_at(fnode, data, start)
         self.wal_recorded = end
 
     def checkpoint(self, conn: sqlite3.Connection) -> None:

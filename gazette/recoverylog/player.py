@@ -51,10 +51,10 @@ from gazette.recoverylog.errors import (
 )
 from gazette.recoverylog.fsm import FSM
 from gazette.recoverylog.hints import FSMHints
-from gazette.recoverylog.ops import HEADER_LENGTH, decode_header, decode_op
-from gazette.recoverylog.recorder import handoff_op
+from gazette.recoverylog.ops import HEADER_LENGTH, decode_header, decode_op, new_author
+from gazette.recoverylog.recorder import Recorder, handoff_op
 
-__all__ = ["STAGING_DIR", "PlaybackProgress", "Player", "PlayerState", "apply_for_playback"]
+__all__ = ["STAGING_DIR", "PlaybackProgress", "Player", "PlayerState", "apply_for_playback", "take_over"]
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +233,7 @@ class Player:
         self._started = 0.0
         self._last_report = 0.0
         self._target: dict[str, int] = {}
+        self._reported_bytes = 0  # read bytes already counted in the metric
 
     # -- requests -------------------------------------------------------------------------
 
@@ -444,7 +445,21 @@ class Player:
         elif self.state is not PlayerState.TAIL:
             log.info("recovery log playback: %s", p.describe())
 
-    _reported_bytes = 0
+
+async def take_over(player: Player, author: int | None = None) -> Recorder:
+    """Plays ``player``'s log, hands it off to ``author`` (a new random one by default) at the
+    write head, and returns the recorder that continues the log as its fenced owner. Cancelling
+    the caller cancels playback (and removes its directory)."""
+    author = author or new_author()
+    task = asyncio.ensure_future(player.play())
+    player.inject_handoff(author)
+    try:
+        fsm = await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.cancel()
+        await asyncio.wait([task])
+        raise
+    return Recorder(player.client, player.hints.log, fsm, author, player.dir, write_head=player.write_head)
 
 
 def apply_for_playback(fsm: FSM, op: rl.RecordedOp, message: bytes | memoryview, offset: int) -> bool:

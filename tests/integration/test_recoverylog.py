@@ -29,6 +29,7 @@ from gazette.recoverylog import (
     Player,
     Recorder,
     new_author,
+    take_over,
 )
 from gazette.recoverylog.player import PlaybackProgress
 from gazette.testing.cluster import Cluster
@@ -65,11 +66,7 @@ async def test_recover_into_empty_dir_hand_off_fences_the_old_owner(cluster: Clu
         await client.apply(journal_apply_request(recovery_yaml("rocks")))
         log = "recovery/rocks"
         # A first owner takes over an empty log (as a new shard does) and records.
-        p1 = Player(client, FSMHints(log=log), str(tmp_path / "one"))
-        a1 = new_author()
-        task = asyncio.ensure_future(p1.play())
-        p1.inject_handoff(a1)
-        rec1 = Recorder(client, log, await task, a1, p1.dir, write_head=p1.write_head)
+        rec1 = await take_over(Player(client, FSMHints(log=log), str(tmp_path / "one")))
         store1 = RocksDBStore(rec1)
         await _record(store1, rec1, 200)
         hints = rec1.build_hints()
