@@ -37,6 +37,7 @@ from gazette.etcd.txn import DEFAULT_MAX_OPS, BatchedTxn, Cmp
 from .converge import Counters, converge
 from .errors import MemberNotFoundError
 from .solver import Desired, solve
+from .specs import desired_replication
 from .state import IsConsistentFn, State, leader_view
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ async def allocate(
     on_round: RoundHook | None = None,
     max_txn_ops: int = DEFAULT_MAX_OPS,
     retry_interval: float = 1.0,
+    replication: Callable[[object], int] = desired_replication,
 ) -> None:
     """Runs the allocation loop until the local member may exit (see the module docstring)."""
     desired: list[Desired] = []
@@ -89,7 +91,7 @@ async def allocate(
         # (linear-time) State; other members just wait for the next update.
         state = None
         if is_leader or member.decoded.exiting:
-            state = State.from_keyspace(keyspace, local_member_key, is_consistent)
+            state = State.from_keyspace(keyspace, local_member_key, is_consistent, replication)
             if state.should_exit:
                 log.info("member %s is exiting and holds no assignments", local_member_key)
                 return

@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gazette.allocator.keys import parse_assignment_key, parse_item_key, parse_member_key
@@ -27,8 +27,9 @@ from gazette.protocol import protocol_pb2 as pb
 from .model import Assignment, Entry, Item, Member
 
 
-def desired_replication(spec: object) -> int:
-    """The number of replicas an item spec asks for."""
+def desired_replication(spec: object, max_hot_standbys: int | None = None) -> int:
+    """The number of replicas an item spec asks for; a shard's hot standbys are bounded by
+    ``max_hot_standbys`` (the consumer's ``--consumer.max-hot-standbys``) when given."""
     if isinstance(spec, pb.JournalSpec):
         level = spec.suspend.level
         if level == pb.JournalSpec.Suspend.FULL:
@@ -37,7 +38,10 @@ def desired_replication(spec: object) -> int:
             return 1
         return int(spec.replication)
     if isinstance(spec, consumer_pb2.ShardSpec):
-        return 0 if spec.disable else 1 + int(spec.hot_standbys)
+        standbys = int(spec.hot_standbys)
+        if max_hot_standbys is not None:
+            standbys = min(standbys, max_hot_standbys)
+        return 0 if spec.disable else 1 + standbys
     raise TypeError(f"not an item spec: {type(spec).__name__}")
 
 
@@ -50,8 +54,9 @@ def member_capacity(spec: object) -> tuple[int, bool]:
     raise TypeError(f"not a member spec: {type(spec).__name__}")
 
 
-def item_entry(root: str, kv: KeyValue) -> Entry[Item]:
-    item = Item(parse_item_key(root, kv.key), desired_replication(kv.value), kv.value)
+def item_entry(root: str, kv: KeyValue,
+               replication: Callable[[object], int] = desired_replication) -> Entry[Item]:
+    item = Item(parse_item_key(root, kv.key), replication(kv.value), kv.value)
     return Entry(kv.key, item, kv.raw, kv.create_revision, kv.mod_revision, kv.lease)
 
 

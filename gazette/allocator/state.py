@@ -28,7 +28,7 @@ from gazette.allocator.keys import assignments_prefix, items_prefix, members_key
 from gazette.etcd.keyspace import KeySpace
 
 from .model import Assignment, Entry, Item, Member
-from .specs import assignment_entry, item_entry, member_entry
+from .specs import assignment_entry, desired_replication, item_entry, member_entry
 
 IsConsistentFn = Callable[[Entry[Item], Entry[Assignment], Sequence[Entry[Assignment]]], bool]
 """Whether an item's assignment is consistent, given all assignments of the item.
@@ -103,7 +103,8 @@ class State:
 
     @classmethod
     def from_keyspace(
-        cls, ks: KeySpace, local_key: str, is_consistent: IsConsistentFn
+        cls, ks: KeySpace, local_key: str, is_consistent: IsConsistentFn,
+        replication: Callable[[object], int] = desired_replication,
     ) -> State:
         """Extracts a State from the keyspace's current snapshot (specs per `specs`)."""
         root = ks.root
@@ -111,7 +112,7 @@ class State:
             root,
             local_key,
             is_consistent,
-            [item_entry(root, kv) for kv in ks.prefixed(items_prefix(root))],
+            [item_entry(root, kv, replication) for kv in ks.prefixed(items_prefix(root))],
             [member_entry(root, kv) for kv in ks.prefixed(members_prefix(root))],
             [assignment_entry(root, kv) for kv in ks.prefixed(assignments_prefix(root))],
             ks.revision,

@@ -510,7 +510,8 @@ class AppendService:
 
     async def flush(self) -> None:
         """Wait until every append queued so far has resolved; raises the first failure."""
-        futs = [d._future if isinstance(d, AsyncAppend) else d for d in self.pending_except("")]
+        futs = [asyncio.ensure_future(d._future if isinstance(d, AsyncAppend) else d)
+                for d in self.pending_except("")]
         if futs:
             await asyncio.wait(futs)
         for fut in futs:

@@ -9,8 +9,9 @@ It announces a ConsumerSpec under its lease, runs the shared allocator over Shar
 Invariants:
 
 * Local shards follow the keyspace: a reconcile runs after every applied keyspace update;
-  a primary assignment starts its shard, a lost one cancels it (its store destroyed), a
-  non-primary assignment is reported STANDBY.
+  a primary assignment starts its shard, a lost one cancels it (its store destroyed). A
+  non-primary assignment of a shard with a recovery log runs a hot standby (``standby``),
+  which a promotion hands to the new primary; without a log it is reported STANDBY at once.
 * A shard's failure is written FAILED on its assignment and ends that shard alone; the process
   and its other shards carry on. ``gazctl shards unassign --failed`` (to come) frees it.
 * Draining (SIGTERM): zero capacity is announced, the allocator moves the shards to other
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gazette.allocator import shard_is_consistent
+from gazette.allocator import desired_replication, shard_is_consistent
 from gazette.allocator.keys import assignments_prefix, items_key, parse_assignment_key
 from gazette.client import AppendService, JournalClient
 from gazette.consumer import metrics
@@ -40,9 +42,12 @@ from gazette.consumer.recovery import HintsStore
 from gazette.consumer.resolver import Resolver
 from gazette.consumer.service import ShardService
 from gazette.consumer.shard import ShardRuntime
+from gazette.consumer.standby import StandbyReplica
+from gazette.errors import GazetteError
 from gazette.etcd import txn
 from gazette.etcd.keyspace import KeySpace
 from gazette.protocol import consumer_pb2 as pc
+from gazette.recoverylog import Player
 from gazette.server.grpc import GrpcServer, add_service
 from gazette.server.process import MemberProcess, random_suffix
 from gazette.tasks import Supervisor
@@ -64,6 +69,7 @@ class ConsumerConfig:
     etcd_prefix: str = "/gazette/consumers/app"
     etcd_lease: float = 20.0
     advertise_host: str | None = None
+    max_hot_standbys: int = 3  # bounds every shard's hot_standbys
     hint_interval: float = 60.0  # seconds between recorded-hints writes of a recording shard
     args: argparse.Namespace | None = None  # parsed flags, the app's own included
 
@@ -76,12 +82,14 @@ class ConsumerProcess(MemberProcess):
             zone=config.zone, suffix=config.suffix, host=config.host, port=config.port,
             etcd_address=config.etcd_address, etcd_lease=config.etcd_lease,
             keyspace=KeySpace(config.etcd_prefix, consumer_decoder(config.etcd_prefix)),
-            is_consistent=shard_is_consistent, advertise_host=config.advertise_host)
+            is_consistent=shard_is_consistent, advertise_host=config.advertise_host,
+            replication=functools.partial(desired_replication, max_hot_standbys=config.max_hot_standbys))
         self.config = config
         self.app = app
         self.client = JournalClient(config.broker_address)
         self.service = AppendService(self.client)
         self.shards: dict[str, tuple[ShardRuntime, asyncio.Task[None]]] = {}
+        self.standbys: dict[str, tuple[StandbyReplica, asyncio.Task[None]]] = {}
         self._shard_tasks = Supervisor("consumer shards", "log")
         self.resolver = Resolver(self)
         self.peers = ShardClient()  # used only with explicit peer endpoints
@@ -134,7 +142,10 @@ class ConsumerProcess(MemberProcess):
     async def closed(self) -> None:
         await self._shard_tasks.aclose()
         await self.peers.close()
-        await self.service.close()
+        try:
+            await self.service.close()
+        except GazetteError as err:  # each failed append already failed the transaction it served
+            log.warning("appends failed as the consumer closed", extra={"err": str(err)})
         await self.client.close()
 
     # -- shards -----------------------------------------------------------------------
@@ -160,6 +171,17 @@ class ConsumerProcess(MemberProcess):
 
     async def _reconcile(self) -> None:
         local = self._local_assignments()
+        promoted: dict[str, Player] = {}
+        for shard_id, (standby, task) in list(self.standbys.items()):
+            slot = local[shard_id][0] if shard_id in local else None
+            if slot is not None and slot != 0 and not task.done():
+                continue
+            if slot == 0 and (player := standby.release()) is not None:
+                promoted[shard_id] = player  # still playing: the primary hands it off
+            task.cancel()
+            del self.standbys[shard_id]
+            if slot is None:
+                log.info("shard standby left this process", extra={"shard": shard_id})
         for shard_id, (_, task) in list(self.shards.items()):
             if shard_id not in local or local[shard_id][0] != 0 or task.done():
                 if not task.done():
@@ -169,23 +191,32 @@ class ConsumerProcess(MemberProcess):
                     log.info("shard left this process", extra={"shard": shard_id})
         for shard_id, (slot, kv) in local.items():
             status = kv.value.code if isinstance(kv.value, pc.ReplicaStatus) else pc.ReplicaStatus.IDLE
-            if slot != 0:
-                if status == pc.ReplicaStatus.IDLE:
-                    await self.write_status(shard_id, pc.ReplicaStatus(code=pc.ReplicaStatus.STANDBY))
-                continue
-            if shard_id in self.shards or status == pc.ReplicaStatus.FAILED:
+            if status == pc.ReplicaStatus.FAILED or shard_id in self.shards or shard_id in self.standbys:
                 continue
             item = self.keyspace.search(items_key(self.keyspace.root, shard_id))
             if item is None or not isinstance(item.value, pc.ShardSpec):
                 continue
-            log.info("shard assigned as primary", extra={
-                "shard": shard_id, "sources": ",".join(s.journal for s in item.value.sources)})
             spec = item.value
             hints = HintsStore(self.etcd, spec) if spec.recovery_log_prefix else None
+            if slot != 0:
+                if hints is None:  # nothing to follow: a standby at once
+                    if status == pc.ReplicaStatus.IDLE:
+                        await self.write_status(shard_id, pc.ReplicaStatus(code=pc.ReplicaStatus.STANDBY))
+                    continue
+                log.info("shard assigned as standby", extra={"shard": shard_id, "slot": slot})
+                standby = StandbyReplica(spec, self.client, hints, self.write_status)
+                self.standbys[shard_id] = (standby, self._shard_tasks.spawn(f"{shard_id} standby", standby.run()))
+                continue
+            log.info("shard assigned as primary", extra={
+                "shard": shard_id, "sources": ",".join(s.journal for s in spec.sources),
+                "from_standby": shard_id in promoted})
             rt = ShardRuntime(item.key, spec, self.app, self.client, self.service, self.write_status,
-                              hints=hints, hint_interval=self.config.hint_interval)
+                              hints=hints, player=promoted.pop(shard_id, None),
+                              hint_interval=self.config.hint_interval)
             rt.assignment = kv
             self.shards[shard_id] = (rt, self._shard_tasks.spawn(shard_id, rt.run_primary()))
+        for player in promoted.values():  # promoted, but not started here (a FAILED status)
+            await player.aclose()
 
     async def write_status(self, shard_id: str, status: pc.ReplicaStatus) -> None:
         """Writes ``status`` on this process's assignment of ``shard_id``, checked against its

@@ -69,6 +69,7 @@ def config_from_args(ns: argparse.Namespace) -> ConsumerConfig:
     zone, suffix = flags.process_id("consumer", random_suffix())
     return ConsumerConfig(host=get("consumer.host"), port=integer("consumer.port"),
                           zone=zone, suffix=suffix, limit=integer("consumer.limit"),
+                          max_hot_standbys=integer("consumer.max-hot-standbys"),
                           broker_address=get("broker.address"), etcd_address=get("etcd.address"),
                           etcd_prefix=get("etcd.prefix").rstrip("/"), etcd_lease=lease, args=ns)
 

@@ -234,6 +234,7 @@ class Player:
         self._last_report = 0.0
         self._target: dict[str, int] = {}
         self._reported_bytes = 0  # read bytes already counted in the metric
+        self._task: asyncio.Task[FSM] | None = None  # playback started by start(), owned here
 
     # -- requests -------------------------------------------------------------------------
 
@@ -255,6 +256,25 @@ class Player:
 
     def staged_path(self, fnode: int) -> str:
         return os.path.join(self.dir, STAGING_DIR, str(fnode))
+
+    def start(self) -> asyncio.Task[FSM]:
+        """Starts ``play()`` in the background, once (later calls return the same task). The
+        task is the player's: ``aclose`` cancels it. A hot standby starts its player, and the
+        shard promoted from it later hands that same player off."""
+        if self._task is None:
+            self._task = asyncio.ensure_future(self.play())
+        return self._task
+
+    async def aclose(self) -> None:
+        """Cancels a started playback, waits for it to end, and removes the directory."""
+        task = self._task
+        if task is not None:
+            if not task.done():
+                task.cancel()
+            await asyncio.wait([task])
+            if not task.cancelled():
+                task.exception()  # retrieved: its owner already reported it, or never will need to
+        await asyncio.to_thread(shutil.rmtree, self.dir, ignore_errors=True)
 
     async def play(self) -> FSM:
         """Plays the log until finished or handed off; returns the recovered FSM."""
@@ -447,17 +467,17 @@ class Player:
 
 
 async def take_over(player: Player, author: int | None = None) -> Recorder:
-    """Plays ``player``'s log, hands it off to ``author`` (a new random one by default) at the
-    write head, and returns the recorder that continues the log as its fenced owner. Cancelling
-    the caller cancels playback (and removes its directory)."""
+    """Plays ``player``'s log (or goes on with its started playback: a hot standby's), hands it
+    off to ``author`` (a new random one by default) at the write head, and returns the recorder
+    that continues the log as its fenced owner. Cancelling the caller cancels playback (and
+    removes its directory)."""
     author = author or new_author()
-    task = asyncio.ensure_future(player.play())
+    task = player.start()
     player.inject_handoff(author)
     try:
         fsm = await asyncio.shield(task)
     except asyncio.CancelledError:
-        task.cancel()
-        await asyncio.wait([task])
+        await player.aclose()
         raise
     return Recorder(player.client, player.hints.log, fsm, author, player.dir, write_head=player.write_head)
 

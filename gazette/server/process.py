@@ -31,14 +31,14 @@ import random
 import signal
 import socket
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import aetcd
 import grpc
 from aiohttp import web
 
-from gazette.allocator import Announcement, allocate, announce
+from gazette.allocator import Announcement, allocate, announce, desired_replication
 from gazette.allocator.keys import members_key, members_prefix
 from gazette.allocator.state import IsConsistentFn
 from gazette.etcd import connect as etcd_connect
@@ -74,12 +74,14 @@ class MemberProcess:
 
     def __init__(self, *, zone: str, suffix: str, host: str, port: int, etcd_address: str,
                  etcd_lease: float, keyspace: KeySpace, is_consistent: IsConsistentFn,
-                 advertise_host: str | None = None) -> None:
+                 advertise_host: str | None = None,
+                 replication: Callable[[object], int] = desired_replication) -> None:
         self.local_id = pb.ProcessSpec.ID(zone=zone, suffix=suffix)
         self.host, self.port, self.advertise_host = host, port, advertise_host
         self.etcd_address, self.etcd_lease = etcd_address, etcd_lease
         self.keyspace = keyspace
         self.is_consistent = is_consistent
+        self.replication = replication
         self.endpoint = ""
         self.bound_port = 0
         self.ready = asyncio.Event()
@@ -180,7 +182,8 @@ class MemberProcess:
                 tg.create_task(self._announcement.keep_alive(), name="announce")
                 await self.keyspace.wait_for_revision(self._announcement.revision)
                 alloc_task = tg.create_task(
-                    allocate(self.etcd, self.keyspace, self.member_key, self.is_consistent), name="allocator"
+                    allocate(self.etcd, self.keyspace, self.member_key, self.is_consistent,
+                             replication=self.replication), name="allocator"
                 )
                 log.info(f"{self.kind} started", extra={
                     "id": f"{self.local_id.zone}#{self.local_id.suffix}", "endpoint": self.endpoint})

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import textwrap
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aetcd
+
+from gazette.allocator.keys import assignments_prefix, members_prefix
 from gazette.consumer.stores.memory import MemoryStore
 from gazette.message import Envelope, JSONMessage
 from gazette.message.uuid import ACK_TXN, get_flags
+from gazette.protocol import consumer_pb2 as pc
 from gazette.testing.cluster import console_script
 
 
@@ -113,6 +119,59 @@ SQL_COUNTING_APP = textwrap.dedent('''
                 _out, [JSONMessage(key=d["key"], seq=d["seq"]) for d in docs])
 ''')
 
+EMBEDDED_COUNTING_APP = textwrap.dedent('''
+    """Counts inputs by key into an embedded store recorded to the shard's recovery log
+    (STORE_KIND: rocksdb or sqlite), publishing per input a derived message carrying the key's
+    count after it: exactly-once processing makes those counts 1..N per key, each once. With
+    FREEZE_KEY set, the first process to finalize a transaction holding that key stops itself
+    (SIGSTOP) before committing: a zombie-to-be."""
+    import os, signal, zlib
+    from gazette.consumer.stores.rocksdb import RocksDBStore
+    from gazette.consumer.stores.sqlite import SQLiteStore
+    from gazette.message import JSONMessage
+    from gazette.message.uuid import ACK_TXN, get_flags
+
+    def _out(msg):
+        return f"out/part-00{zlib.crc32(msg.doc['key'].encode()) % 2}", "application/x-ndjson"
+
+    class App:
+        def __init__(self):
+            self.kind = os.environ.get("STORE_KIND", "rocksdb")
+            self.pending = {}
+
+        def new_store(self, shard, recorder):
+            if self.kind == "sqlite":
+                store = SQLiteStore(recorder)
+                store.conn.execute("CREATE TABLE IF NOT EXISTS counts (k TEXT PRIMARY KEY, n INTEGER NOT NULL)")
+                return store
+            return RocksDBStore(recorder)
+
+        def new_message(self, spec):
+            return JSONMessage
+
+        def consume_message(self, shard, store, env, pub):
+            if get_flags(env.message.get_uuid()) != ACK_TXN:
+                self.pending.setdefault(shard.spec.id, []).append(env.message.doc)
+
+        async def finalize_txn(self, shard, store, pub):
+            docs = self.pending.pop(shard.spec.id, [])
+            out = []
+            for d in docs:
+                if isinstance(store, SQLiteStore):
+                    n = store.conn.execute("INSERT INTO counts VALUES (?, 1) ON CONFLICT (k) "
+                                           "DO UPDATE SET n = n + 1 RETURNING n", (d["key"],)).fetchone()[0]
+                else:
+                    n = int(store.get(d["key"].encode(), b"0")) + 1
+                    store.put(d["key"].encode(), b"%d" % n)
+                out.append(JSONMessage(key=d["key"], seq=d["seq"], n=n))
+            freeze, flag = os.environ.get("FREEZE_KEY"), os.environ.get("FREEZE_FLAG", "")
+            if freeze and any(d["key"] == freeze for d in docs) and not os.path.exists(flag):
+                open(flag, "w").close()
+                os.kill(os.getpid(), signal.SIGSTOP)  # resumed by the test, as a zombie
+            if out:
+                await pub.publish_uncommitted_many(_out, out)
+''')
+
 COUNTS_DDL = "CREATE TABLE IF NOT EXISTS counts (k TEXT PRIMARY KEY, n BIGINT NOT NULL)"
 
 
@@ -175,3 +234,32 @@ def consumer_env(base: dict[str, str], **extra: str) -> dict[str, str]:
     env.update(extra)
     env.setdefault("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     return env
+
+
+async def consumer_endpoints(etcd: aetcd.Client, prefix: str) -> list[str]:
+    out = []
+    for kv in await etcd.get_prefix(members_prefix(prefix).encode()):
+        spec = pc.ConsumerSpec.FromString(kv.value)
+        if spec.shard_limit > 0:
+            out.append(spec.process_spec.endpoint)
+    return out
+
+
+async def wait_until(cond: Any, limit: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + limit
+    while True:
+        got = await cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {limit}s waiting for {what}")
+        await asyncio.sleep(interval)  # polling external processes, not synchronisation
+
+
+async def shard_replicas(etcd: aetcd.Client, prefix: str, shard: str) -> dict[int, tuple[str, int]]:
+    """slot -> (member suffix, ReplicaStatus code) of ``shard``'s assignments."""
+    out = {}
+    for kv in await etcd.get_prefix(f"{assignments_prefix(prefix)}{shard}#".encode()):
+        _, _, suffix, slot = kv.key.decode()[len(assignments_prefix(prefix)):].split("#")
+        out[int(slot)] = (suffix, pc.ReplicaStatus.FromString(kv.value).code)
+    return out

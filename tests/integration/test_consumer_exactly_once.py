@@ -26,15 +26,21 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import aetcd
 import pytest
-from consumer_support import COUNTS_DDL, SQL_COUNTING_APP, ConsumerProc, consumer_env
+from consumer_support import (
+    COUNTS_DDL,
+    SQL_COUNTING_APP,
+    ConsumerProc,
+    consumer_endpoints,
+    consumer_env,
+    wait_until,
+)
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from gazette.allocator.keys import assignments_prefix, items_key, members_prefix
+from gazette.allocator.keys import assignments_prefix, items_key
 from gazette.client import AppendService, JournalClient
 from gazette.consumer.client import ShardClient
 from gazette.consumer.stores.sql import SQLStore
@@ -105,32 +111,12 @@ async def _assignments(etcd: aetcd.Client, prefix: str) -> dict[str, tuple[str, 
     return out
 
 
-async def _endpoints(etcd: aetcd.Client, prefix: str) -> list[str]:
-    out = []
-    for kv in await etcd.get_prefix(members_prefix(prefix).encode()):
-        spec = pc.ConsumerSpec.FromString(kv.value)
-        if spec.shard_limit > 0:
-            out.append(spec.process_spec.endpoint)
-    return out
-
-
 async def _derived(client: JournalClient) -> Counter[int]:
     seen: Counter[int] = Counter()
     async for env in read_committed(client, "prefix=out/", block=False):
         if get_flags(env.message.get_uuid()) != ACK_TXN:
             seen[int(env.message.doc["seq"])] += 1
     return seen
-
-
-async def _wait(cond: Any, limit: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + limit
-    while True:
-        got = await cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit}s waiting for {what}")
-        await asyncio.sleep(interval)  # polling external processes, not synchronisation
 
 
 @pytest.mark.timeout(240)
@@ -142,9 +128,9 @@ async def test_zombie_primary_is_fenced(cluster: Cluster, postgres_db: str, tmp_
         b = ConsumerProc("cons-b", env, tmp_path)
         a.start()
         try:
-            await _wait(lambda: _first_primary(etcd, prefix, "cons-a"), 60, "cons-a primary of count-000")
+            await wait_until(lambda: _first_primary(etcd, prefix, "cons-a"), 60, "cons-a primary of count-000")
             b.start()
-            await _wait(lambda: _endpoints_n(etcd, prefix, 2), 60, "cons-b announced")
+            await wait_until(lambda: _endpoints_n(etcd, prefix, 2), 60, "cons-b announced")
             async with JournalClient(cluster.broker.address) as client, AppendService(client) as svc:
                 pub = Publisher(svc)
                 docs = [{"key": "k", "seq": i} for i in range(20)] + [{"key": "zombie", "seq": 20}]
@@ -152,17 +138,17 @@ async def test_zombie_primary_is_fenced(cluster: Cluster, postgres_db: str, tmp_
                     await pub.publish_committed(lambda m: ("in/part-000", "application/x-ndjson"), JSONMessage(**d))
                 await svc.flush()
                 # cons-a froze itself mid-transaction; its lease lapses and cons-b takes over.
-                await _wait(lambda: _true(a.stopped()), 60, "cons-a to freeze")
-                await _wait(lambda: _first_primary(etcd, prefix, "cons-b"), 60, "cons-b primary after the lease")
+                await wait_until(lambda: _true(a.stopped()), 60, "cons-a to freeze")
+                await wait_until(lambda: _first_primary(etcd, prefix, "cons-b"), 60, "cons-b primary after the lease")
                 # The zombie's open SQL transaction holds row locks on the counts it wrote, so
                 # cons-b's writes of the same keys wait on it (PostgreSQL semantics; see
                 # docs/consumers.md on idle_in_transaction_session_timeout).
                 a.signal(signal.SIGCONT)  # the zombie resumes and tries to commit
-                await _wait(lambda: _true("FencedError" in a.log_text()), 60,
+                await wait_until(lambda: _true("FencedError" in a.log_text()), 60,
                             "the zombie's commit to fail on the fence")
-                await _wait(lambda: _counts_are(engine, {"k": 20, "zombie": 1}), 60, "cons-b to count")
+                await wait_until(lambda: _counts_are(engine, {"k": 20, "zombie": 1}), 60, "cons-b to count")
                 assert await _counts(engine) == {"k": 20, "zombie": 1}
-                derived = await _wait(lambda: _derived_complete(client, 21), 60, "derived messages")
+                derived = await wait_until(lambda: _derived_complete(client, 21), 60, "derived messages")
                 assert derived == Counter(range(21)), "each derived message exactly once"
         finally:
             a.terminate()
@@ -179,7 +165,7 @@ async def _first_primary(etcd: aetcd.Client, prefix: str, suffix: str) -> bool:
 
 
 async def _endpoints_n(etcd: aetcd.Client, prefix: str, n: int) -> bool:
-    return len(await _endpoints(etcd, prefix)) >= n
+    return len(await consumer_endpoints(etcd, prefix)) >= n
 
 
 async def _counts_are(engine: AsyncEngine, want: dict[str, int]) -> bool:
@@ -223,7 +209,7 @@ async def test_exactly_once_under_kills_and_restarts(cluster: Cluster, postgres_
                 await svc.flush()
 
         async def unassign_failed() -> None:
-            for ep in await _endpoints(etcd, prefix):
+            for ep in await consumer_endpoints(etcd, prefix):
                 with contextlib.suppress(Exception):
                     async with ShardClient(ep) as sc:
                         resp = await sc.unassign([f"count-00{i}" for i in range(PARTS)], only_failed=True)
@@ -254,9 +240,9 @@ async def test_exactly_once_under_kills_and_restarts(cluster: Cluster, postgres_
                 await unassign_failed()
                 return await _counts(engine) == dict(expect)
 
-            await _wait(converged, 300, "per-key counts to equal the input", interval=1.0)
+            await wait_until(converged, 300, "per-key counts to equal the input", interval=1.0)
             async with JournalClient(cluster.broker.address) as client:
-                derived = await _wait(lambda: _derived_complete(client, sent), 300, "derived messages", interval=1.0)
+                derived = await wait_until(lambda: _derived_complete(client, sent), 300, "derived messages", interval=1.0)
             dupes = {s: n for s, n in derived.items() if n != 1}
             assert not dupes, f"derived messages seen more than once: {list(dupes.items())[:10]}"
             assert set(derived) == set(range(sent))

@@ -34,6 +34,10 @@ def test_desired_replication_and_capacity() -> None:
     assert desired_replication(partial) == 0
     assert desired_replication(pc.ShardSpec(hot_standbys=2)) == 3
     assert desired_replication(pc.ShardSpec(hot_standbys=2, disable=True)) == 0
+    # --consumer.max-hot-standbys bounds the stated hot standbys (Gazette's MaxHotStandbys).
+    assert desired_replication(pc.ShardSpec(hot_standbys=5), max_hot_standbys=1) == 2
+    assert desired_replication(pc.ShardSpec(hot_standbys=1), max_hot_standbys=3) == 2
+    assert desired_replication(pc.ShardSpec(hot_standbys=5), max_hot_standbys=0) == 1
     assert member_capacity(pb.BrokerSpec(journal_limit=7, exiting=True)) == (7, True)
     assert member_capacity(pc.ConsumerSpec(shard_limit=4)) == (4, False)
     with pytest.raises(TypeError, match="not an item spec"):
