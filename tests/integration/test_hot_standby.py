@@ -26,7 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from consumer_support import EMBEDDED_COUNTING_APP, ConsumerProc, consumer_env, shard_replicas, wait_until
+from consumer_support import (
+    EMBEDDED_COUNTING_APP,
+    ConsumerProc,
+    consumer_env,
+    shard_replicas,
+    wait_until,
+)
 
 from gazette.allocator.keys import items_key
 from gazette.client import AppendService, JournalClient
