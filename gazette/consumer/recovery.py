@@ -23,6 +23,7 @@ import logging
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import aetcd
@@ -41,7 +42,8 @@ from gazette.recoverylog import (
     take_over,
 )
 
-__all__ = ["HintsStore", "RecoveryError", "new_player", "recover", "recovery_log", "remove_dir"]
+__all__ = ["HintsStore", "RecoveryError", "new_player", "pick_first_hints", "recover", "recovery_log",
+           "remove_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,19 @@ class HintsStore:
         return resp
 
 
+def pick_first_hints(resp: pc.GetHintsResponse, log: str) -> FSMHints:
+    """The primary hints of a GetHints response if present, else its first backup hints, else
+    empty hints of ``log`` (Gazette's ``PickFirstHints``); hints must name ``log``."""
+    found = [resp.primary_hints] if resp.primary_hints.HasField("hints") else []
+    found += [b for b in resp.backup_hints if b.HasField("hints")]
+    if not found:
+        return FSMHints(log=log)
+    hints = FSMHints.from_proto(found[0].hints)
+    if hints.log != log:
+        raise RecoveryError(f"hints name log {hints.log}, not the shard's {log}")
+    return hints
+
+
 def _report(shard: str) -> Any:
     def report(p: PlaybackProgress) -> None:
         log.info("recovering shard %s: %s", shard, p.describe(), extra={"shard": shard})
@@ -120,8 +135,10 @@ def _report(shard: str) -> Any:
 
 
 async def new_player(client: JournalClient, spec: pc.ShardSpec, hints: FSMHints, *,
-                     root: str | None = None) -> Player:
-    """A player of the shard's log into a fresh directory, after checking the log's spec."""
+                     root: str | None = None, directory: str | None = None,
+                     on_progress: Callable[[PlaybackProgress], None] | None = None) -> Player:
+    """A player of the shard's log into a fresh directory (``directory``, or a new one under
+    ``root``), after checking the log's spec."""
     name = recovery_log(spec)
     try:
         jspec = await get_journal(client, name)
@@ -131,8 +148,9 @@ async def new_player(client: JournalClient, spec: pc.ShardSpec, hints: FSMHints,
     if labels.get("content-type") != CONTENT_TYPE:
         raise RecoveryError(f"shard {spec.id}: recovery log {name} has content-type "
                             f"{labels.get('content-type', '(none)')!r}, expected {CONTENT_TYPE}")
-    directory = tempfile.mkdtemp(prefix=re.sub(r"[^A-Za-z0-9_.-]", "_", spec.id) + "-", dir=root)
-    return Player(client, hints, directory, on_progress=_report(spec.id))
+    if directory is None:
+        directory = tempfile.mkdtemp(prefix=re.sub(r"[^A-Za-z0-9_.-]", "_", spec.id) + "-", dir=root)
+    return Player(client, hints, directory, on_progress=on_progress or _report(spec.id))
 
 
 async def recover(player: Player, spec: pc.ShardSpec) -> Recorder:

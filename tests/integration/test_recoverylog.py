@@ -33,6 +33,7 @@ from gazette.recoverylog import (
 )
 from gazette.recoverylog.player import PlaybackProgress
 from gazette.testing.cluster import Cluster
+from gazette.testing.etcd import unique_prefix
 
 RECOVERY_YAML = ("name: recovery/\nreplication: 1\nlabels:\n- name: content-type\n"
                  "  value: application/x-gazette-recoverylog\nfragment:\n  length: 262144\n"
@@ -190,3 +191,92 @@ async def test_shards_recover_their_embedded_stores_from_the_log(gazette_consume
         assert hints.status == pc.Status.OK and hints.primary_hints.hints.log == "recovery/count-001"
         assert len(hints.backup_hints) == 2 and all(b.hints.live_nodes for b in hints.backup_hints)
         assert json.loads(FSMHints.from_proto(hints.primary_hints.hints).to_json())["live_nodes"]
+
+
+def _rocks_items(path: str) -> dict[bytes, bytes]:
+    db = rocksdict.Rdict(path, access_type=rocksdict.AccessType.read_only())
+    try:
+        return {bytes(k): bytes(v) for k, v in db.items()}
+    finally:
+        db.close()
+
+
+async def _persisted(client: Any, log: str) -> None:
+    """Waits (on the broker's listing) until every fragment of ``log`` but the open one is
+    persisted: prune deletes only what is in a fragment store."""
+    async with asyncio.timeout(60):
+        while True:
+            frags = (await client.list_fragments(log)).fragments
+            if len(frags) > 1 and all(f.spec.backing_store for f in frags[:-1]):
+                return
+            await asyncio.sleep(0.2)  # polling the broker's persister, not synchronisation
+
+
+def _fragment_files(root: Path, log: str) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and f"/{log}/" in p.as_posix())
+
+
+@pytest.mark.timeout(240)
+async def test_gazctl_recovers_a_shard_store_and_prunes_its_log(gazette_consumer: Any, tmp_path: Path) -> None:
+    """``gazctl shards recover`` plays the log to a directory matching the live store;
+    ``gazctl shards prune`` deletes the fragments no hints need (compactions made most of the
+    log dead), and the shard still recovers its exact state from what is left."""
+    journals = journals_yaml("part-000") + "\n---\n" + recovery_yaml("count-000").replace(
+        "length: 262144", "length: 65536")
+    # (hints under a prefix of this test's own: etcd outlives each test's broker)
+    shards = shards_yaml("part-000", common=f"  recovery_log_prefix: recovery\n  hint_prefix: {unique_prefix('/hints')}\n"
+                                            "  hint_backups: 1\n")
+    app = StoreCountingApp()
+    async with gazette_consumer(app, journals=journals, shards=shards) as h:
+        assert h.cluster is not None and h.shards is not None
+        env = {"CONSUMER_ADDRESS": h.processes[0].endpoint}
+        for round_ in range(6):  # each round: writes, a flush and a compaction of the whole DB
+            if round_ == 3:  # a restart: the reopened DB starts a new MANIFEST, so the files
+                await h.shards.unassign(["count-000"])  # live after the next compaction were
+                await h.wait_serving()  # all written after it
+            await h.append_lines("in/part-000", [{"key": f"k{i % 400:03d}" + "-" * 200} for i in range(2000)])
+            await h.read_through()
+            store = h.store("count-000")
+            store.db.flush(True)
+            store.db.compact_range(None, None)
+        await h.append_lines("in/part-000", [{"key": "last"}])
+        await h.read_through()
+        want = counts_of(h.store("count-000"))
+        assert want["last"] == 1 and sum(want.values()) == 12001 and len(want) == 401
+
+        # recover: an existing non-empty --dir is refused; an empty one gets the live store.
+        (tmp_path / "busy").mkdir()
+        (tmp_path / "busy" / "f").write_text("x")
+        rc, _, err = await asyncio.to_thread(h.cluster.gazctl, "shards", "recover", "--id", "count-000", "--dir", str(tmp_path / "busy"), env=env)
+        assert rc == 1 and "--dir exists and is not an empty directory" in err
+        rc, _, err = await asyncio.to_thread(h.cluster.gazctl, "shards", "recover", "--id", "nope", "--dir", str(tmp_path / "r0"), env=env)
+        assert rc == 1 and "no shard exists with the given id" in err
+        rc, _, err = await asyncio.to_thread(h.cluster.gazctl, "shards", "recover", "--id", "count-000", "--dir", str(tmp_path / "r1"), env=env)
+        assert rc == 0, err
+        assert "recovered shard store" in err and "playing recovery log" in err
+        recovered = {k.decode(): int(v) for k, v in _rocks_items(str(tmp_path / "r1")).items()
+                     if not k.startswith(b"\x00")}
+        assert recovered == want
+
+        # prune: write the shard's hints now (they name only live files), then prune.
+        rt = h.runtime("count-000")
+        assert rt is not None and rt.recorder is not None and rt.hints is not None
+        # (pushed into the backup, too: the one from the shard's first recovery had no files).
+        assert await rt.hints.store_recovered(rt.recorder.build_hints(), rt.assignment)
+        await _persisted(h.client, "recovery/count-000")
+        before = _fragment_files(h.cluster.file_root, "recovery/count-000")
+        rc, _, err = await asyncio.to_thread(h.cluster.gazctl, "shards", "prune", "-l", "id=count-000", "--dry-run",
+                                      "--file-root", str(h.cluster.file_root), env=env)
+        assert rc == 0, err
+        assert _fragment_files(h.cluster.file_root, "recovery/count-000") == before
+        rc, _, err = await asyncio.to_thread(h.cluster.gazctl, "shards", "prune", "-l", "id=count-000",
+                                      "--file-root", str(h.cluster.file_root), env=env)
+        assert rc == 0, err
+        after = _fragment_files(h.cluster.file_root, "recovery/count-000")
+        assert len(after) < len(before), err
+        print(f"\nprune: {len(before)} → {len(after)} recovery-log fragments")
+
+        # The shard restarts from the pruned log with its exact state.
+        await h.shards.unassign(["count-000"])
+        await h.wait_serving()
+        assert counts_of(h.store("count-000")) == want
