@@ -8,7 +8,7 @@ import signal
 import subprocess
 import textwrap
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,8 +16,10 @@ from typing import Any
 import aetcd
 
 from gazette.allocator.keys import assignments_prefix, members_prefix
+from gazette.client import JournalClient
 from gazette.consumer.stores.memory import MemoryStore
 from gazette.message import Envelope, JSONMessage
+from gazette.message.reading import read_committed
 from gazette.message.uuid import ACK_TXN, get_flags
 from gazette.protocol import consumer_pb2 as pc
 from gazette.testing.cluster import console_script
@@ -263,3 +265,41 @@ async def shard_replicas(etcd: aetcd.Client, prefix: str, shard: str) -> dict[in
         _, _, suffix, slot = kv.key.decode()[len(assignments_prefix(prefix)):].split("#")
         out[int(slot)] = (suffix, pc.ReplicaStatus.FromString(kv.value).code)
     return out
+
+
+JOURNALS = """name: {name}
+replication: 1
+labels:
+- name: content-type
+  value: {content_type}
+fragment:
+  length: 1048576
+  compression_codec: NONE
+  stores: [file:///]
+  refresh_interval: 1s
+children:
+{children}"""
+
+
+def journal_tree(name: str, content_type: str, *children: str) -> str:
+    return JOURNALS.format(name=name, content_type=content_type,
+                           children="".join(f"- name: {name}{c}\n" for c in children))
+
+
+async def derived_docs(client: JournalClient) -> list[dict[str, Any]]:
+    out = []
+    async for env in read_committed(client, "prefix=out/", block=False):
+        if get_flags(env.message.get_uuid()) != ACK_TXN:
+            out.append(env.message.doc)
+    return out
+
+
+def check_counted_once(docs: list[dict[str, Any]], sent: Counter[str], n_sent: int) -> None:
+    """Every input's derived message once, and each key's counts exactly 1..N."""
+    seqs = Counter(d["seq"] for d in docs)
+    assert seqs == Counter(range(n_sent)), \
+        f"derived messages not each seen once: {sorted(s for s, n in seqs.items() if n != 1)[:10]}"
+    counts: dict[str, list[int]] = defaultdict(list)
+    for d in docs:
+        counts[d["key"]].append(d["n"])
+    assert {k: sorted(v) for k, v in counts.items()} == {k: list(range(1, n + 1)) for k, n in sent.items()}

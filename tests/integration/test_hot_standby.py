@@ -21,7 +21,7 @@ import asyncio
 import re
 import signal
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,10 @@ import pytest
 from consumer_support import (
     EMBEDDED_COUNTING_APP,
     ConsumerProc,
+    check_counted_once,
     consumer_env,
+    derived_docs,
+    journal_tree,
     shard_replicas,
     wait_until,
 )
@@ -38,58 +41,18 @@ from gazette.allocator.keys import items_key
 from gazette.client import AppendService, JournalClient
 from gazette.etcd import connect
 from gazette.message import JSONMessage, Publisher
-from gazette.message.reading import read_committed
-from gazette.message.uuid import ACK_TXN, get_flags
 from gazette.protocol import consumer_pb2 as pc
 from gazette.testing.cluster import Cluster
 from gazette.testing.etcd import unique_prefix
 
 LEASE = 2.0  # seconds: the consumers' etcd lease TTL
 
-JOURNALS = """name: {name}
-replication: 1
-labels:
-- name: content-type
-  value: {content_type}
-fragment:
-  length: 1048576
-  compression_codec: NONE
-  stores: [file:///]
-  refresh_interval: 1s
-children:
-{children}"""
-
-
-def _tree(name: str, content_type: str, *children: str) -> str:
-    return JOURNALS.format(name=name, content_type=content_type,
-                           children="".join(f"- name: {name}{c}\n" for c in children))
-
-
-async def _derived(client: JournalClient) -> list[dict[str, Any]]:
-    out = []
-    async for env in read_committed(client, "prefix=out/", block=False):
-        if get_flags(env.message.get_uuid()) != ACK_TXN:
-            out.append(env.message.doc)
-    return out
-
-
-def _check_exactly_once(docs: list[dict[str, Any]], sent: Counter[str], n_sent: int) -> None:
-    """Every input's derived message once, and each key's counts exactly 1..N."""
-    seqs = Counter(d["seq"] for d in docs)
-    assert seqs == Counter(range(n_sent)), \
-        f"derived messages not each seen once: {sorted(s for s, n in seqs.items() if n != 1)[:10]}"
-    counts: dict[str, list[int]] = defaultdict(list)
-    for d in docs:
-        counts[d["key"]].append(d["n"])
-    assert {k: sorted(v) for k, v in counts.items()} == {k: list(range(1, n + 1)) for k, n in sent.items()}
-
-
 @pytest.mark.timeout(300)
 async def test_hot_standby_takes_over_a_killed_primary_and_fences_a_zombie(cluster: Cluster, tmp_path: Path) -> None:
     cluster.add_broker("local", "sturdy-ox")
-    for doc in (_tree("in/", "application/x-ndjson", "part-000"),
-                _tree("out/", "application/x-ndjson", "part-000", "part-001"),
-                _tree("recovery/", "application/x-gazette-recoverylog", "count-000")):
+    for doc in (journal_tree("in/", "application/x-ndjson", "part-000"),
+                journal_tree("out/", "application/x-ndjson", "part-000", "part-001"),
+                journal_tree("recovery/", "application/x-gazette-recoverylog", "count-000")):
         rc, _, err = cluster.gazctl("journals", "apply", stdin=doc)
         assert rc == 0, err
     prefix = unique_prefix("/gazette-test-standby")
@@ -120,7 +83,7 @@ async def test_hot_standby_takes_over_a_killed_primary_and_fences_a_zombie(clust
             n_sent += 1
 
     async def all_derived(client: JournalClient) -> list[dict[str, Any]] | None:
-        docs = await _derived(client)
+        docs = await derived_docs(client)
         return docs if len(docs) >= n_sent else None
 
     PRIMARY, STANDBY = pc.ReplicaStatus.PRIMARY, pc.ReplicaStatus.STANDBY
@@ -146,7 +109,7 @@ async def test_hot_standby_takes_over_a_killed_primary_and_fences_a_zombie(clust
             assert promoted and re.search(r"from_standby=True", promoted[-1]), promoted
             await publish(pub, [f"k{i % 5}" for i in range(100)])
             await svc.flush()
-            _check_exactly_once(await wait_until(lambda: all_derived(client), 60, "200 inputs processed"),
+            check_counted_once(await wait_until(lambda: all_derived(client), 60, "200 inputs processed"),
                                 sent, n_sent)
 
             # A zombie: cons-b stops itself mid-transaction; cons-a (a standby again) takes over.
@@ -162,7 +125,7 @@ async def test_hot_standby_takes_over_a_killed_primary_and_fences_a_zombie(clust
                              "the zombie's commit to fail on the log's fence")
             await publish(pub, ["k3", "zombie"])
             await svc.flush()
-            _check_exactly_once(await wait_until(lambda: all_derived(client), 60, "every input processed"),
+            check_counted_once(await wait_until(lambda: all_derived(client), 60, "every input processed"),
                                 sent, n_sent)
         print(f"\nhot standby: promoted {failover:.2f}s after kill -9 (lease TTL {LEASE:.0f}s); "
               f"{n_sent} inputs, each counted once")
