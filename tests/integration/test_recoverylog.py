@@ -15,6 +15,7 @@ import rocksdict
 from consumer_support import journals_yaml, shards_yaml
 
 from gazette.client import JournalClient, append
+from gazette.consumer.stores.json_file import JSONFileStore
 from gazette.consumer.stores.rocksdb import RocksDBStore
 from gazette.consumer.stores.sqlite import SQLiteStore
 from gazette.journalspace import apply_request as journal_apply_request
@@ -139,6 +140,8 @@ class StoreCountingApp:
             store = SQLiteStore(recorder)
             store.conn.execute("CREATE TABLE IF NOT EXISTS counts (k TEXT PRIMARY KEY, n INTEGER)")
             return store
+        if kind == "json":
+            return JSONFileStore(recorder=recorder)
         return RocksDBStore(recorder)
 
     def new_message(self, spec: Any) -> type[JSONMessage]:
@@ -150,6 +153,8 @@ class StoreCountingApp:
         key = env.message.doc["key"]
         if isinstance(store, SQLiteStore):
             store.conn.execute("INSERT INTO counts VALUES (?, 1) ON CONFLICT (k) DO UPDATE SET n = n + 1", (key,))
+        elif isinstance(store, JSONFileStore):
+            store.state[key] = store.state.get(key, 0) + 1
         else:
             store.put(key.encode(), b"%d" % (int(store.get(key.encode(), b"0")) + 1))
 
@@ -160,33 +165,38 @@ class StoreCountingApp:
 def counts_of(store: Any) -> dict[str, int]:
     if isinstance(store, SQLiteStore):
         return dict(store.conn.execute("SELECT k, n FROM counts").fetchall())
+    if isinstance(store, JSONFileStore):
+        return dict(store.state)
     return {k.decode(): int(v) for k, v in store.items()}
 
 
 @pytest.mark.timeout(180)
 async def test_shards_recover_their_embedded_stores_from_the_log(gazette_consumer: Any) -> None:
-    journals = journals_yaml("part-000", "part-001") + "\n---\n" + recovery_yaml("count-000", "count-001")
-    shards = shards_yaml("part-000", "part-001",
+    ids = ("count-000", "count-001", "count-002")  # RocksDB, SQLite and JSON file stores
+    journals = journals_yaml("part-000", "part-001", "part-002") + "\n---\n" + recovery_yaml(*ids)
+    shards = shards_yaml("part-000", "part-001", "part-002",
                          common="  recovery_log_prefix: recovery\n  hint_prefix: /gazette/hints\n"
                                 "  hint_backups: 2\n")
-    shards = shards.replace("- id: count-001\n", "- id: count-001\n  labels:\n  - name: store\n    value: sqlite\n")
+    for sid, kind in (("count-001", "sqlite"), ("count-002", "json")):
+        shards = shards.replace(f"- id: {sid}\n", f"- id: {sid}\n  labels:\n  - name: store\n    value: {kind}\n")
     app = StoreCountingApp()
     async with gazette_consumer(app, journals=journals, shards=shards) as h:
         for round_ in range(3):
             await h.append_lines("in/part-000", [{"key": k} for k in "aab"] * 10)
             await h.append_lines("in/part-001", [{"key": k} for k in "xyy"] * 10)
+            await h.append_lines("in/part-002", [{"key": k} for k in "pq"] * 10)
             await h.read_through()
-            want = {"a": 20 * (round_ + 1), "b": 10 * (round_ + 1)}
-            assert counts_of(h.store("count-000")) == want
-            assert counts_of(h.store("count-001")) == {"x": 10 * (round_ + 1), "y": 20 * (round_ + 1)}
-            dirs = [h.runtime(s).recorder.dir for s in ("count-000", "count-001")]  # type: ignore[union-attr]
+            wants = [{"a": 20 * (round_ + 1), "b": 10 * (round_ + 1)},
+                     {"x": 10 * (round_ + 1), "y": 20 * (round_ + 1)},
+                     {"p": 10 * (round_ + 1), "q": 10 * (round_ + 1)}]
+            assert [counts_of(h.store(s)) for s in ids] == wants
+            dirs = [h.runtime(s).recorder.dir for s in ids]  # type: ignore[union-attr]
             # The shards restart: their stores come back from the recovery log alone.
-            await h.shards.unassign(["count-000", "count-001"])  # type: ignore[union-attr]
+            await h.shards.unassign(list(ids))  # type: ignore[union-attr]
             await h.wait_serving()
-            assert all(h.runtime(s).recorder.dir not in dirs for s in ("count-000", "count-001"))  # type: ignore[union-attr]
+            assert all(h.runtime(s).recorder.dir not in dirs for s in ids)  # type: ignore[union-attr]
             assert all(not _exists(d) for d in dirs)
-            assert counts_of(h.store("count-000")) == want
-            assert counts_of(h.store("count-001")) == {"x": 10 * (round_ + 1), "y": 20 * (round_ + 1)}
+            assert [counts_of(h.store(s)) for s in ids] == wants
         hints = await h.shards.get_hints("count-001")  # type: ignore[union-attr]
         assert hints.status == pc.Status.OK and hints.primary_hints.hints.log == "recovery/count-001"
         assert len(hints.backup_hints) == 2 and all(b.hints.live_nodes for b in hints.backup_hints)

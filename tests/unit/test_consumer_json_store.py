@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gazette.consumer.stores.json_file import JSONFileStore, StateFileError
+from gazette.consumer.stores.recorded import StoreOptionError
 from gazette.protocol import consumer_pb2 as pc
+from gazette.recoverylog import FSM, Recorder
 
 
 def _checkpoint(offsets: dict[str, int]) -> pc.Checkpoint:
@@ -71,8 +73,11 @@ def test_offsets_line_overrides_checkpoint_and_damage_is_named(tmp_path: Path) -
 def test_destroy_keeps_the_directory_without_a_recorder(tmp_path: Path) -> None:
     JSONFileStore(tmp_path / "keep").destroy()
     assert (tmp_path / "keep").exists()
-    JSONFileStore(tmp_path / "gone", recorder=object()).destroy()
+    rec = Recorder(None, "log", FSM("log"), 1, str(tmp_path / "gone"))  # type: ignore[arg-type]
+    JSONFileStore(recorder=rec).destroy()
     assert not (tmp_path / "gone").exists()
+    with pytest.raises(StoreOptionError, match="lives in its recorder's directory"):
+        JSONFileStore(tmp_path / "elsewhere", recorder=rec)
 
 
 json_values = st.recursive(

@@ -22,6 +22,7 @@ import pytest
 import rocksdict
 from test_recoverylog_fsm import LOG, MemLog
 
+from gazette.consumer.stores.json_file import JSONFileStore
 from gazette.consumer.stores.recorded import StoreOptionError
 from gazette.consumer.stores.rocksdb import RocksDBStore
 from gazette.consumer.stores.sqlite import SQLiteStore
@@ -55,7 +56,7 @@ def replay(log: MemLog, upto: int, into: Path) -> None:
     staged.rmdir()
 
 
-async def commit(store: RocksDBStore | SQLiteStore, rec: Recorder, log: MemLog, n: int) -> int:
+async def commit(store: RocksDBStore | SQLiteStore | JSONFileStore, rec: Recorder, log: MemLog, n: int) -> int:
     cp = pc.Checkpoint()
     cp.sources["in"].read_through = n
     fut = store.start_commit(None, cp, [])  # type: ignore[arg-type]
@@ -178,3 +179,22 @@ def test_stores_refuse_options_that_break_capture(tmp_path: Path) -> None:
         store.start_commit(None, pc.Checkpoint(), [])  # type: ignore[arg-type]
     store.destroy()
     assert not os.path.exists(rec.dir)
+
+
+async def test_json_file_store_every_commit_point_replays(tmp_path: Path) -> None:
+    rnd = random.Random(3)
+    rec = recorder(tmp_path / "js")
+    store = JSONFileStore(recorder=rec)
+    log = MemLog()
+    for n in range(1, 30):
+        for _ in range(rnd.randrange(1, 5)):
+            store.state[f"k{rnd.randrange(10)}"] = rnd.randrange(1000)
+        if rnd.random() < 0.2:
+            store.state.pop(next(iter(store.state)), None)
+        want = dict(store.state)
+        head = await commit(store, rec, log, n)
+        into = tmp_path / f"replay-{n}"
+        replay(log, head, into)
+        assert sorted(os.listdir(into)) == ["state.json"]  # next.json was renamed over it
+        again = JSONFileStore(into)
+        assert again.state == want and again.checkpoint.sources["in"].read_through == n

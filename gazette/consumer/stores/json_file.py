@@ -13,9 +13,13 @@ Invariants:
   future (the transaction's appends) resolved, so a checkpoint never runs ahead of its output.
 * Opening a directory that has ``state.json`` restores its state and checkpoint; the read-through
   offsets line wins over the checkpoint's, as in Gazette (operators may edit it to rewind).
-* Durable on this host only until recovery logs land (next issue): with a ``recorder`` the
-  file is recorded into the shard's recovery log and the directory is removed on ``destroy``;
-  without one, the directory is kept, so a restart on the same host resumes where it left off.
+* With a ``recorder`` (the shard has a recovery log) the store lives in the recorder's
+  directory, recovered from the log: ``start_commit`` writes ``next.json`` and renames it over
+  ``state.json`` at once, recording the same create, write and rename into the recorder, whose
+  batch is appended (and so made durable) only after ``wait_for``. No fsync: the log is what is
+  durable, and the local directory is discarded with the shard. ``destroy`` removes it.
+* Without a recorder the store is durable on this host only: the directory is kept, so a
+  restart on the same host resumes where it left off.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from google.protobuf import json_format
 
 from gazette.consumer.errors import ConsumerError
 from gazette.consumer.interfaces import OpFuture, Shard
+from gazette.consumer.stores.recorded import commit_batch, store_directory
 from gazette.protocol import consumer_pb2 as pc
+from gazette.recoverylog import Recorder
 
 __all__ = ["JSONFileStore", "StateFileError"]
 
@@ -45,9 +51,9 @@ class StateFileError(ConsumerError):
 
 
 class JSONFileStore:
-    def __init__(self, directory: str | os.PathLike[str], state: Any = None, *,
-                 recorder: Any = None) -> None:
-        self.dir = Path(directory)
+    def __init__(self, directory: str | os.PathLike[str] | None = None, state: Any = None, *,
+                 recorder: Recorder | None = None) -> None:
+        self.dir = Path(store_directory(recorder, directory, "JSONFileStore"))
         self.state: Any = {} if state is None else state
         self.checkpoint = pc.Checkpoint()
         self.recorder = recorder
@@ -77,7 +83,18 @@ class JSONFileStore:
         offsets = {j: s.read_through for j, s in checkpoint.sources.items()}
         doc = (json.dumps(offsets, sort_keys=True) + "\n" + json.dumps(self.state) + "\n"
                + json_format.MessageToJson(checkpoint, indent=None) + "\n").encode()
+        if self.recorder is not None:
+            self._write_recorded(self.recorder, doc)
+            return commit_batch(self.recorder, wait_for)
         return asyncio.ensure_future(self._commit(doc, wait_for))
+
+    def _write_recorded(self, recorder: Recorder, doc: bytes) -> None:
+        nxt, cur = self.dir / NEXT, self.dir / CURRENT
+        with open(nxt, "wb") as f:
+            f.write(doc)
+        os.replace(nxt, cur)
+        recorder.write_at(recorder.create(NEXT), doc, 0)
+        recorder.rename(NEXT, CURRENT)
 
     async def _commit(self, doc: bytes, wait_for: Sequence[Awaitable[Any]]) -> None:
         for f in wait_for:
