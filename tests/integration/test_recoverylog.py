@@ -290,3 +290,31 @@ async def test_gazctl_recovers_a_shard_store_and_prunes_its_log(gazette_consumer
         await h.shards.unassign(["count-000"])
         await h.wait_serving()
         assert counts_of(h.store("count-000")) == want
+
+
+@pytest.mark.timeout(120)
+async def test_a_corrupt_log_fails_the_shard_naming_the_offset(gazette_consumer: Any) -> None:
+    """A shard whose recovery log holds a corrupt op goes FAILED with an error naming the log
+    and offset, and never serves a partially recovered store."""
+    journals = journals_yaml("part-000") + "\n---\n" + recovery_yaml("count-000")
+    shards = shards_yaml("part-000", common="  recovery_log_prefix: recovery\n"
+                                            f"  hint_prefix: {unique_prefix('/hints')}\n")
+    async with gazette_consumer(StoreCountingApp(), journals=journals, shards=shards) as h:
+        assert h.client is not None and h.shards is not None
+        await h.append_lines("in/part-000", [{"key": "a"}] * 10)
+        await h.read_through()
+        bad = (await append(h.client, "recovery/count-000", b"\x66\x33\x93\x36\x05\x00\x00\x00garbage")).commit
+        await h.shards.unassign(["count-000"])
+
+        async def failed() -> pc.ReplicaStatus | None:
+            (sh,) = (await h.shards.list()).shards  # type: ignore[union-attr]
+            return next((st for st in sh.status if st.code == pc.ReplicaStatus.FAILED), None)
+
+        async with asyncio.timeout(60):
+            while True:
+                status = await failed()
+                if status is not None:
+                    break
+                await asyncio.sleep(0.1)  # polling the shard's status through the Shard API
+        assert f"recovery log recovery/count-000 at offset {bad.begin}: not a RecordedOp" in status.errors[0]
+        assert h.runtime("count-000") is None  # nothing serves
