@@ -38,7 +38,7 @@ from gazette.recoverylog.fsm import FSM
 from gazette.recoverylog.hints import FSMHints
 from gazette.recoverylog.ops import encode_op, fence, fence_selector
 
-__all__ = ["Recorder"]
+__all__ = ["MESSAGE_BYTES", "Recorder", "coalesce", "handoff_op"]
 
 
 class Recorder:
@@ -148,7 +148,7 @@ class Recorder:
 
     async def append_batch(self, batch: Sequence[bytes | memoryview]) -> pb.AppendResponse:
         try:
-            resp = await append(self.client, self.log, batch, check_registers=fence_selector(self.author),
+            resp = await append(self.client, self.log, coalesce(batch), check_registers=fence_selector(self.author),
                                 max_attempts=8)
         except AppendError as err:
             if err.status == pb.REGISTER_MISMATCH:
@@ -171,6 +171,34 @@ class Recorder:
         if self._chunks or self._lock.locked():
             raise RecoveryLogError("hints are built between batches, not while one is pending")
         return self.fsm.build_hints(self.log)
+
+
+MESSAGE_BYTES = 1 << 20
+"""Chunks of a batch are joined into append messages of up to this size."""
+
+
+def coalesce(chunks: Sequence[bytes | memoryview], limit: int = MESSAGE_BYTES) -> list[bytes | memoryview]:
+    """``chunks`` joined into runs of at most ``limit`` bytes (larger chunks pass as they are).
+
+    A batch is a frame and a data chunk per op: hundreds of small chunks for a SQLite
+    checkpoint's scattered pages. One append message each would cost far more (framing, a
+    write call, the broker's per-message work) than the one copy of joining them."""
+    out: list[bytes | memoryview] = []
+    run: list[bytes | memoryview] = []
+    size = 0
+    for c in chunks:
+        n = len(c)
+        if run and (size + n > limit or n >= limit):
+            out.append(b"".join(run) if len(run) > 1 else run[0])
+            run, size = [], 0
+        if n >= limit:
+            out.append(c)
+            continue
+        run.append(c)
+        size += n
+    if run:
+        out.append(b"".join(run) if len(run) > 1 else run[0])
+    return out
 
 
 def handoff_op(fsm: FSM, author: int) -> tuple[bytes, pb.LabelSet]:

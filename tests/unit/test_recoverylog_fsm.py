@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import hypothesis.strategies as st
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from gazette.protocol import recoverylog_pb2 as rl
@@ -278,3 +278,13 @@ def test_hints_json_is_gazettes() -> None:
                    b'"first_seq_no":1,"last_seq_no":2}]}],"properties":[]}')
     assert FSMHints.decode(doc) == rec.build_hints()
     assert FSMHints.decode(rec.build_hints().to_proto().SerializeToString()) == rec.build_hints()
+
+
+@given(st.lists(st.binary(max_size=40), max_size=30), st.integers(1, 64))
+def test_coalesce_keeps_the_bytes_in_order_in_bounded_messages(chunks: list[bytes], limit: int) -> None:
+    from gazette.recoverylog.recorder import coalesce
+
+    out = coalesce(chunks, limit)
+    assert b"".join(bytes(c) for c in out) == b"".join(chunks)
+    # every message is within the limit, or is one chunk that alone exceeds it
+    assert all(len(c) <= limit or any(c is x for x in chunks) for c in out)

@@ -11,9 +11,9 @@ pages) and appended as one fenced batch.
 Invariants:
 
 * The connection runs ``locking_mode=EXCLUSIVE``, ``journal_mode=WAL``, ``synchronous=OFF``
-  (durability is the log's) and ``wal_autocheckpoint=0`` (checkpoints are the store's): every
-  commit checks that the application did not change them, and fails naming the pragma if it
-  did, as capture would silently lose writes otherwise.
+  (durability is the log's) and ``wal_autocheckpoint=0`` (checkpoints are the store's). An
+  authorizer notes any statement setting one of them, and the next commit then checks them and
+  fails naming the pragma if it changed, as capture would silently lose writes otherwise.
 * The checkpoint is the single row of table ``gazette_checkpoint``.
 """
 
@@ -35,6 +35,7 @@ __all__ = ["SQLiteStore"]
 
 _PRAGMAS = (("locking_mode", "exclusive"), ("journal_mode", "wal"), ("synchronous", "0"),
             ("wal_autocheckpoint", "0"))
+_PINNED = frozenset(name for name, _ in _PRAGMAS)
 
 
 class SQLiteStore:
@@ -48,11 +49,21 @@ class SQLiteStore:
         for name, value in _PRAGMAS:
             self.conn.execute(f"PRAGMA {name}={value}")
         self._check_pragmas()
+        # A statement setting a pinned pragma marks the next commit to check them (reading the
+        # pragmas on every commit would cost more than many a transaction's writes).
+        self._pragmas_set = False
+        self.conn.set_authorizer(self._authorize)
         # Opening in WAL mode leaves a recovered database's files as recorded: learn them now.
         self.capture = WalCapture(recorder, self.path) if recorder is not None else None
         self.conn.execute("CREATE TABLE IF NOT EXISTS gazette_checkpoint "
                           "(id INTEGER PRIMARY KEY CHECK (id = 0), checkpoint BLOB NOT NULL)")
         self.conn.commit()
+
+    def _authorize(self, action: int, arg1: str | None, arg2: str | None, db: str | None,
+                   source: str | None) -> int:
+        if action == sqlite3.SQLITE_PRAGMA and arg2 is not None and (arg1 or "").lower() in _PINNED:
+            self._pragmas_set = True
+        return sqlite3.SQLITE_OK
 
     def _check_pragmas(self) -> None:
         for name, want in _PRAGMAS:
@@ -75,7 +86,9 @@ class SQLiteStore:
                           (checkpoint.SerializeToString(),))
         self.conn.commit()
         if self.capture is not None:
-            self._check_pragmas()
+            if self._pragmas_set:
+                self._check_pragmas()
+                self._pragmas_set = False
             self.capture.capture_commit()
             if self.capture.wal_recorded >= self.checkpoint_bytes:
                 self.capture.checkpoint(self.conn)
