@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import random
 import signal
 import subprocess
 import textwrap
@@ -17,6 +19,7 @@ import aetcd
 
 from gazette.allocator.keys import assignments_prefix, members_prefix
 from gazette.client import JournalClient
+from gazette.consumer.client import ShardClient
 from gazette.consumer.stores.memory import MemoryStore
 from gazette.message import Envelope, JSONMessage
 from gazette.message.reading import read_committed
@@ -303,3 +306,32 @@ def check_counted_once(docs: list[dict[str, Any]], sent: Counter[str], n_sent: i
     for d in docs:
         counts[d["key"]].append(d["n"])
     assert {k: sorted(v) for k, v in counts.items()} == {k: list(range(1, n + 1)) for k, n in sent.items()}
+
+
+async def unassign_failed(etcd: aetcd.Client, prefix: str, shards: list[str], stats: Counter[str]) -> None:
+    """Restarts FAILED shards through the first member that answers (a killed member's key
+    lingers until its lease lapses, so some may not)."""
+    for ep in await consumer_endpoints(etcd, prefix):
+        with contextlib.suppress(Exception):
+            async with ShardClient(ep) as sc:
+                resp = await sc.unassign(shards, only_failed=True)
+                stats["failed shards re-assigned"] += len(resp.shards)
+            return
+
+
+async def inflict_faults(procs: list[ConsumerProc], rng: random.Random, duration: float,
+                         gap: tuple[float, float], stats: Counter[str], after: Any) -> None:
+    """For ``duration`` seconds, every ``gap`` seconds (uniform), kills (SIGKILL, 70%) or
+    drains (SIGTERM) a random process and restarts it, then awaits ``after()``."""
+    started = time.monotonic()
+    while time.monotonic() - started < duration:
+        await asyncio.sleep(rng.uniform(*gap))  # the fault schedule, not synchronisation
+        victim = rng.choice(procs)
+        if rng.random() < 0.7:
+            await asyncio.to_thread(victim.kill)
+            stats["SIGKILL"] += 1
+        else:
+            await asyncio.to_thread(victim.terminate)
+            stats["SIGTERM"] += 1
+        victim.start()
+        await after()

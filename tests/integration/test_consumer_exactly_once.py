@@ -22,7 +22,6 @@ import contextlib
 import os
 import random
 import signal
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,6 +34,8 @@ from consumer_support import (
     ConsumerProc,
     consumer_endpoints,
     consumer_env,
+    inflict_faults,
+    unassign_failed,
     wait_until,
 )
 from sqlalchemy import text
@@ -42,7 +43,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from gazette.allocator.keys import assignments_prefix, items_key
 from gazette.client import AppendService, JournalClient
-from gazette.consumer.client import ShardClient
 from gazette.consumer.stores.sql import SQLStore
 from gazette.etcd import connect
 from gazette.message import JSONMessage, Publisher
@@ -208,28 +208,12 @@ async def test_exactly_once_under_kills_and_restarts(cluster: Cluster, postgres_
                         await asyncio.wait_for(stop.wait(), 0.05)  # a steady rate (~800/s)
                 await svc.flush()
 
-        async def unassign_failed() -> None:
-            for ep in await consumer_endpoints(etcd, prefix):
-                with contextlib.suppress(Exception):
-                    async with ShardClient(ep) as sc:
-                        resp = await sc.unassign([f"count-00{i}" for i in range(PARTS)], only_failed=True)
-                        stats["failed shards re-assigned"] += len(resp.shards)
-                    return
+        async def restart_failed() -> None:
+            await unassign_failed(etcd, prefix, [f"count-00{i}" for i in range(PARTS)], stats)
 
         producer = asyncio.create_task(produce())
-        started = time.monotonic()
         try:
-            while time.monotonic() - started < duration:
-                await asyncio.sleep(rng.uniform(3, 8))  # the fault schedule, not synchronisation
-                victim = rng.choice(procs)
-                if rng.random() < 0.7:
-                    await asyncio.to_thread(victim.kill)
-                    stats["SIGKILL"] += 1
-                else:
-                    await asyncio.to_thread(victim.terminate)
-                    stats["SIGTERM"] += 1
-                victim.start()
-                await unassign_failed()
+            await inflict_faults(procs, rng, duration, (3, 8), stats, restart_failed)
             stop.set()
             await producer
             for p in procs:
@@ -237,7 +221,7 @@ async def test_exactly_once_under_kills_and_restarts(cluster: Cluster, postgres_
                     p.start()
 
             async def converged() -> bool:
-                await unassign_failed()
+                await restart_failed()
                 return await _counts(engine) == dict(expect)
 
             await wait_until(converged, 300, "per-key counts to equal the input", interval=1.0)

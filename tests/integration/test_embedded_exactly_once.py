@@ -18,7 +18,6 @@ import contextlib
 import os
 import random
 import sqlite3
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -31,13 +30,14 @@ from consumer_support import (
     consumer_endpoints,
     consumer_env,
     derived_docs,
+    inflict_faults,
     journal_tree,
+    unassign_failed,
     wait_until,
 )
 
 from gazette.allocator.keys import items_key
 from gazette.client import AppendService, JournalClient
-from gazette.consumer.client import ShardClient
 from gazette.etcd import connect
 from gazette.message import JSONMessage, Publisher
 from gazette.protocol import consumer_pb2 as pc
@@ -114,33 +114,17 @@ async def test_embedded_exactly_once_under_kills_and_restarts(cluster: Cluster, 
                     await asyncio.wait_for(stop.wait(), 0.05)  # a steady input
             await svc.flush()
 
-    async def unassign_failed() -> None:
-        for ep in await consumer_endpoints(etcd, prefix):
-            with contextlib.suppress(Exception):
-                async with ShardClient(ep) as sc:
-                    resp = await sc.unassign([f"count-00{i}" for i in range(PARTS)], only_failed=True)
-                    stats["failed shards re-assigned"] += len(resp.shards)
-                return
+    async def restart_failed() -> None:
+        await unassign_failed(etcd, prefix, [f"count-00{i}" for i in range(PARTS)], stats)
 
     producer = asyncio.create_task(produce())
-    started = time.monotonic()
     try:
-        while time.monotonic() - started < duration:
-            await asyncio.sleep(rng.uniform(4, 9))  # the fault schedule, not synchronisation
-            victim = rng.choice(procs)
-            if rng.random() < 0.7:
-                await asyncio.to_thread(victim.kill)
-                stats["SIGKILL"] += 1
-            else:
-                await asyncio.to_thread(victim.terminate)
-                stats["SIGTERM"] += 1
-            victim.start()
-            await unassign_failed()
+        await inflict_faults(procs, rng, duration, (4, 9), stats, restart_failed)
         stop.set()
         await producer
 
         async def all_derived() -> list[dict[str, object]] | None:
-            await unassign_failed()
+            await restart_failed()
             async with JournalClient(cluster.broker.address) as client:
                 docs = await derived_docs(client)
             return docs if len(docs) >= n_sent else None

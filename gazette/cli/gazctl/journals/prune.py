@@ -21,7 +21,7 @@ def prune_flags(p: argparse.ArgumentParser) -> None:
                    "fragment stores")
 
 
-async def _remove_fragment(spec: pb.Fragment, file_root: str | None) -> None:
+async def remove_fragment(spec: pb.Fragment, file_root: str | None) -> None:
     from gazette.fragment.fragment import Fragment
     from gazette.stores import store_for_url
 
@@ -53,7 +53,7 @@ async def cmd_prune(ctx: Context) -> None:
                              begin=spec.begin, end=spec.end, mod=spec.mod_time)
                 if not a.dry_run:
                     try:
-                        await _remove_fragment(spec, a.file_root or None)
+                        await remove_fragment(spec, a.file_root or None)
                     except (GazetteError, OSError, Exception) as err:
                         raise CommandError("error removing fragment", err=str(err),
                                            journal=spec.journal, begin=spec.begin) from None

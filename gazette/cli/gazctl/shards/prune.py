@@ -26,6 +26,7 @@ from dataclasses import replace
 
 from gazette.cli.gazctl.common import CommandError, Context
 from gazette.cli.gazctl.journals.fragments import fragments_of
+from gazette.cli.gazctl.journals.prune import remove_fragment
 from gazette.cli.gazctl.shards.list import list_shards
 from gazette.client.errors import ClientError
 from gazette.consumer.client import ShardStatusError
@@ -56,13 +57,6 @@ def overlaps(segments: list[Segment], frag: pb.Fragment) -> bool:
     """Whether ``frag`` holds any byte of any segment (a zero offset is open-ended)."""
     return any((seg.first_offset < frag.end or frag.end == 0) and
                (seg.last_offset > frag.begin or seg.last_offset == 0) for seg in segments)
-
-
-async def _remove(spec: pb.Fragment, file_root: str | None) -> None:
-    from gazette.fragment.fragment import Fragment
-    from gazette.stores import store_for_url
-
-    await store_for_url(spec.backing_store, file_root).remove(Fragment.from_proto(spec))
 
 
 async def cmd_prune(ctx: Context) -> None:
@@ -123,7 +117,7 @@ async def cmd_prune(ctx: Context) -> None:
                              size=spec.end - spec.begin, mod=spec.mod_time, dry_run=a.dry_run)
                 if not a.dry_run:
                     try:
-                        await _remove(spec, a.file_root or None)
+                        await remove_fragment(spec, a.file_root or None)
                     except (GazetteError, OSError) as err:
                         raise CommandError("failed to remove fragment", journal=journal,
                                            begin=spec.begin, err=str(err)) from None
