@@ -29,6 +29,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sqlite3
@@ -157,20 +158,19 @@ class DirCapture:
 
     def _append_only_file(self, name: str, full: str, st: os.stat_result, k: _Known | None) -> None:
         rec = self.recorder
-        whole = k is None or k.ino != st.st_ino or st.st_size < k.size
-        if not whole and k is not None and k.size > 0:
-            whole = (_pread(full, 0, min(_GUARD, k.size)) != k.head[:min(_GUARD, k.size)]
-                     or _pread(full, k.size - len(k.tail), len(k.tail)) != k.tail)
-        if whole:
-            fnode, start = rec.create(name), 0
-            head = b""
-        else:
-            assert k is not None
-            fnode, start, head = rec.fnode_of(name), k.size, k.head  # type: ignore[assignment]
-        assert fnode is not None
-        end, tail = start, k.tail if k is not None and not whole else b""
         fd = os.open(full, os.O_RDONLY)
         try:
+            whole = k is None or k.ino != st.st_ino or st.st_size < k.size
+            if not whole and k is not None and k.size > 0:
+                whole = (os.pread(fd, min(_GUARD, k.size), 0) != k.head[:min(_GUARD, k.size)]
+                         or os.pread(fd, len(k.tail), k.size - len(k.tail)) != k.tail)
+            if whole:
+                fnode, start, head, tail = rec.create(name), 0, b"", b""
+            else:
+                assert k is not None
+                fnode, start, head, tail = rec.fnode_of(name), k.size, k.head, k.tail  # type: ignore[assignment]
+            assert fnode is not None
+            end = start
             while end < st.st_size:
                 data = os.pread(fd, min(_READ_CHUNK, st.st_size - end), end)
                 if not data:
@@ -187,13 +187,21 @@ class DirCapture:
 
 def rocksdb_stable(directory: str) -> Hashable:
     """RocksDB's stability key: (CURRENT's inode, the MANIFEST it names, that MANIFEST's size)."""
+    current = os.path.join(directory, "CURRENT")
     try:
-        ino = os.stat(os.path.join(directory, "CURRENT")).st_ino
-        with open(os.path.join(directory, "CURRENT")) as f:
-            manifest = f.read().strip()
-        return ino, manifest, os.stat(os.path.join(directory, manifest)).st_size
+        st = os.stat(current)
+        manifest = _manifest_named(current, st.st_ino, st.st_mtime_ns, st.st_size)
+        return st.st_ino, manifest, os.stat(os.path.join(directory, manifest)).st_size
     except FileNotFoundError:
         return None
+
+
+@functools.lru_cache(maxsize=64)
+def _manifest_named(current: str, ino: int, mtime_ns: int, size: int) -> str:
+    """What CURRENT names; read once per version of it (RocksDB replaces CURRENT by rename,
+    never in place, so its inode, mtime and size identify its content)."""
+    with open(current) as f:
+        return f.read().strip()
 
 
 _WAL_HEADER = 32
