@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
-import signal
-import subprocess
 import textwrap
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import aetcd
 
-from gazette.allocator.keys import assignments_prefix, members_prefix
+from gazette.allocator.keys import assignments_prefix
 from gazette.client import JournalClient
 from gazette.consumer.client import ShardClient
 from gazette.consumer.stores.memory import MemoryStore
@@ -25,7 +21,13 @@ from gazette.message import Envelope, JSONMessage
 from gazette.message.reading import read_committed
 from gazette.message.uuid import ACK_TXN, get_flags
 from gazette.protocol import consumer_pb2 as pc
-from gazette.testing.cluster import console_script
+from gazette.testing.consumer_proc import ConsumerProc, consumer_endpoints, consumer_env, wait_for
+
+__all__ = [
+    "COUNTS_DDL", "EMBEDDED_COUNTING_APP", "JOURNALS", "SQL_COUNTING_APP", "ConsumerProc", "CountingApp",
+    "check_counted_once", "consumer_endpoints", "consumer_env", "derived_docs", "inflict_faults",
+    "journal_tree", "journals_yaml", "shard_replicas", "shards_yaml", "unassign_failed", "wait_until",
+]
 
 
 def journals_yaml(*parts: str) -> str:
@@ -180,85 +182,8 @@ EMBEDDED_COUNTING_APP = textwrap.dedent('''
 COUNTS_DDL = "CREATE TABLE IF NOT EXISTS counts (k TEXT PRIMARY KEY, n BIGINT NOT NULL)"
 
 
-class ConsumerProc:
-    """``gazette consume --app <app>`` as a child process, logging to a file."""
-
-    def __init__(self, suffix: str, env: dict[str, str], log_dir: Path, app: str = "soakapp:App") -> None:
-        self.suffix, self.env, self.app = suffix, env, app
-        self.log_path = log_dir / f"consumer-{suffix}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        try:
-            self.proc = subprocess.Popen(
-                [console_script("gazette"), "consume", "--app", self.app, "--consumer.id", self.suffix],
-                env={**self.env, "CONSUMER_PORT": "0"}, stdout=log, stderr=subprocess.STDOUT)
-        finally:
-            log.close()
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def signal(self, sig: int) -> None:
-        if self.running():
-            assert self.proc is not None
-            self.proc.send_signal(sig)
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            if self.running():
-                self.proc.kill()
-            self.proc.wait(30)
-
-    def terminate(self, timeout: float = 60) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-        self.proc.terminate()
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(30)
-            return -9
-
-    def stopped(self) -> bool:
-        """Whether the process is stopped (SIGSTOP): its /proc state is 'T'."""
-        if not self.running():
-            return False
-        assert self.proc is not None
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-
-def consumer_env(base: dict[str, str], **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if k not in ("CONSUMER_PORT", "CONSUMER_ID")}
-    env.update(extra)
-    env.setdefault("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    return env
-
-
-async def consumer_endpoints(etcd: aetcd.Client, prefix: str) -> list[str]:
-    out = []
-    for kv in await etcd.get_prefix(members_prefix(prefix).encode()):
-        spec = pc.ConsumerSpec.FromString(kv.value)
-        if spec.shard_limit > 0:
-            out.append(spec.process_spec.endpoint)
-    return out
-
-
 async def wait_until(cond: Any, limit: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + limit
-    while True:
-        got = await cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit}s waiting for {what}")
-        await asyncio.sleep(interval)  # polling external processes, not synchronisation
+    return await wait_for(cond, limit, what, interval)
 
 
 async def shard_replicas(etcd: aetcd.Client, prefix: str, shard: str) -> dict[int, tuple[str, int]]:
