@@ -8,7 +8,9 @@ Invariants:
 
 * `announce` never overwrites a key held by another lease: it fails with
   AnnounceConflictError, or, with `conflict_timeout`, waits up to that long for the holder's
-  lease to expire. A key already held by *our* lease (a retried create) is adopted.
+  lease to expire, keeping its own lease alive meanwhile (a lease shorter than the wait would
+  otherwise lapse just as the key is created under it). A key already held by *our* lease (a
+  retried create) is adopted.
 * `update` replaces the value only if the key is unchanged since our last write (compare mod
   revision) and keeps the key's lease; otherwise AnnouncementLostError.
 * `keep_alive` refreshes the lease every ttl/3 seconds and raises AnnouncementLostError once
@@ -133,6 +135,10 @@ async def announce(
                         key, holder)
             # Polling cadence while waiting for the other lease's TTL to run out.
             await asyncio.sleep(min(retry_interval, max(0.0, deadline - time.monotonic())))
+            # Our own lease must outlive the wait: the key is created under it once free.
+            reply = await client.refresh_lease(lease.id)
+            if reply is None or reply.TTL <= 0:
+                lease = await client.lease(ttl)
     except BaseException:
         await client.revoke_lease(lease.id)
         raise

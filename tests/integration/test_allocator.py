@@ -252,6 +252,23 @@ async def test_announce_conflict(etcd: EtcdFixture) -> None:
     assert await etcd.client.get(key.encode()) is None
 
 
+async def test_announce_waits_longer_than_its_own_ttl(etcd: EtcdFixture) -> None:
+    # A restarted process finds its old key held until the old lease lapses (here: 4 s, twice
+    # the waiter's 2 s TTL); the waiter's own lease must still be alive when it takes the key.
+    key = members_key(etcd.prefix, "z1", "b")
+    old = await etcd.client.lease(4)
+    await etcd.client.put(key.encode(), broker_spec("z1", "b", 1), lease=old)
+    ann = await announce(etcd.client, key, broker_spec("z1", "b", 1), ttl=2, conflict_timeout=30,
+                         retry_interval=0.5)
+    try:
+        reply = await etcd.client.refresh_lease(ann.lease_id)
+        assert reply is not None and reply.TTL > 0
+        got = await etcd.client.get(key.encode())
+        assert got is not None and got.lease == ann.lease_id
+    finally:
+        await ann.revoke()
+
+
 async def test_deposed_leader_cannot_write(etcd: EtcdFixture) -> None:
     # Two allocators race: a's view is stale (its member key has since gone, so b leads).
     # Every one of a's transactions re-checks a's member key, so nothing of a's applies.
