@@ -48,7 +48,7 @@ __all__ = ["Totals", "run_chunker"]
 log = logging.getLogger("stream_sum.chunker")
 
 # Delays at which a missing sum is reported (seconds), before the SLA fails the run.
-_WARN_AT = (0.5, 1, 2, 4, 8, 15, 25, 35)
+_WARN_AT = (2, 5, 10, 20, 30)
 
 
 @dataclass
@@ -96,9 +96,11 @@ class _Verifier:
 async def run_chunker(client: JournalClient, *, streams: int, chunks: int, workers: int = 4,
                       sla: float = 40.0, data_bytes: int = 32, seed: int | None = None,
                       stop: asyncio.Event | None = None,
-                      on_verified: Callable[[Totals], None] | None = None) -> Totals:
+                      on_verified: Callable[[Totals], None] | None = None,
+                      totals: Totals | None = None) -> Totals:
     """Publishes and verifies until each worker's ``streams`` are done (or ``stop`` is set and
-    open streams are finished); returns the totals."""
+    open streams are finished); returns the totals (``totals``, updated as streams verify, if
+    given)."""
     parts = await list_journals(client, CHUNK_LABEL)
     if not parts.journals:
         raise StreamSumError(f"no chunk partitions: no journal is labelled {CHUNK_LABEL}")
@@ -106,7 +108,7 @@ async def run_chunker(client: JournalClient, *, streams: int, chunks: int, worke
     barrier = await append(client, SUMS_JOURNAL, [b""])
     rng = random.Random(seed)
     verifier = _Verifier()
-    totals = Totals()
+    totals = totals if totals is not None else Totals()
 
     async def read_sums() -> None:
         async for env in read_committed(client, SUMS_JOURNAL, Sum, offset=barrier.commit.end):

@@ -36,6 +36,7 @@ from gazette.recoverylog import (
     CONTENT_TYPE,
     FSMHints,
     PlaybackProgress,
+    PlayerState,
     Player,
     Recorder,
     hint_keys,
@@ -130,7 +131,10 @@ def pick_first_hints(resp: pc.GetHintsResponse, log: str) -> FSMHints:
 
 def _report(shard: str) -> Any:
     def report(p: PlaybackProgress) -> None:
-        log.info("recovering shard %s: %s", shard, p.describe(), extra={"shard": shard})
+        if p.state is PlayerState.TAIL:  # a standby following the head: not news every 5 s
+            log.debug("standby of shard %s tailing: %s", shard, p.describe(), extra={"shard": shard})
+        else:
+            log.info("recovering shard %s: %s", shard, p.describe(), extra={"shard": shard})
     return report
 
 

@@ -310,11 +310,13 @@ class Cluster:
         zone: str = "local",
         broker_id: str | None = None,
         *,
+        port: int | None = None,
         start: bool = True,
         extra_args: tuple[str, ...] = (),
         timeout: float = 30.0,
     ) -> BrokerProcess:
-        """Creates (and by default starts, waiting until ready) a broker of this cluster."""
+        """Creates (and by default starts, waiting until ready) a broker of this cluster, on
+        ``port`` if given (a restarted broker keeps its address), else on a free port."""
         broker = BrokerProcess(
             etcd_url=self.etcd_url,
             etcd_prefix=self.etcd_prefix,
@@ -322,6 +324,7 @@ class Cluster:
             log_dir=self.log_dir,
             broker_id=broker_id or f"broker-{uuid.uuid4().hex[:8]}",
             zone=zone,
+            port=port,
             extra_args=extra_args,
             # Spools live in TMPDIR: keep them under the cluster's root, removed with it.
             extra_env={"TMPDIR": str(self.tmp_dir)},
