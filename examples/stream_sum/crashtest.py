@@ -147,6 +147,7 @@ class CrashTest:
         self.service = _Service(lambda: [s.broker.port for s in self.slots if s.broker.is_running()])
         self.consumers: list[ConsumerProc] = []
         self._consumer_seq = 0
+        self._busy = asyncio.Lock()  # a fault in progress: the supervisor keeps its hands off
         self.frozen: set[int] = set()  # pids under SIGSTOP, resumed by their fault or on exit
         self.totals: list[Totals] = []
 
@@ -270,7 +271,8 @@ class CrashTest:
             if time.monotonic() >= until:
                 return
             kind = self.rng.choice(self.faults)
-            what = await self._inject(kind)
+            async with self._busy:
+                what = await self._inject(kind)
             self.stats[kind] += 1
             self.progress(f"[{time.monotonic() - started:6.0f}s] fault: {what}")
 
@@ -280,19 +282,24 @@ class CrashTest:
         """Restarts processes that exited on their own; restarts FAILED shards, noting why."""
         while True:
             await asyncio.sleep(1.0)  # polling child processes, not synchronisation
-            for slot in self.slots:
-                if not slot.broker.is_running() and slot.broker.pid not in self.frozen:
-                    code = slot.broker.returncode()
-                    if code is not None:
-                        self.stats["brokers that exited by themselves"] += 1
-                        self.progress(f"broker {slot.broker.broker_id} exited ({code}); replacing it")
-                        slot.broker = await asyncio.to_thread(self._start_broker, slot.zone, slot.port)
-            for proc in self.consumers:
-                if proc.proc is not None and proc.proc.poll() is not None:
-                    self.stats["consumers that exited by themselves"] += 1
-                    self.progress(f"{proc.suffix} exited ({proc.proc.returncode}); restarting it")
-                    proc.start()
+            async with self._busy:
+                await self._restart_exited()
             await self._check_shards()
+
+    async def _restart_exited(self) -> None:
+        """Restarts what exited while no fault was acting on it (a resumed zombie, a crash)."""
+        for slot in self.slots:
+            if not slot.broker.is_running() and slot.broker.pid not in self.frozen:
+                code = slot.broker.returncode()
+                if code is not None:
+                    self.stats["brokers that exited by themselves"] += 1
+                    self.progress(f"broker {slot.broker.broker_id} exited ({code}); replacing it")
+                    slot.broker = await asyncio.to_thread(self._start_broker, slot.zone, slot.port)
+        for proc in self.consumers:
+            if proc.proc is not None and proc.proc.poll() is not None:
+                self.stats["consumers that exited by themselves"] += 1
+                self.progress(f"{proc.suffix} exited ({proc.proc.returncode}); restarting it")
+                proc.start()
 
     async def _check_shards(self) -> None:
         etcd = await connect(self.etcd.url)
@@ -395,7 +402,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=None, help="keep logs and data here (default: a temporary directory)")
     a = ap.parse_args(argv)
     seed = a.seed if a.seed is not None else random.randrange(1 << 31)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def say(line: str) -> None:
         print(f"crashtest: {line}", flush=True)
@@ -403,6 +409,14 @@ def main(argv: list[str] | None = None) -> int:
     say(f"seed {seed}; {a.minutes:g} minutes of faults ({', '.join(a.faults)}) every {a.gap[0]:g}-{a.gap[1]:g}s")
     with contextlib.ExitStack() as stack:
         root = a.dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="stream-sum-crashtest-")))
+        root.mkdir(parents=True, exist_ok=True)
+        # The driver's own clients retry through every fault, noisily: their log goes to a
+        # file; the console gets the fault log and the chunkers' warnings.
+        logging.basicConfig(filename=root / "driver.log", level=logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        console = logging.StreamHandler()
+        console.setLevel(logging.WARNING)
+        logging.getLogger("stream_sum").addHandler(console)
         test = CrashTest(root, seed=seed, lease=a.lease, gap=a.gap, faults=a.faults, chunkers=a.chunkers,
                          workers=a.workers, sla=a.sla, progress=say)
         started = time.monotonic()

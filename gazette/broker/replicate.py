@@ -42,6 +42,7 @@ from gazette.broker.context import BrokerContext
 from gazette.broker.fragment import Spool
 from gazette.broker.fragment.spool import ContentWrite
 from gazette.broker.replica import acquire_unless
+from gazette.broker.resolver import ForeignCluster, MisroutedRequest
 from gazette.broker.wire import Content, decode_request
 from gazette.errors import GazetteError
 from gazette.fragment.errors import SpoolError
@@ -135,7 +136,7 @@ async def serve(broker: BrokerContext, requests: AsyncIterator[Any]) -> AsyncIte
             res = await broker.resolver.resolve(
                 journal, may_proxy=False, require_primary=False, proxy_header=first.header
             )
-        except ValueError as err:  # a different etcd cluster, or a request meant for another broker
+        except (ForeignCluster, MisroutedRequest) as err:
             raise ReplicateStreamError(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
         if res.status != pb.OK:
             yield _status(res.status, res.header)

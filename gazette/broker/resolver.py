@@ -46,6 +46,20 @@ class ResolverStopped(GazetteError):
     grpc_code = "UNAVAILABLE"
 
 
+class MisroutedRequest(GazetteError):
+    """A proxied request reached a process other than the one its sender resolved (a broker
+    restarted on the address of one whose etcd lease has not yet lapsed): the sender's route
+    is stale, which a retry after the route updates mends."""
+
+    grpc_code = "UNAVAILABLE"
+
+
+class ForeignCluster(GazetteError):
+    """A proxied request comes from a broker of another etcd cluster: a deployment error."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+
 @dataclass
 class Resolution:
     status: int
@@ -153,14 +167,14 @@ class Resolver:
             hdr_etcd = proxy_header.etcd
             own = self.ks.header.to_proto()
             if hdr_etcd.cluster_id and own.cluster_id and hdr_etcd.cluster_id != own.cluster_id:
-                raise ValueError(
+                raise ForeignCluster(
                     f"request Etcd ClusterId doesn't match our own ({hdr_etcd.cluster_id} vs {own.cluster_id})"
                 )
             min_etcd_revision = max(min_etcd_revision, hdr_etcd.revision)
         if proxy_header is not None and proxy_header.HasField("process_id"):
             pid = proxy_header.process_id
             if (pid.zone or pid.suffix) and _id_key(pid) != _id_key(self.local_id):
-                raise ValueError(
+                raise MisroutedRequest(
                     f"request ProcessId doesn't match our own ({pid.zone}#{pid.suffix} vs "
                     f"{self.local_id.zone}#{self.local_id.suffix})"
                 )

@@ -343,8 +343,9 @@ class Player:
                 elif self.state is PlayerState.INJECT_HANDOFF_AT_HEAD:
                     assert self._handoff
                     frame, registers = handoff_op(self.fsm, self._handoff)
-                    resp = await append(self.client, self.hints.log, frame, union_registers=registers,
-                                        max_attempts=8)
+                    # Retried until it lands (or playback is cancelled): brokers failing over
+                    # is no reason to fail the shard. A repeated op is skipped by players.
+                    resp = await append(self.client, self.hints.log, frame, union_registers=registers)
                     read_through = resp.commit.end
                     self.state = PlayerState.READ_HANDOFF_BARRIER
                 elif self.state is PlayerState.READ_HANDOFF_BARRIER:
@@ -503,7 +504,7 @@ def apply_for_playback(fsm: FSM, op: rl.RecordedOp, message: bytes | memoryview,
 async def _write_head(client: JournalClient, journal: str) -> int:
     """The journal's write head, by an empty append (a barrier: everything appended before it
     is readable below the head), retried while the journal's brokers are being assigned."""
-    resp = await append(client, journal, b"", max_attempts=30)
+    resp = await append(client, journal, b"")
     return int(resp.commit.end)
 
 

@@ -148,8 +148,9 @@ class Recorder:
 
     async def append_batch(self, batch: Sequence[bytes | memoryview]) -> pb.AppendResponse:
         try:
-            resp = await append(self.client, self.log, coalesce(batch), check_registers=fence_selector(self.author),
-                                max_attempts=8)
+            # Retried while brokers fail over, however long (Gazette's recorder does the same);
+            # a batch that landed twice is skipped by players as a duplicate.
+            resp = await append(self.client, self.log, coalesce(batch), check_registers=fence_selector(self.author))
         except AppendError as err:
             if err.status == pb.REGISTER_MISMATCH:
                 self.failed = FencedError(f"recovery log {self.log} is fenced by another author "

@@ -525,3 +525,20 @@ def test_serve_on_a_busy_port_says_so(errs: Cluster, tmp_path: Path) -> None:
     assert "Traceback" not in broker.log_text(), broker.log_text()
     assert broker.returncode() == 1
     assert_healthy(errs)
+
+
+def test_request_proxied_to_a_restarted_address_is_unavailable(errs: Cluster, stub: pb_grpc.JournalStub) -> None:
+    # A peer whose route still names the broker that used to listen here (its lease not yet
+    # lapsed) proxies to us: a transient routing failure the sender retries, not a server bug.
+    name = f"errors/misrouted-{uuid.uuid4().hex[:8]}"
+    header = next(iter(stub.Read(pb.ReadRequest(journal=name), timeout=DEADLINE))).header  # a real one
+    header.process_id.suffix = "gone-broker"
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Append(iter([pb.AppendRequest(journal=name, header=header), pb.AppendRequest(content=b"x"),
+                          pb.AppendRequest()]), timeout=DEADLINE)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "ProcessId doesn't match our own" in (info.value.details() or "")
+    with pytest.raises(grpc.RpcError) as info:
+        next(iter(stub.Read(pb.ReadRequest(journal=name, header=header), timeout=DEADLINE)))
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert http_status(errs.broker.url("/debug/ready")) == 200
