@@ -637,8 +637,7 @@ async def pulse(broker: BrokerContext, replica: Replica) -> None:
     resp = await append(broker, req, commit())
     if resp.status not in (pb.OK, pb.NOT_JOURNAL_PRIMARY_BROKER, pb.NO_JOURNAL_PRIMARY_BROKER,
                            pb.JOURNAL_NOT_FOUND, pb.SUSPENDED):
-        log.warning("journal pulse failed (will retry)",
-                    extra={"journal": replica.journal, "status": pb.Status.Name(resp.status)})
+        raise ReplicationError(f"pulse of {replica.journal} ended {pb.Status.Name(resp.status)}")
 
 
 async def _proxy(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIterator[AppendChunk], header: pb.Header) -> pb.AppendResponse:

@@ -55,6 +55,9 @@ HEALTH_INTERVAL = 60.0
 PULSE_TIMEOUT = 60.0
 """A pulse still unfinished after this long is abandoned (and retried)."""
 
+PULSE_BACKOFF_MAX = 1.0
+"""The longest pause between failed pulses (they double from 50 ms)."""
+
 PulseFn = Callable[["Replica"], Awaitable[None]]
 
 
@@ -322,6 +325,7 @@ class Replica:
             self.request_pulse()
 
     async def _pulse_loop(self) -> None:
+        failures = 0  # consecutive failed pulses
         while True:
             try:
                 async with asyncio.timeout(HEALTH_INTERVAL):
@@ -330,11 +334,17 @@ class Replica:
                 pass
             self._pulse_now.clear()
             if not self.primary or self._pulse_fn is None:
+                failures = 0
                 continue
             try:
                 async with asyncio.timeout(PULSE_TIMEOUT):
                     await self._pulse_fn(self)
+                failures = 0
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - retried at the next pulse
                 log.warning("journal pulse failed (will retry)", extra={"journal": self.journal, "err": str(err)})
+                # A failed pulse asks for the next at once (its broken pipeline does): back off,
+                # or a peer that stays unreachable until its lease lapses is hammered in a loop.
+                await asyncio.sleep(min(PULSE_BACKOFF_MAX, 0.05 * 2 ** failures))
+                failures += 1
