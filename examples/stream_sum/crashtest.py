@@ -63,6 +63,7 @@ FAULTS = ("broker-kill", "broker-term", "broker-freeze", "consumer-kill", "consu
 ZONES = ("zone-a", "zone-a", "zone-b")
 BROKER_PREFIX = "/gazette/cluster"
 CONSUMER_PREFIX = "/gazette/consumers/stream-sum"
+STALL = 20.0  # seconds without a verified stream that count as a stall
 GRACE = 60.0  # seconds a SIGTERM'd process has to drain before SIGKILL
 
 
@@ -194,6 +195,13 @@ class CrashTest:
         proc = ConsumerProc(f"summer-{n}", env, self.cluster.log_dir, app="examples.stream_sum.summer:Summer")
         proc.start()
         return proc
+
+    def _dump_tasks(self) -> None:
+        pids = [p.pid for p in self.consumers] + [s.broker.pid for s in self.slots]
+        for pid in pids:
+            if pid is not None and pid not in self.frozen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGUSR1)
 
     def _stop_all(self) -> None:
         for pid in list(self.frozen):
@@ -332,8 +340,20 @@ class CrashTest:
             started = time.monotonic()
 
             async def report() -> None:
+                last, stalled_since = -1, time.monotonic()
                 while True:
-                    await asyncio.sleep(30)  # a progress line every 30 s
+                    await asyncio.sleep(5)  # a progress line every 30 s; a stall check every 5 s
+                    chunks = sum(t.chunks for t in self.totals)
+                    if chunks != last:
+                        last, stalled_since = chunks, time.monotonic()
+                    elif time.monotonic() - stalled_since >= STALL:
+                        self.stats["stalls"] += 1
+                        stalled_since = time.monotonic()
+                        self.progress(f"[{time.monotonic() - started:6.0f}s] no stream verified for {STALL:g}s: "
+                                      "every process logs its asyncio tasks (SIGUSR1)")
+                        self._dump_tasks()
+                    if int(time.monotonic() - started) % 30 >= 5:
+                        continue
                     streams, chunks = sum(t.streams for t in self.totals), sum(t.chunks for t in self.totals)
                     self.progress(f"[{time.monotonic() - started:6.0f}s] {sum(self.stats[k] for k in FAULTS)} "
                                   f"faults; {streams} streams ({chunks} chunks) verified; longest wait for a "

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import os
 import random
@@ -254,8 +255,20 @@ async def run_until_drained(proc: MemberProcess) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
     try:
         await proc.run()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             loop.remove_signal_handler(sig)
+
+
+def dump_tasks() -> None:
+    """Logs the stack of every asyncio task (SIGUSR1, as Go's SIGQUIT dumps goroutines): what
+    a process that looks stuck is waiting on."""
+    out = io.StringIO()
+    tasks = sorted(asyncio.all_tasks(), key=lambda t: t.get_name())
+    for task in tasks:
+        out.write(f"--- task {task.get_name()}\n")
+        task.print_stack(limit=12, file=out)
+    logging.getLogger("gazette").warning("%d asyncio tasks (SIGUSR1):\n%s", len(tasks), out.getvalue())
