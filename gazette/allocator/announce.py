@@ -13,8 +13,8 @@ Invariants:
   retried create) is adopted.
 * `update` replaces the value only if the key is unchanged since our last write (compare mod
   revision) and keeps the key's lease; otherwise AnnouncementLostError.
-* `keep_alive` refreshes the lease every ttl/3 seconds and raises AnnouncementLostError once
-  etcd reports the lease gone. `revoke` (and leaving `async with`) revokes the lease.
+* `keep_alive` refreshes the lease every ttl/3 seconds, retries while etcd is unreachable, and
+  raises AnnouncementLostError once etcd reports the lease gone. `revoke` (and leaving `async with`) revokes the lease.
 """
 
 from __future__ import annotations
@@ -59,14 +59,32 @@ class Announcement:
         self.revision = response.header.revision
 
     async def keep_alive(self) -> None:
-        """Refreshes the lease until cancelled; raises if etcd reports it expired."""
+        """Refreshes the lease until cancelled; raises once etcd reports it expired.
+
+        An etcd that cannot be reached (restarting, partitioned) is retried, however long: the
+        lease's fate is etcd's to tell (a restarted etcd restores leases with a fresh TTL), and
+        a process cut off past its TTL is a zombie the fences of its peers already refuse."""
         interval = max(self.ttl / 3.0, 0.1)
+        unreachable_since: float | None = None
         while True:
-            reply = await self.client.refresh_lease(self.lease_id)
+            try:
+                reply = await asyncio.wait_for(self.client.refresh_lease(self.lease_id), max(interval, 1.0))
+            except (TimeoutError, aetcd.exceptions.ConnectionFailedError,
+                    aetcd.exceptions.ConnectionTimeoutError) as err:
+                now = time.monotonic()
+                unreachable_since = unreachable_since or now
+                log.warning("lease %x of %s: etcd unreachable for %.1fs (%s); retrying", self.lease_id,
+                            self.key, now - unreachable_since, err)
+                await asyncio.sleep(min(interval, 0.5))  # the retry period
+                continue
             if reply is None or reply.TTL <= 0:
                 raise AnnouncementLostError(
                     f"lease {self.lease_id:x} of member key {self.key!r} expired"
                 )
+            if unreachable_since is not None:
+                log.info("lease %x of %s refreshed after %.1fs without etcd", self.lease_id, self.key,
+                         time.monotonic() - unreachable_since)
+                unreachable_since = None
             await asyncio.sleep(interval)  # The refresh period, not a synchronisation.
 
     async def revoke(self) -> None:

@@ -34,6 +34,7 @@ from gazette.etcd.keyspace import KeySpace
 from gazette.etcd.txn import Cmp, Put, commit
 from gazette.protocol import protocol_pb2 as pb
 from gazette.testing.etcd import EtcdFixture
+from gazette.testing.etcd_process import EtcdProcess
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -294,3 +295,26 @@ async def test_deposed_leader_cannot_write(etcd: EtcdFixture) -> None:
         assert list(got) == []
     finally:
         await b.revoke()
+
+
+async def test_keep_alive_survives_an_etcd_restart(etcd_fresh: EtcdProcess) -> None:
+    # A restarted etcd restores its leases: a member must ride out the outage, not exit.
+    client = await connect(etcd_fresh.endpoint)
+    try:
+        key = members_key("/keep-alive", "z1", "c")
+        async with await announce(client, key, broker_spec("z1", "c", 1), ttl=3) as ann:
+            await etcd_fresh.astop()
+            await asyncio.sleep(1.5)  # an outage of half the TTL: the fault itself
+            await etcd_fresh.astart()
+            for _ in range(100):  # the keep-alive is still running once etcd answers again
+                with contextlib.suppress(aetcd.exceptions.ConnectionFailedError,
+                                         aetcd.exceptions.ConnectionTimeoutError):
+                    reply = await client.refresh_lease(ann.lease_id)
+                    if reply is not None and reply.TTL > 0:
+                        break
+                await asyncio.sleep(0.1)  # polling the restarted server
+            assert ann._keep_alive is not None and not ann._keep_alive.done()  # noqa: SLF001
+            got = await client.get(key.encode())
+            assert got is not None and got.lease == ann.lease_id
+    finally:
+        await client.close()
