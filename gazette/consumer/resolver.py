@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from gazette.allocator.keys import (
     item_assignments_prefix,
     items_key,
+    items_prefix,
     members_key,
     parse_assignment_key,
 )
@@ -140,6 +141,16 @@ class Resolver:
             return self._stopped(res)
         res.shard = rt
         return res
+
+    def shards_with_source(self, journal: str) -> list[pc.ShardSpec]:
+        """The specs of the shards reading ``journal`` (Gazette's ``ShardsWithSource``): how an
+        app maps a key, through the journal its messages go to, to the shard that owns it."""
+        ks = self.host.keyspace
+        out = []
+        for kv in ks.prefixed(items_prefix(ks.root)):
+            if isinstance(kv.value, pc.ShardSpec) and any(s.journal == journal for s in kv.value.sources):
+                out.append(kv.value)
+        return out
 
     def _resolve_now(self, shard_id: str, may_proxy: bool) -> Resolution:
         ks, local = self.host.keyspace, self.host.local_id

@@ -1,0 +1,142 @@
+"""bike-share end to end: generated rides through the seed's stream-rides pipeline (attach-uuids,
+awk, gazctl journals append --mapping modulo) into two consumer processes running
+``examples.bike_share.app:BikeShare`` with two shards on PostgreSQL and two on SQLite.
+
+Checks: exactly the planted cycles are published (none of the decoys that revisit their start
+or ride through a relocation), each once, with the same steps whichever store found them;
+malformed rows are logged with their offset and skipped; the history API answers the same
+from both processes (one of them proxying); the checkpoint rows carry their fence."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from consumer_support import ConsumerProc, consumer_endpoints, consumer_env, wait_until
+
+from gazette.client import JournalClient, list_journals, write_head
+from gazette.consumer.client import ShardClient
+from gazette.etcd import connect
+from gazette.message import JSONMessage, read_committed
+from gazette.message.uuid import ACK_TXN, get_flags
+from gazette.testing.cluster import Cluster, console_script
+from gazette.testing.etcd import unique_prefix
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "bike_share"
+SHARDS = [f"cycles-part-00{i}" for i in range(4)]
+
+
+async def _run(*args: Any, **kw: Any) -> subprocess.CompletedProcess[Any]:
+    return await asyncio.to_thread(subprocess.run, *args, **kw)
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+async def _cycles(client: JournalClient) -> list[dict[str, Any]]:
+    out = []
+    async for env in read_committed(client, "app.gazette.dev/message-type=bike_share.Cycle", JSONMessage,
+                                    block=False):
+        if get_flags(env.message.get_uuid()) != ACK_TXN:
+            doc = dict(env.message.doc)
+            doc.pop("UUID", None)
+            out.append(doc)
+    return sorted(out, key=lambda c: (c["BikeID"], c["Steps"][0]["Time"]))
+
+
+@pytest.mark.timeout(400)
+async def test_bike_share_finds_exactly_the_planted_cycles(cluster: Cluster, tmp_path: Path,
+                                                          postgres_dsn: str) -> None:
+    cluster.add_broker("zone-a")
+    rc, _, err = await asyncio.to_thread(cluster.gazctl, "journals", "apply", "--specs", str(EXAMPLE / "journals.yaml"))
+    assert rc == 0, err
+
+    rides, expect = tmp_path / "rides.csv", tmp_path / "expected.json"
+    with rides.open("w") as out:
+        await _run([sys.executable, "-m", "examples.bike_share.rides", "--bikes", "80", "--days", "20",
+                        "--cycles", "10", "--malformed", "3", "--seed", "7", "--expect", str(expect)],
+                       cwd=ROOT, stdout=out, check=True)
+    expected = [json.loads(line) for line in expect.read_text().splitlines()]
+    assert len(expected) == 10
+
+    prefix = unique_prefix("/gazette-test-bike-share")
+    env = consumer_env(cluster.env(), PYTHONPATH=str(ROOT), ETCD_ADDRESS=cluster.etcd_url, ETCD_PREFIX=prefix,
+                       ETCD_LEASE="2s", LOG_FORMAT="text",
+                       BIKE_SHARE_POSTGRES=postgres_dsn.replace("postgresql://", "postgresql+psycopg://", 1))
+    procs = [ConsumerProc(f"bikes-{i}", env, tmp_path, app="examples.bike_share.app:BikeShare") for i in range(2)]
+    for p in procs:
+        p.start()
+    etcd = await connect(cluster.etcd_url)
+    try:
+        async def both() -> list[str] | None:
+            eps = await consumer_endpoints(etcd, prefix)
+            return eps if len(eps) == 2 else None
+
+        endpoints = await wait_until(both, 60, "both consumers announced")
+        shards = (EXAMPLE / "shards.yaml").read_text().replace("/gazette/hints/bike-share", f"{prefix}-hints")
+        rc, _, err = await asyncio.to_thread(cluster.gazctl, "shards", "apply", "--consumer.address", endpoints[0],
+                                             stdin=shards)
+        assert rc == 0, err
+
+        pipe = await _run(["bash", str(EXAMPLE / "stream_rides.sh"), str(rides)], cwd=ROOT,
+                              env={**cluster.env(), "RATE": "0", "GAZCTL": console_script("gazctl"),
+                                   "PYTHON": sys.executable, "HOME": str(cluster.home)},
+                              capture_output=True, text=True, timeout=180, check=False)
+        assert pipe.returncode == 0, pipe.stderr
+
+        async with JournalClient(cluster.broker.address) as client:
+            parts = await list_journals(client, "app.gazette.dev/message-type=bike_share.Ride")
+            heads = {j.spec.name: await write_head(client, j.spec.name) for j in parts.journals}
+            assert sum(heads.values()) > rides.stat().st_size  # every row (and its key line) landed
+            async with ShardClient(endpoints[0]) as sc:
+                for i, shard in enumerate(SHARDS):
+                    source = f"examples/bike-share/rides/part-00{i}"
+                    await asyncio.wait_for(sc.stat(shard, read_through={source: heads[source]}), 120)
+            found = await _cycles(client)
+        assert found == expected
+
+        logs = "".join(p.log_text() for p in procs)
+        assert logs.count("skipping malformed ride at examples/bike-share/rides/part-") == 3, logs[-3000:]
+
+        # The history API, from either process: the bike's last rides in the window, oldest first.
+        with rides.open() as f:
+            rows = list(csv.reader(f))[1:]
+        bike = str(expected[0]["BikeID"])
+        mine = [r for r in rows if len(r) == 15 and r[11] == bike][-20:]
+        answers = set()
+        for ep in endpoints:
+            status, body = await asyncio.to_thread(_get, f"{ep}/api/bikes?id={bike}")
+            assert status == 200, body
+            answers.add(body)
+            got = [json.loads(line) for line in body.splitlines()]
+            assert [(g["StartStation"], g["EndStation"]) for g in got] == [(r[4], r[8]) for r in mine]
+        assert len(answers) == 1
+        assert await asyncio.to_thread(_get, f"{endpoints[1]}/api/bikes?id=1") == (200, "")  # unknown bike
+        status, body = await asyncio.to_thread(_get, f"{endpoints[0]}/api/bikes?id=x")
+        assert status == 400 and "numeric bike id" in body
+
+        psql = await _run(["psql", "-X", "-tA", postgres_dsn, "-c",
+                               f"SELECT shard_fqn, fence FROM gazette_checkpoints WHERE shard_fqn LIKE '{prefix}/%'"],
+                              capture_output=True, text=True, check=True)
+        fences = dict(line.rsplit("|", 1) for line in psql.stdout.split())
+        assert sorted(k.rsplit("/", 1)[1] for k in fences) == SHARDS[:2]
+        assert all(int(v) >= 1 for v in fences.values())
+    finally:
+        for p in procs:
+            await asyncio.to_thread(p.terminate)
+        await etcd.delete_prefix(prefix.encode())
+        await etcd.close()
