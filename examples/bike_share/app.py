@@ -46,7 +46,7 @@ from examples.bike_share.messages import (
 )
 from gazette.client import list_journals
 from gazette.consumer.initialize import InitArgs
-from gazette.consumer.stores.sql import SQLStore
+from gazette.consumer.stores.sql import CHECKPOINTS, SQLStore
 from gazette.consumer.stores.sqlite import SQLiteStore
 from gazette.message import CSVRecord, modulo_mapping
 from gazette.message.uuid import ACK_TXN, get_flags
@@ -116,8 +116,11 @@ class BikeShare:
         url = getattr(args.config, "postgres", "") if args.config is not None else ""
         if url:
             self.engine = create_async_engine(url, pool_size=8)
-            await SQLStore.create_tables(self.engine)  # gazette_checkpoints, if not there yet
             async with self.engine.begin() as conn:
+                # Processes starting together would race their CREATE TABLE IF NOT EXISTS (a
+                # unique violation in PostgreSQL's catalog): one at a time.
+                await conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('bike_share.schema'))"))
+                await conn.run_sync(lambda c: CHECKPOINTS.create(c, checkfirst=True))
                 await conn.execute(text(sql.CREATE_POSTGRES))
         args.routes.append(web.get("/api/bikes", self.history))
 

@@ -1,5 +1,7 @@
 """scripts/demo.sh in one-shot mode: a real etcd and two brokers, the example journals, an
-append through one broker read back through the other, then a clean exit."""
+append through one broker read back through the other; then bike-share end to end (two
+consumer processes, generated rides streamed through the seed's pipeline, every planted cycle
+found, the history API, shard lag); then a clean exit."""
 
 from __future__ import annotations
 
@@ -38,9 +40,10 @@ def test_demo_script_oneshot(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items()
            if k not in ("BROKER_ADDRESS", "ETCD_ADDRESS", "ETCD_PREFIX", "BROKER_ID")}
     env.update(DEMO_ONESHOT="1", DEMO_DIR=str(tmp_path / "demo"),
-               ETCD_PORT=str(free_port()), BROKER_PORT=str(broker_port))
+               ETCD_PORT=str(free_port()), BROKER_PORT=str(broker_port), CONSUMER_PORT=str(free_port_pair()),
+               DEMO_BIKES="60", DEMO_DATABASE="bike_share_demo_test")  # --fresh: dropped each run
     proc = subprocess.run(["bash", "scripts/demo.sh"], cwd=REPO, env=env, capture_output=True,
-                          timeout=180, check=False)
+                          timeout=300, check=False)
     out, err = proc.stdout.decode(), proc.stderr.decode()
     logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
                      for p in sorted((tmp_path / "demo").glob("*.log")))
@@ -56,6 +59,13 @@ def test_demo_script_oneshot(tmp_path: Path) -> None:
     # The fragments table lists the journal's one fragment of those 62 bytes.
     assert "| examples/example-journal |      0 | 62 B" in out, out
     assert "Hello, Grace!" in out and "read 2 of them back, committed" in out, out
+
+    # bike-share: every planted cycle printed as found, the history API, the shards' lag.
+    assert "cycles-part-002 | PRIMARY" in out, out
+    planted = int(out.split("(the generator planted ", 1)[1].split(")", 1)[0])
+    assert out.count("a cycle of ") == planted > 0, out
+    assert f"bike-share: {planted} planted cycles found; malformed rides skipped: 2" in out, out
+    assert '"StartStation": ' in out and "examples/bike-share/rides/part-003:" in out, out
 
     # One-shot mode tears its cluster down: nothing answers on the brokers' ports any more.
     for port in (broker_port, broker_port + 1):
