@@ -129,6 +129,24 @@ async def test_bike_share_finds_exactly_the_planted_cycles(cluster: Cluster, tmp
         status, body = await asyncio.to_thread(_get, f"{endpoints[0]}/api/bikes?id=x")
         assert status == 400 and "numeric bike id" in body
 
+        # The seed's gazctl commands, as shown there.
+        async def gazctl(*args: str) -> str:
+            rc, out, err = await asyncio.to_thread(cluster.gazctl, *args, env={"CONSUMER_ADDRESS": endpoints[0]})
+            assert rc == 0, err
+            return out
+
+        out = await gazctl("journals", "list", "-l", "example-name=bike-share", "-L", "app.gazette.dev/message-type",
+                           "-L", "content-type")
+        assert "| examples/bike-share/cycles/part-000 " in out and "bike_share.Ride" in out and "text/csv" in out
+        out = await gazctl("shards", "list", "-p", "-L", "store")
+        assert all(f"| {s} | PRIMARY" in out for s in SHARDS) and "postgres" in out and "sqlite" in out, out
+        out = await gazctl("shards", "list", "-p", "-l", "store=postgres", "-o", "yaml")
+        assert "cycles-part-000" in out and "cycles-part-002" not in out and "value: postgres" in out, out
+        out = await gazctl("shards", "list", "--lag")
+        assert "examples/bike-share/rides/part-000:0" in out, out
+        out = await gazctl("journals", "read", "-l", "app.gazette.dev/message-type=bike_share.Cycle")
+        assert out.count('"BikeID"') >= len(expected), out[-2000:]
+
         psql = await _run(["psql", "-X", "-tA", postgres_dsn, "-c",
                                f"SELECT shard_fqn, fence FROM gazette_checkpoints WHERE shard_fqn LIKE '{prefix}/%'"],
                               capture_output=True, text=True, check=True)
