@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh dev
 .venv/bin/python -m gazette.protocol.generate --check
+.venv/bin/python -m examples.word_count.generate --check
 .venv/bin/ruff check gazette examples tests bench
 .venv/bin/mypy
 .venv/bin/lint-imports
