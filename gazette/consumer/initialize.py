@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Protocol, runtime_checkable
 
 from aiohttp import web
@@ -25,6 +26,7 @@ from gazette.client import JournalClient
 from gazette.consumer.client import ShardClient
 from gazette.consumer.resolver import Resolver
 from gazette.rpc.seam import RpcChannel
+from gazette.server.edge import grpc_edge_bound
 from gazette.server.grpc import GrpcServer, add_service
 
 __all__ = ["FlagsAdder", "InitArgs", "Initializer"]
@@ -45,8 +47,11 @@ class InitArgs:
     """Append aiohttp routes here; they are served on the consumer's port."""
 
     def add_service(self, descriptor: ServiceDescriptor, servicer: Any) -> None:
-        """Serves a generated gRPC servicer on the consumer's port."""
-        add_service(self.server, descriptor, servicer)
+        """Serves a generated gRPC servicer on the consumer's port. Errors its methods raise
+        end the RPC as the framework's own do: a ``GazetteError`` with its ``grpc_code``, a
+        proxied call's status unchanged (``gazette.server.edge``)."""
+        edged = SimpleNamespace(**{m.name: grpc_edge_bound(getattr(servicer, m.name)) for m in descriptor.methods})
+        add_service(self.server, descriptor, edged)
 
     def channel(self, endpoint: str) -> RpcChannel:
         return self.peers.channel(endpoint)

@@ -30,7 +30,7 @@ from aiohttp import web
 
 from gazette.errors import GazetteError
 
-__all__ = ["grpc_edge", "grpc_status", "http_error"]
+__all__ = ["grpc_edge", "grpc_edge_bound", "grpc_status", "http_error"]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,28 @@ def grpc_edge(method: F) -> F:
             await _end(name, context, err)
             raise  # not reached: _end raises
     return cast(F, unary)
+
+
+def grpc_edge_bound(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``grpc_edge`` for a bound servicer method ``(request, context)``: how an application's
+    own service, registered through the consumer, gets the framework's error mapping."""
+    name = getattr(method, "__name__", "rpc")
+    if inspect.isasyncgenfunction(method):
+        async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            try:
+                async for resp in method(request, context):
+                    yield resp
+            except Exception as err:
+                await _end(name, context, err)
+        return stream
+
+    async def unary(request: Any, context: Any) -> Any:
+        try:
+            return await method(request, context)
+        except Exception as err:
+            await _end(name, context, err)
+            raise  # not reached: _end raises
+    return unary
 
 
 def http_error(err: BaseException) -> web.Response:

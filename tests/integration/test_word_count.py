@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import grpc
 import pytest
 from consumer_support import ConsumerProc, consumer_endpoints, consumer_env, wait_until
 
@@ -104,6 +105,11 @@ async def test_word_count_counts_a_corpus_exactly(cluster: Cluster, tmp_path: Pa
                 for gram in expected:
                     resp = await stub.Query(wc.QueryRequest(prefix=gram))
                     assert {g.n_gram: g.count for g in resp.grams}.get(gram) == expected[gram], (gram, ep)
+                # The app's own errors end its RPCs with their status, as the framework's do.
+                with pytest.raises(grpc.RpcError) as info:
+                    await stub.Query(wc.QueryRequest())
+                assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "names a prefix or a shard" in (info.value.details() or "")
             finally:
                 await channel.close()
     finally:
