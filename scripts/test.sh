@@ -11,7 +11,8 @@ bash scripts/bootstrap.sh dev
 .venv/bin/lint-imports
 .venv/bin/python scripts/import_cycles.py
 if [ "${SOAK:-0}" = "1" ]; then
-  set +e; .venv/bin/pytest -m soak "$@"; rc=$?; set -e
+  # -rP: the soak tests print their figures (faults injected, streams verified); show them.
+  set +e; .venv/bin/pytest -m soak -rP "$@"; rc=$?; set -e
   # exit 5 = no soak tests collected, which is not a failure
   [ "$rc" = 5 ] && rc=0
   exit "$rc"
