@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 from consumer_support import ConsumerProc, consumer_endpoints, consumer_env, wait_until
 
+from examples.bike_share.database import ensure
 from gazette.client import JournalClient, list_journals, write_head
 from gazette.consumer.client import ShardClient
 from gazette.etcd import connect
@@ -73,10 +75,16 @@ async def test_bike_share_finds_exactly_the_planted_cycles(cluster: Cluster, tmp
     expected = [json.loads(line) for line in expect.read_text().splitlines()]
     assert len(expected) == 10
 
+    # A database of its own (the session's is shared by tests that expect it empty).
+    dsn = urllib.parse.urlsplit(postgres_dsn)
+    db = f"{dsn.path.lstrip('/')}_bike_share"
+    url = await asyncio.to_thread(ensure, dsn.hostname or "127.0.0.1", dsn.port or 5432, dsn.username or "postgres",
+                                  db, True)
+    postgres_dsn = f"{dsn.scheme}://{dsn.netloc}/{db}"
     prefix = unique_prefix("/gazette-test-bike-share")
     env = consumer_env(cluster.env(), PYTHONPATH=str(ROOT), ETCD_ADDRESS=cluster.etcd_url, ETCD_PREFIX=prefix,
                        ETCD_LEASE="2s", LOG_FORMAT="text",
-                       BIKE_SHARE_POSTGRES=postgres_dsn.replace("postgresql://", "postgresql+psycopg://", 1))
+                       BIKE_SHARE_POSTGRES=url)
     procs = [ConsumerProc(f"bikes-{i}", env, tmp_path, app="examples.bike_share.app:BikeShare") for i in range(2)]
     for p in procs:
         p.start()
@@ -158,3 +166,5 @@ async def test_bike_share_finds_exactly_the_planted_cycles(cluster: Cluster, tmp
             await asyncio.to_thread(p.terminate)
         await etcd.delete_prefix(prefix.encode())
         await etcd.close()
+        await _run(["psql", "-X", "-q", f"{dsn.scheme}://{dsn.netloc}/postgres", "-c",
+                    f"DROP DATABASE IF EXISTS {db} WITH (FORCE)"], capture_output=True, check=False)
