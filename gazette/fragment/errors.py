@@ -69,4 +69,7 @@ class TemplateError(FragmentError):
 
 
 class IndexClosedError(FragmentError):
-    """The index was closed while a query was blocked on it."""
+    """The index was closed while a query was blocked on it (the journal's replica stopped
+    here, as it moves to another broker): transient, the reader retries elsewhere."""
+
+    grpc_code = "UNAVAILABLE"

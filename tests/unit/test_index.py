@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 
 from gazette.broker.fragment import OFFSET_JUMP_AGE, Index
 from gazette.fragment import CoverSet, Fragment, IndexClosedError
 from gazette.protocol import protocol_pb2 as pb
+from gazette.server.edge import grpc_status
 
 OK = pb.Status.OK
 NOT_YET = pb.Status.OFFSET_NOT_YET_AVAILABLE
@@ -185,8 +187,10 @@ async def test_blocked_query_is_cancellable_and_close_releases() -> None:
     task = asyncio.create_task(query(ind, -1, block=True))
     await asyncio.sleep(0)
     ind.close()
-    with pytest.raises(IndexClosedError):
+    with pytest.raises(IndexClosedError) as info:
         await asyncio.wait_for(task, 5)
+    # A read released by its replica stopping ends UNAVAILABLE (the client retries), not UNKNOWN.
+    assert grpc_status(info.value) == (grpc.StatusCode.UNAVAILABLE, "index of journal was closed while waiting")
 
 
 async def test_wait_for_offset_and_inspect() -> None:
