@@ -12,7 +12,7 @@ consumer's port:
   the prefix maps to (or the one named): a process that is not that shard's primary proxies
   the request to the one that is, with the resolution's header attached.
 
-Shards (``counter-part-NNN``, one per partition) sum deltas into ``RocksDBStore`` (key: the
+Shards (``shard-NNN``, one per partition) sum deltas into ``RocksDBStore`` (key: the
 n-gram; value: its count as a varint, as Gazette's), with hot standbys. Per transaction the
 touched counts are read once, summed in memory, and written in the store's write batch with
 the checkpoint: each delta is counted exactly once.

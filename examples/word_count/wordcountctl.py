@@ -3,8 +3,8 @@
 ``CONSUMER_ADDRESS``).
 
     python -m examples.word_count.wordcountctl publish --file shakespeare.txt
-    python -m examples.word_count.wordcountctl query --prefix "the quick"
-    python -m examples.word_count.wordcountctl query --prefix "the" --shard counter-part-002
+    python -m examples.word_count.wordcountctl query --prefix="the city"
+    python -m examples.word_count.wordcountctl query --prefix="the" --shard=shard-000
 
 ``publish`` sends each file (or stdin) as one document; ``query`` prints ``<n-gram>\\t<count>``
 lines: of the shard the prefix maps to, or of ``--shard`` (a prefix scan of that shard alone).

@@ -27,7 +27,7 @@ from gazette.testing.etcd import unique_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "word_count"
-SHARDS = [f"counter-part-00{i}" for i in range(4)]
+SHARDS = [f"shard-00{i}" for i in range(4)]
 DOCS = [
     "The quick brown fox jumps over the lazy dog. The dog sleeps; the fox runs!",
     "It was the best of times, it was the worst of times, it was the age of wisdom, "
