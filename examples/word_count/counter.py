@@ -116,9 +116,11 @@ class Counter(wc_grpc.NGramServicer):
 
     async def Publish(self, request: wc.PublishRequest, context: Any) -> wc.PublishResponse:  # noqa: N802
         assert self._publisher is not None and self._appends is not None
-        for gram in ngrams(request.text, self.n):
-            await self._publisher.publish_committed(self._mapping, NGramCount(gram, 1))
-        await self._appends.flush()
+        # One framed write per partition; returns once those appends are acknowledged.
+        handles = await self._publisher.publish_committed_many(
+            self._mapping, [NGramCount(gram, 1) for gram in ngrams(request.text, self.n)])
+        for handle in handles.values():
+            await handle
         return wc.PublishResponse()
 
     async def Query(self, request: wc.QueryRequest, context: Any) -> wc.QueryResponse:  # noqa: N802
