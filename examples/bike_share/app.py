@@ -43,6 +43,7 @@ from examples.bike_share.messages import (
     WINDOW,
     BikeShareError,
     Cycle,
+    iso_ms,
 )
 from gazette.client import list_journals
 from gazette.consumer.initialize import InitArgs
@@ -52,6 +53,7 @@ from gazette.message import CSVRecord, modulo_mapping
 from gazette.message.uuid import ACK_TXN, get_flags
 from gazette.protocol import consumer_pb2 as pc
 from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol.labels import LabelSet
 
 __all__ = ["BikeShare", "parse_ride"]
 
@@ -79,18 +81,11 @@ def parse_ride(rec: Sequence[str]) -> dict[str, Any]:
                 birth_year=int(birth or 0), gender=int(gender or 0))
 
 
-def _time(v: Any) -> str:
-    t = v if isinstance(v, dt.datetime) else dt.datetime.fromisoformat(str(v))
-    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
-
-
-def _label(spec: Any, name: str) -> str:
-    return next((lb.value for lb in spec.labels.labels if lb.name == name), "")
 
 
 def _cycle(bike: int, rows: Sequence[Sequence[Any]]) -> Cycle:
-    steps = [{"Time": _time(r[1]), "Station": r[2]} for r in rows]
-    steps.append({"Time": _time(rows[-1][3]), "Station": rows[-1][4]})
+    steps = [{"Time": iso_ms(r[1]), "Station": r[2]} for r in rows]
+    steps.append({"Time": iso_ms(rows[-1][3]), "Station": rows[-1][4]})
     return Cycle(BikeID=bike, Steps=steps)
 
 
@@ -136,7 +131,7 @@ class BikeShare:
     async def new_store(self, shard: Any, recorder: Any) -> SQLStore | SQLiteStore:
         self._pending.pop(shard.spec.id, None)
         self._cycles = await self._partitions(CYCLE_TYPE)
-        kind = _label(shard.spec, "store").lower()
+        kind = (LabelSet.from_proto(shard.spec.labels).value_of("store") or "").lower()
         if kind == "postgres":
             if self.engine is None:
                 raise BikeShareError(f"shard {shard.spec.id} is labelled store=postgres but no database is "
@@ -210,7 +205,7 @@ class BikeShare:
         if res.shard is None:
             return await self._proxy(request, res.endpoint, res.header)
         rows = await self._history_rows(res.store, int(bike))
-        body = "".join(json.dumps({"UUID": str(r[0]), "StartTime": _time(r[1]), "EndTime": _time(r[2]),
+        body = "".join(json.dumps({"UUID": str(r[0]), "StartTime": iso_ms(r[1]), "EndTime": iso_ms(r[2]),
                                    "StartStation": r[3], "EndStation": r[4]}) + "\n" for r in rows)
         return web.Response(text=body, content_type="application/x-ndjson", headers={"X-Shard-ID": specs[0].id})
 

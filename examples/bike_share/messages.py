@@ -3,13 +3,14 @@ Citi Bike 2019 CSV schema of rides (after ``gazctl attach-uuids``, column 0 is t
 
 from __future__ import annotations
 
-from typing import Final
+import datetime as dt
+from typing import Any, Final
 
 from gazette.errors import GazetteError
 from gazette.message import JSONMessage
 
 __all__ = ["BIKE_COLUMN", "CSV_HEADER", "CYCLE_TYPE", "MIN_CYCLE", "RIDE_TYPE", "WINDOW", "BikeShareError",
-           "Cycle"]
+           "Cycle", "iso_ms"]
 
 RIDE_TYPE: Final = "bike_share.Ride"
 CYCLE_TYPE: Final = "bike_share.Cycle"
@@ -35,3 +36,10 @@ class Cycle(JSONMessage):
     stations a bike passed through, from leaving the terminus to returning to it."""
 
     __slots__ = ()
+
+
+def iso_ms(t: Any) -> str:
+    """A time as bike-share publishes it, whichever store gave it (a ``datetime`` from
+    PostgreSQL, the CSV's text from SQLite): ISO 8601, milliseconds, UTC."""
+    when = t if isinstance(t, dt.datetime) else dt.datetime.fromisoformat(str(t))
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"

@@ -27,13 +27,12 @@ import datetime as dt
 import json
 import random
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from examples.bike_share.messages import CSV_HEADER, MIN_CYCLE
+from examples.bike_share.messages import CSV_HEADER, MIN_CYCLE, iso_ms
 
-__all__ = ["Ride", "Station", "generate", "main", "step_time"]
+__all__ = ["Ride", "Station", "generate", "main", "write_csv"]
 
 _STREETS = ["E 2 St", "E 7 St", "E 10 St", "E 17 St", "W 21 St", "W 26 St", "W 33 St", "W 41 St", "W 52 St",
             "Lafayette St", "Grand St", "Canal St", "Broome St", "Bond St", "Wyckoff St", "Berkeley Pl", "Park Pl",
@@ -72,10 +71,6 @@ class Ride:
 def _fmt(t: dt.datetime) -> str:
     return t.strftime("%Y-%m-%d %H:%M:%S.") + f"{t.microsecond // 100:04d}"  # Citi Bike's 4 digits
 
-
-def step_time(t: dt.datetime) -> str:
-    """A cycle step's time as the app publishes it: ISO 8601, milliseconds, UTC."""
-    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
 
 
 def stations(rng: random.Random, n: int = 120) -> list[Station]:
@@ -137,8 +132,8 @@ def generate(rng: random.Random, *, bikes: int, days: int, cycles: int,
         elif kind == "cycle":
             n = rng.randrange(MIN_CYCLE, 15)
             path = [bike.ride(s) for s in (*_walk(rng, all_stations, n - 1, t), t)]
-            steps = [{"Time": step_time(r.start), "Station": r.frm.name} for r in path]
-            steps.append({"Time": step_time(path[-1].end), "Station": t.name})
+            steps = [{"Time": iso_ms(r.start), "Station": r.frm.name} for r in path]
+            steps.append({"Time": iso_ms(path[-1].end), "Station": t.name})
             expected.append({"BikeID": bike.bike, "Steps": steps})
         elif kind == "revisit":  # T ... T ... T, 12 rides: each closed loop has 6
             for s in (*_walk(rng, all_stations, 5, t), t, *_walk(rng, all_stations, 5, t), t):
@@ -166,9 +161,6 @@ def write_csv(out: IO[str], rides: list[Ride], malformed: int = 0, rng: random.R
             bad.pop(0)
             w.writerow([*r.row()[:11], "not-a-bike", "Subscriber", "1980"])  # short, and a bad id
 
-
-def _rows(rides: list[Ride]) -> Iterator[list[str]]:
-    return (r.row() for r in rides)
 
 
 def main(argv: list[str] | None = None) -> int:

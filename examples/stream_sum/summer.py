@@ -25,6 +25,7 @@ from gazette.consumer.stores.sqlite import SQLiteStore
 from gazette.message import JSONMessage
 from gazette.message.uuid import ACK_TXN, get_flags
 from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol.labels import LabelSet
 
 __all__ = ["Summer"]
 
@@ -35,9 +36,6 @@ _SQL = ("CREATE TABLE IF NOT EXISTS sums (id BLOB PRIMARY KEY, seq INTEGER NOT N
 def _sums_mapping(msg: Any) -> tuple[str, str]:
     return SUMS_JOURNAL, "application/x-ndjson"
 
-
-def _label(spec: Any, name: str) -> str:
-    return next((lb.value for lb in spec.labels.labels if lb.name == name), "")
 
 
 class _State:
@@ -53,7 +51,7 @@ class Summer:
 
     def new_store(self, shard: Any, recorder: Any) -> RocksDBStore | SQLiteStore:
         self._cache.pop(shard.spec.id, None)  # what a failed transaction of an earlier run left
-        kind = _label(shard.spec, "store").lower()
+        kind = (LabelSet.from_proto(shard.spec.labels).value_of("store") or "").lower()
         if kind == "rocksdb":
             return RocksDBStore(recorder)
         if kind == "sqlite":

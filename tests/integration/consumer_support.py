@@ -26,7 +26,7 @@ from gazette.testing.consumer_proc import ConsumerProc, consumer_endpoints, cons
 __all__ = [
     "COUNTS_DDL", "EMBEDDED_COUNTING_APP", "JOURNALS", "SQL_COUNTING_APP", "ConsumerProc", "CountingApp",
     "check_counted_once", "consumer_endpoints", "consumer_env", "derived_docs", "inflict_faults",
-    "journal_tree", "journals_yaml", "shard_replicas", "shards_yaml", "unassign_failed", "wait_until",
+    "journal_tree", "journals_yaml", "shard_replicas", "shards_yaml", "unassign_failed", "wait_for_consumers", "wait_until",
 ]
 
 
@@ -184,6 +184,16 @@ COUNTS_DDL = "CREATE TABLE IF NOT EXISTS counts (k TEXT PRIMARY KEY, n BIGINT NO
 
 async def wait_until(cond: Any, limit: float, what: str, interval: float = 0.2) -> Any:
     return await wait_for(cond, limit, what, interval)
+
+
+async def wait_for_consumers(etcd: aetcd.Client, prefix: str, n: int, limit: float = 60) -> list[str]:
+    """The endpoints of the consumer processes under ``prefix``, once there are ``n``."""
+    async def announced() -> list[str] | None:
+        eps = await consumer_endpoints(etcd, prefix)
+        return eps if len(eps) >= n else None
+
+    got: list[str] = await wait_until(announced, limit, f"{n} consumers announced")
+    return got
 
 
 async def shard_replicas(etcd: aetcd.Client, prefix: str, shard: str) -> dict[int, tuple[str, int]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from consumer_support import ConsumerProc, consumer_endpoints, consumer_env, wait_until
+from consumer_support import ConsumerProc, consumer_env, wait_for_consumers
 
 from examples.bike_share.database import ensure
 from gazette.client import JournalClient, list_journals, write_head
@@ -90,11 +90,7 @@ async def test_bike_share_finds_exactly_the_planted_cycles(cluster: Cluster, tmp
         p.start()
     etcd = await connect(cluster.etcd_url)
     try:
-        async def both() -> list[str] | None:
-            eps = await consumer_endpoints(etcd, prefix)
-            return eps if len(eps) == 2 else None
-
-        endpoints = await wait_until(both, 60, "both consumers announced")
+        endpoints = await wait_for_consumers(etcd, prefix, 2)
         shards = (EXAMPLE / "shards.yaml").read_text().replace("/gazette/hints/bike-share", f"{prefix}-hints")
         rc, _, err = await asyncio.to_thread(cluster.gazctl, "shards", "apply", "--consumer.address", endpoints[0],
                                              stdin=shards)

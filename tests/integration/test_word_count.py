@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from consumer_support import ConsumerProc, consumer_endpoints, consumer_env, wait_until
+from consumer_support import ConsumerProc, consumer_env, wait_for_consumers
 
 from examples.word_count import word_count_pb2 as wc
 from examples.word_count import word_count_pb2_grpc as wc_grpc
@@ -61,11 +61,7 @@ async def test_word_count_counts_a_corpus_exactly(cluster: Cluster, tmp_path: Pa
         p.start()
     etcd = await connect(cluster.etcd_url)
     try:
-        async def both() -> list[str] | None:
-            eps = await consumer_endpoints(etcd, prefix)
-            return eps if len(eps) == 2 else None
-
-        endpoints = await wait_until(both, 60, "both counters announced")
+        endpoints = await wait_for_consumers(etcd, prefix, 2)
         shards = (EXAMPLE / "shards.yaml").read_text().replace("/gazette/hints/word-count", f"{prefix}-hints")
         rc, _, err = await asyncio.to_thread(cluster.gazctl, "shards", "apply", "--consumer.address", endpoints[0],
                                              stdin=shards)
