@@ -5,28 +5,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import textwrap
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aetcd
 
 from gazette.allocator.keys import assignments_prefix
-from gazette.client import JournalClient
+from gazette.client import JournalClient, write_head
 from gazette.consumer.client import ShardClient
 from gazette.consumer.stores.memory import MemoryStore
+from gazette.etcd import connect
 from gazette.message import Envelope, JSONMessage
 from gazette.message.reading import read_committed
 from gazette.message.uuid import ACK_TXN, get_flags
 from gazette.protocol import consumer_pb2 as pc
+from gazette.testing.cluster import Cluster
 from gazette.testing.consumer_proc import ConsumerProc, consumer_endpoints, consumer_env, wait_for
+from gazette.testing.etcd import unique_prefix
 
 __all__ = [
     "COUNTS_DDL", "EMBEDDED_COUNTING_APP", "JOURNALS", "SQL_COUNTING_APP", "ConsumerProc", "CountingApp",
-    "check_counted_once", "consumer_endpoints", "consumer_env", "derived_docs", "inflict_faults",
-    "journal_tree", "journals_yaml", "shard_replicas", "shards_yaml", "unassign_failed", "wait_for_consumers", "wait_until",
+    "ExampleRun", "check_counted_once", "consumer_endpoints", "consumer_env", "derived_docs", "example_run", "inflict_faults",
+    "journal_tree", "journals_yaml", "read_through_sources", "shard_replicas", "shards_yaml", "unassign_failed", "wait_for_consumers", "wait_until",
 ]
 
 
@@ -194,6 +200,56 @@ async def wait_for_consumers(etcd: aetcd.Client, prefix: str, n: int, limit: flo
 
     got: list[str] = await wait_until(announced, limit, f"{n} consumers announced")
     return got
+
+
+@dataclass
+class ExampleRun:
+    """An example's consumer processes, started by ``example_run``."""
+
+    prefix: str  # their etcd prefix
+    procs: list[ConsumerProc]
+    endpoints: list[str]
+
+
+@contextlib.asynccontextmanager
+async def example_run(cluster: Cluster, log_dir: Path, example: Path, app: str,
+                      processes: int = 2, **env: str) -> AsyncIterator[ExampleRun]:
+    """Applies ``example``'s journals.yaml, starts ``processes`` ``gazette consume --app app``
+    children (the repository root on PYTHONPATH, a 2 s lease, ``env`` added), applies its
+    shards.yaml with a hint prefix of this run's own, and yields once all have announced.
+    On exit the children are killed, not drained: with a hot standby per shard and two
+    processes, neither could hand its shards off (the allocator keeps replication)."""
+    rc, _, err = await asyncio.to_thread(cluster.gazctl, "journals", "apply", "--specs", str(example / "journals.yaml"))
+    assert rc == 0, err
+    prefix = unique_prefix(f"/gazette-test-{example.name}")
+    full_env = consumer_env(cluster.env(), PYTHONPATH=str(example.parents[1]), ETCD_ADDRESS=cluster.etcd_url,
+                            ETCD_PREFIX=prefix, ETCD_LEASE="2s", LOG_FORMAT="text", **env)
+    procs = [ConsumerProc(f"{example.name}-{i}", full_env, log_dir, app=app) for i in range(processes)]
+    for p in procs:
+        p.start()
+    etcd = await connect(cluster.etcd_url)
+    try:
+        endpoints = await wait_for_consumers(etcd, prefix, processes)
+        shards = re.sub(r"hint_prefix: \S+", f"hint_prefix: {prefix}-hints", (example / "shards.yaml").read_text())
+        rc, _, err = await asyncio.to_thread(cluster.gazctl, "shards", "apply", "--consumer.address", endpoints[0],
+                                             stdin=shards)
+        assert rc == 0, err
+        yield ExampleRun(prefix, procs, endpoints)
+    finally:
+        for p in procs:
+            await asyncio.to_thread(p.kill)
+        await etcd.delete_prefix(prefix.encode())
+        await etcd.close()
+
+
+async def read_through_sources(client: JournalClient, endpoint: str, sources: dict[str, str]) -> dict[str, int]:
+    """Returns once each shard (``sources``: shard -> its source journal) has processed its
+    source through the write head as of the call; the heads, by journal."""
+    heads = {j: await write_head(client, j) for j in sources.values()}
+    async with ShardClient(endpoint) as sc:
+        for shard, journal in sources.items():
+            await asyncio.wait_for(sc.stat(shard, read_through={journal: heads[journal]}), 120)
+    return heads
 
 
 async def shard_replicas(etcd: aetcd.Client, prefix: str, shard: str) -> dict[int, tuple[str, int]]:

@@ -21,16 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from consumer_support import ConsumerProc, consumer_env, wait_for_consumers
+from consumer_support import ExampleRun, example_run, read_through_sources
 
 from examples.bike_share.database import ensure
-from gazette.client import JournalClient, list_journals, write_head
-from gazette.consumer.client import ShardClient
-from gazette.etcd import connect
+from gazette.client import JournalClient
 from gazette.message import JSONMessage, read_committed
 from gazette.message.uuid import ACK_TXN, get_flags
 from gazette.testing.cluster import Cluster, console_script
-from gazette.testing.etcd import unique_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "bike_share"
@@ -64,9 +61,6 @@ async def _cycles(client: JournalClient) -> list[dict[str, Any]]:
 async def test_bike_share_finds_exactly_the_planted_cycles(cluster: Cluster, tmp_path: Path,
                                                           postgres_dsn: str) -> None:
     cluster.add_broker("zone-a")
-    rc, _, err = await asyncio.to_thread(cluster.gazctl, "journals", "apply", "--specs", str(EXAMPLE / "journals.yaml"))
-    assert rc == 0, err
-
     rides, expect = tmp_path / "rides.csv", tmp_path / "expected.json"
     with rides.open("w") as out:
         await _run([sys.executable, "-m", "examples.bike_share.rides", "--bikes", "80", "--days", "20",
@@ -81,86 +75,72 @@ async def test_bike_share_finds_exactly_the_planted_cycles(cluster: Cluster, tmp
     url = await asyncio.to_thread(ensure, dsn.hostname or "127.0.0.1", dsn.port or 5432, dsn.username or "postgres",
                                   db, True)
     postgres_dsn = f"{dsn.scheme}://{dsn.netloc}/{db}"
-    prefix = unique_prefix("/gazette-test-bike-share")
-    env = consumer_env(cluster.env(), PYTHONPATH=str(ROOT), ETCD_ADDRESS=cluster.etcd_url, ETCD_PREFIX=prefix,
-                       ETCD_LEASE="2s", LOG_FORMAT="text",
-                       BIKE_SHARE_POSTGRES=url)
-    procs = [ConsumerProc(f"bikes-{i}", env, tmp_path, app="examples.bike_share.app:BikeShare") for i in range(2)]
-    for p in procs:
-        p.start()
-    etcd = await connect(cluster.etcd_url)
     try:
-        endpoints = await wait_for_consumers(etcd, prefix, 2)
-        shards = (EXAMPLE / "shards.yaml").read_text().replace("/gazette/hints/bike-share", f"{prefix}-hints")
-        rc, _, err = await asyncio.to_thread(cluster.gazctl, "shards", "apply", "--consumer.address", endpoints[0],
-                                             stdin=shards)
-        assert rc == 0, err
-
-        pipe = await _run(["bash", str(EXAMPLE / "stream_rides.sh"), str(rides)], cwd=ROOT,
-                              env={**cluster.env(), "RATE": "0", "GAZCTL": console_script("gazctl"),
-                                   "PYTHON": sys.executable, "HOME": str(cluster.home)},
-                              capture_output=True, text=True, timeout=180, check=False)
-        assert pipe.returncode == 0, pipe.stderr
-
-        async with JournalClient(cluster.broker.address) as client:
-            parts = await list_journals(client, "app.gazette.dev/message-type=bike_share.Ride")
-            heads = {j.spec.name: await write_head(client, j.spec.name) for j in parts.journals}
-            assert sum(heads.values()) > rides.stat().st_size  # every row (and its key line) landed
-            async with ShardClient(endpoints[0]) as sc:
-                for i, shard in enumerate(SHARDS):
-                    source = f"examples/bike-share/rides/part-00{i}"
-                    await asyncio.wait_for(sc.stat(shard, read_through={source: heads[source]}), 120)
-            found = await _cycles(client)
-        assert found == expected
-
-        logs = "".join(p.log_text() for p in procs)
-        assert logs.count("skipping malformed ride at examples/bike-share/rides/part-") == 3, logs[-3000:]
-
-        # The history API, from either process: the bike's last rides in the window, oldest first.
-        with rides.open() as f:
-            rows = list(csv.reader(f))[1:]
-        bike = str(expected[0]["BikeID"])
-        mine = [r for r in rows if len(r) == 15 and r[11] == bike][-20:]
-        answers = set()
-        for ep in endpoints:
-            status, body = await asyncio.to_thread(_get, f"{ep}/api/bikes?id={bike}")
-            assert status == 200, body
-            answers.add(body)
-            got = [json.loads(line) for line in body.splitlines()]
-            assert [(g["StartStation"], g["EndStation"]) for g in got] == [(r[4], r[8]) for r in mine]
-        assert len(answers) == 1
-        assert await asyncio.to_thread(_get, f"{endpoints[1]}/api/bikes?id=1") == (200, "")  # unknown bike
-        status, body = await asyncio.to_thread(_get, f"{endpoints[0]}/api/bikes?id=x")
-        assert status == 400 and "numeric bike id" in body
-
-        # The seed's gazctl commands, as shown there.
-        async def gazctl(*args: str) -> str:
-            rc, out, err = await asyncio.to_thread(cluster.gazctl, *args, env={"CONSUMER_ADDRESS": endpoints[0]})
-            assert rc == 0, err
-            return out
-
-        out = await gazctl("journals", "list", "-l", "example-name=bike-share", "-L", "app.gazette.dev/message-type",
-                           "-L", "content-type")
-        assert "| examples/bike-share/cycles/part-000 " in out and "bike_share.Ride" in out and "text/csv" in out
-        out = await gazctl("shards", "list", "-p", "-L", "store")
-        assert all(f"| {s} | PRIMARY" in out for s in SHARDS) and "postgres" in out and "sqlite" in out, out
-        out = await gazctl("shards", "list", "-p", "-l", "store=postgres", "-o", "yaml")
-        assert "cycles-part-000" in out and "cycles-part-002" not in out and "value: postgres" in out, out
-        out = await gazctl("shards", "list", "--lag")
-        assert "examples/bike-share/rides/part-000:0" in out, out
-        out = await gazctl("journals", "read", "-l", "app.gazette.dev/message-type=bike_share.Cycle")
-        assert out.count('"BikeID"') >= len(expected), out[-2000:]
-
-        psql = await _run(["psql", "-X", "-tA", postgres_dsn, "-c",
-                               f"SELECT shard_fqn, fence FROM gazette_checkpoints WHERE shard_fqn LIKE '{prefix}/%'"],
-                              capture_output=True, text=True, check=True)
-        fences = dict(line.rsplit("|", 1) for line in psql.stdout.split())
-        assert sorted(k.rsplit("/", 1)[1] for k in fences) == SHARDS[:2]
-        assert all(int(v) >= 1 for v in fences.values())
+        async with example_run(cluster, tmp_path, EXAMPLE, "examples.bike_share.app:BikeShare",
+                               BIKE_SHARE_POSTGRES=url) as run:
+            await _check(cluster, run, rides, expected, postgres_dsn)
     finally:
-        for p in procs:
-            await asyncio.to_thread(p.terminate)
-        await etcd.delete_prefix(prefix.encode())
-        await etcd.close()
         await _run(["psql", "-X", "-q", f"{dsn.scheme}://{dsn.netloc}/postgres", "-c",
                     f"DROP DATABASE IF EXISTS {db} WITH (FORCE)"], capture_output=True, check=False)
+
+
+async def _check(cluster: Cluster, run: ExampleRun, rides: Path, expected: list[dict[str, Any]],
+                 postgres_dsn: str) -> None:
+    endpoints, procs, prefix = run.endpoints, run.procs, run.prefix
+    pipe = await _run(["bash", str(EXAMPLE / "stream_rides.sh"), str(rides)], cwd=ROOT,
+                          env={**cluster.env(), "RATE": "0", "GAZCTL": console_script("gazctl"),
+                               "PYTHON": sys.executable, "HOME": str(cluster.home)},
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert pipe.returncode == 0, pipe.stderr
+
+    async with JournalClient(cluster.broker.address) as client:
+        heads = await read_through_sources(client, endpoints[0], {s: f"examples/bike-share/rides/part-00{i}"
+                                                                  for i, s in enumerate(SHARDS)})
+        text = await asyncio.to_thread(rides.read_text)
+        assert sum(heads.values()) > len(text)  # every row (and its key line) landed
+        found = await _cycles(client)
+    assert found == expected
+
+    logs = "".join(p.log_text() for p in procs)
+    assert logs.count("skipping malformed ride at examples/bike-share/rides/part-") == 3, logs[-3000:]
+
+    # The history API, from either process: the bike's last rides in the window, oldest first.
+    rows = list(csv.reader(text.splitlines()))[1:]
+    bike = str(expected[0]["BikeID"])
+    mine = [r for r in rows if len(r) == 15 and r[11] == bike][-20:]
+    answers = set()
+    for ep in endpoints:
+        status, body = await asyncio.to_thread(_get, f"{ep}/api/bikes?id={bike}")
+        assert status == 200, body
+        answers.add(body)
+        got = [json.loads(line) for line in body.splitlines()]
+        assert [(g["StartStation"], g["EndStation"]) for g in got] == [(r[4], r[8]) for r in mine]
+    assert len(answers) == 1
+    assert await asyncio.to_thread(_get, f"{endpoints[1]}/api/bikes?id=1") == (200, "")  # unknown bike
+    status, body = await asyncio.to_thread(_get, f"{endpoints[0]}/api/bikes?id=x")
+    assert status == 400 and "numeric bike id" in body
+
+    # The seed's gazctl commands, as shown there.
+    async def gazctl(*args: str) -> str:
+        rc, out, err = await asyncio.to_thread(cluster.gazctl, *args, env={"CONSUMER_ADDRESS": endpoints[0]})
+        assert rc == 0, err
+        return out
+
+    out = await gazctl("journals", "list", "-l", "example-name=bike-share", "-L", "app.gazette.dev/message-type",
+                       "-L", "content-type")
+    assert "| examples/bike-share/cycles/part-000 " in out and "bike_share.Ride" in out and "text/csv" in out
+    out = await gazctl("shards", "list", "-p", "-L", "store")
+    assert all(f"| {s} | PRIMARY" in out for s in SHARDS) and "postgres" in out and "sqlite" in out, out
+    out = await gazctl("shards", "list", "-p", "-l", "store=postgres", "-o", "yaml")
+    assert "cycles-part-000" in out and "cycles-part-002" not in out and "value: postgres" in out, out
+    out = await gazctl("shards", "list", "--lag")
+    assert "examples/bike-share/rides/part-000:0" in out, out
+    out = await gazctl("journals", "read", "-l", "app.gazette.dev/message-type=bike_share.Cycle")
+    assert out.count('"BikeID"') >= len(expected), out[-2000:]
+
+    psql = await _run(["psql", "-X", "-tA", postgres_dsn, "-c",
+                           f"SELECT shard_fqn, fence FROM gazette_checkpoints WHERE shard_fqn LIKE '{prefix}/%'"],
+                          capture_output=True, text=True, check=True)
+    fences = dict(line.rsplit("|", 1) for line in psql.stdout.split())
+    assert sorted(k.rsplit("/", 1)[1] for k in fences) == SHARDS[:2]
+    assert all(int(v) >= 1 for v in fences.values())

@@ -13,17 +13,14 @@ from pathlib import Path
 
 import grpc
 import pytest
-from consumer_support import ConsumerProc, consumer_env, wait_for_consumers
+from consumer_support import example_run, read_through_sources
 
 from examples.word_count import word_count_pb2 as wc
 from examples.word_count import word_count_pb2_grpc as wc_grpc
 from examples.word_count.messages import ngrams
-from gazette.client import JournalClient, list_journals, write_head
-from gazette.consumer.client import ShardClient
-from gazette.etcd import connect
+from gazette.client import JournalClient
 from gazette.rpc.channel import insecure_channel
 from gazette.testing.cluster import Cluster
-from gazette.testing.etcd import unique_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "word_count"
@@ -51,22 +48,8 @@ def _parse(out: str) -> dict[str, int]:
 @pytest.mark.timeout(300)
 async def test_word_count_counts_a_corpus_exactly(cluster: Cluster, tmp_path: Path) -> None:
     cluster.add_broker("zone-a")
-    rc, _, err = await asyncio.to_thread(cluster.gazctl, "journals", "apply", "--specs", str(EXAMPLE / "journals.yaml"))
-    assert rc == 0, err
-    prefix = unique_prefix("/gazette-test-word-count")
-    env = consumer_env(cluster.env(), PYTHONPATH=str(ROOT), ETCD_ADDRESS=cluster.etcd_url, ETCD_PREFIX=prefix,
-                       ETCD_LEASE="2s", LOG_FORMAT="text")
-    procs = [ConsumerProc(f"counter-{i}", env, tmp_path, app="examples.word_count.counter:Counter") for i in range(2)]
-    for p in procs:
-        p.start()
-    etcd = await connect(cluster.etcd_url)
-    try:
-        endpoints = await wait_for_consumers(etcd, prefix, 2)
-        shards = (EXAMPLE / "shards.yaml").read_text().replace("/gazette/hints/word-count", f"{prefix}-hints")
-        rc, _, err = await asyncio.to_thread(cluster.gazctl, "shards", "apply", "--consumer.address", endpoints[0],
-                                             stdin=shards)
-        assert rc == 0, err
-
+    async with example_run(cluster, tmp_path, EXAMPLE, "examples.word_count.counter:Counter") as run:
+        endpoints = run.endpoints
         expected: Counter[str] = Counter()
         for i, doc in enumerate(DOCS):
             await _ctl(endpoints[i % 2], "publish", stdin=doc)
@@ -77,12 +60,8 @@ async def test_word_count_counts_a_corpus_exactly(cluster: Cluster, tmp_path: Pa
         expected.update(ngrams(DOCS[0], 2))
 
         async with JournalClient(cluster.broker.address) as client:
-            parts = await list_journals(client, "app.gazette.dev/message-type=word_count.NGramCount")
-            heads = {j.spec.name: await write_head(client, j.spec.name) for j in parts.journals}
-        async with ShardClient(endpoints[0]) as sc:
-            for i, shard in enumerate(SHARDS):
-                source = f"examples/word-count/deltas/part-00{i}"
-                await asyncio.wait_for(sc.stat(shard, read_through={source: heads[source]}), 120)
+            await read_through_sources(client, endpoints[0], {s: f"examples/word-count/deltas/part-00{i}"
+                                                              for i, s in enumerate(SHARDS)})
 
         # Each shard's scan: together they hold the corpus exactly, each n-gram in one shard.
         scanned: dict[str, int] = {}
@@ -108,10 +87,3 @@ async def test_word_count_counts_a_corpus_exactly(cluster: Cluster, tmp_path: Pa
                 assert "names a prefix or a shard" in (info.value.details() or "")
             finally:
                 await channel.close()
-    finally:
-        for p in procs:
-            # Killed, not drained: with a hot standby per shard and two processes, neither
-            # could hand its shards off (the allocator keeps replication), so a drain waits.
-            await asyncio.to_thread(p.kill)
-        await etcd.delete_prefix(prefix.encode())
-        await etcd.close()
