@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the examples pac
 from examples.bike_share import sql as bsql
 from examples.bike_share.app import BikeShare, parse_ride
 from examples.bike_share.database import ensure
-from examples.bike_share.messages import MIN_CYCLE, WINDOW
+from examples.bike_share.messages import BIKE_COLUMN, MIN_CYCLE, WINDOW
 from examples.bike_share.rides import generate
 from examples.word_count import word_count_pb2 as wc
 from examples.word_count import word_count_pb2_grpc as wc_grpc
@@ -77,7 +77,7 @@ async def bike_share(etcd_url: str, root: Path, rows: list[list[str]], kind: str
     async with h:
         assert h.client is not None and h.shards is not None
         parts = await list_journals(h.client, "app.gazette.dev/message-type=bike_share.Ride")
-        mapping = modulo_mapping(lambda r: r[12].encode(), lambda: parts)
+        mapping = modulo_mapping(lambda r: r[BIKE_COLUMN].encode(), lambda: parts)
         async with AppendService(h.client) as svc:
             pub = Publisher(svc)
             for i in range(0, len(rows), 2000):

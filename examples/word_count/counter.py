@@ -75,7 +75,7 @@ class Counter(wc_grpc.NGramServicer):
                             help="Number of grams per n-gram")
 
     async def init_application(self, args: InitArgs) -> None:
-        self.n = int(getattr(args.config, "wordcount_n", 2) or 0) if args.config is not None else 2
+        self.n = getattr(args.config, "wordcount_n", 2)
         if self.n < 1:
             raise WordCountError(f"--wordcount.N must be at least 1 (got {self.n})")
         self.args = args
