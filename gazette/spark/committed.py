@@ -1,0 +1,138 @@
+"""Read-committed rows: the Sequencer applied to parsed blocks, without decoding messages.
+
+Runs in Spark's Python workers over one journal, block by block, in order. Each message is
+given to :class:`~gazette.message.sequencer.Sequencer` as an envelope whose message is its row
+number, with its UUID fields computed for the whole block (``uuid_columns``); what the
+Sequencer commits becomes the rows to keep. So committed mode drops exactly what Gazette's
+``ReadCommittedIter`` drops: duplicates (clocks at or below the producer's last ACK) and
+rolled-back messages, and it holds back what no ACK has committed yet.
+
+Invariants:
+
+* Rows of a block are kept (``retained``) while any open transaction began at or before the
+  block's end: a later ACK may commit them. A commit needing a replay (its transaction is
+  older than the Sequencer's ring) is replayed from the retained blocks, never re-read.
+* ``checkpoint`` gives the read-through offset and producer states in the form the streaming
+  offsets carry, from which a new filter emits exactly what this one would have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from gazette.message.message import Envelope
+from gazette.message.sequencer import ProducerState, Sequencer
+from gazette.message.uuid import ProducerID, uuid_columns
+from gazette.spark.rows import Parsed
+
+__all__ = ["CommittedFilter", "ProducerTuple"]
+
+ProducerTuple = tuple[str, int, int]
+"""A producer state as streaming offsets carry it: (producer hex, last ACK clock, begin)."""
+
+RING_SIZE: Final = 1 << 16
+
+
+class _RowRef:
+    """A replayed envelope's message: its row and the UUID the Sequencer reads again."""
+
+    __slots__ = ("row", "uuid_int")
+
+    def __init__(self, row: int, uuid_int: int) -> None:
+        self.row = row
+        self.uuid_int = uuid_int
+
+
+@dataclass
+class _Block:
+    first_row: int
+    parsed: Parsed
+    raw: npt.NDArray[np.uint8]
+
+    @property
+    def end(self) -> int:
+        return int(self.parsed.ends[-1]) if len(self.parsed) else 0
+
+
+class CommittedFilter:
+    """Which rows of a journal's blocks are committed messages (see the module docstring)."""
+
+    def __init__(self, journal: str, offset: int, producers: tuple[ProducerTuple, ...] = (),
+                 ring_size: int = RING_SIZE) -> None:
+        self.journal = journal
+        states = [ProducerState(journal, ProducerID(bytes.fromhex(p)), ack, begin)
+                  for p, ack, begin in producers]
+        self._seq = Sequencer({journal: offset}, states, ring_size=ring_size)
+        self._blocks: list[_Block] = []
+        self._rows = 0
+
+    def feed(self, parsed: Parsed, raw: npt.NDArray[np.uint8]
+             ) -> list[tuple[Parsed, npt.NDArray[np.uint8], npt.NDArray[np.int64]]]:
+        """Queue a block's messages; returns each block with the rows committed by it."""
+        n = len(parsed)
+        block = _Block(self._rows, parsed, raw)
+        self._blocks.append(block)
+        first = self._rows
+        self._rows += n
+        journal = self.journal
+        begins, ends = parsed.begins.tolist(), parsed.ends.tolist()
+        envs = [Envelope(journal, b, e, first + i) for i, (b, e) in enumerate(zip(begins, ends, strict=True))]
+        cols = uuid_columns(raw.tobytes())
+        out: list[Envelope] = []
+        seq = self._seq
+        i = 0
+        while i < n:
+            i = seq.queue_and_drain(envs, out, i, cols)
+            if seq.dequeuing():
+                # ACK_COMMIT_REPLAY: the sequence began before the ring's oldest entry.
+                _, begin, end = seq.replay_range()
+                seq.start_replay(self._replay(begin, end))
+                seq.drain_committed(out)
+        rows = np.fromiter((e.message if isinstance(e.message, int) else e.message.row
+                            for e in out), dtype=np.int64, count=len(out))
+        result = self._split(rows)
+        self._release()
+        return result
+
+    def _replay(self, begin: int, end: int) -> list[Envelope]:
+        out = []
+        for b in self._blocks:
+            p = b.parsed
+            lo, hi = np.searchsorted(p.begins, [begin, end])
+            for i in range(int(lo), int(hi)):
+                if p.ends[i] > end:
+                    break
+                uuid_int = int.from_bytes(b.raw[i].tobytes(), "big")
+                out.append(Envelope(self.journal, int(p.begins[i]), int(p.ends[i]),
+                                    _RowRef(b.first_row + i, uuid_int)))
+        return out
+
+    def _split(self, rows: npt.NDArray[np.int64]
+               ) -> list[tuple[Parsed, npt.NDArray[np.uint8], npt.NDArray[np.int64]]]:
+        if not len(rows):
+            return []
+        out = []
+        for b in self._blocks:
+            lo, hi = b.first_row, b.first_row + len(b.parsed)
+            mine = rows[(rows >= lo) & (rows < hi)]
+            if len(mine):
+                # Committed rows come in delivery order; a block's rows keep journal order.
+                out.append((b.parsed, b.raw, np.sort(mine) - lo))
+        return out
+
+    def _release(self) -> None:
+        """Forget blocks no open transaction can reach back into."""
+        open_begins = [p.begin for p in self._seq.partials.values() if p.begin != -1]
+        horizon = min(open_begins) if open_begins else None
+        keep = [b for b in self._blocks[:-1] if horizon is not None and b.end > horizon]
+        self._blocks = keep + self._blocks[-1:] if horizon is not None else []
+
+    def checkpoint(self) -> tuple[int, tuple[ProducerTuple, ...]]:
+        """The read-through offset and producer states to resume from."""
+        offsets, states = self._seq.checkpoint()
+        return offsets.get(self.journal, 0), tuple(
+            (s.producer.hex(), s.last_ack, s.begin) for s in states)
