@@ -1,8 +1,8 @@
 """Read-committed rows: the Sequencer applied to parsed blocks, without decoding messages.
 
 Runs in Spark's Python workers over one journal, block by block, in order. Each message is
-given to :class:`~gazette.message.sequencer.Sequencer` as an envelope whose message is its row
-number, with its UUID fields computed for the whole block (``uuid_columns``); what the
+given to :class:`~gazette.message.sequencer.Sequencer` as an envelope whose message names its
+row, with its UUID fields computed for the whole block (``uuid_columns``); what the
 Sequencer commits becomes the rows to keep. So committed mode drops exactly what Gazette's
 ``ReadCommittedIter`` drops: duplicates (clocks at or below the producer's last ACK) and
 rolled-back messages, and it holds back what no ACK has committed yet.
@@ -11,19 +11,22 @@ Invariants:
 
 * Rows of a block are kept (``retained``) while any open transaction began at or before the
   block's end: a later ACK may commit them. A commit needing a replay (its transaction is
-  older than the Sequencer's ring) is replayed from the retained blocks, never re-read.
+  older than the Sequencer's ring) is replayed from the retained blocks; only a transaction
+  begun before this reading started (restored from a checkpoint) is re-read (``reread``).
 * ``checkpoint`` gives the read-through offset and producer states in the form the streaming
   offsets carry, from which a new filter emits exactly what this one would have.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
+from gazette.message.errors import ReplayError
 from gazette.message.message import Envelope
 from gazette.message.sequencer import ProducerState, Sequencer
 from gazette.message.uuid import ProducerID, uuid_columns
@@ -36,15 +39,24 @@ ProducerTuple = tuple[str, int, int]
 
 RING_SIZE: Final = 1 << 16
 
+Reread = Callable[[int, int], Awaitable[list[tuple[Parsed, npt.NDArray[np.uint8]]]]]
+"""Reads ``[begin, end)`` of the journal again, as parsed blocks with their UUID bytes."""
+
 
 class _RowRef:
-    """A replayed envelope's message: its row and the UUID the Sequencer reads again."""
+    """An envelope's message: its row, and its UUID for the Sequencer's rare reads of it
+    (replays, and logging a sequencing anomaly), computed only then."""
 
-    __slots__ = ("row", "uuid_int")
+    __slots__ = ("i", "raw", "row")
 
-    def __init__(self, row: int, uuid_int: int) -> None:
+    def __init__(self, row: int, raw: npt.NDArray[np.uint8], i: int) -> None:
         self.row = row
-        self.uuid_int = uuid_int
+        self.raw = raw
+        self.i = i
+
+    @property
+    def uuid_int(self) -> int:
+        return int.from_bytes(self.raw[self.i].tobytes(), "big")
 
 
 @dataclass
@@ -52,6 +64,8 @@ class _Block:
     first_row: int
     parsed: Parsed
     raw: npt.NDArray[np.uint8]
+    #: Re-read for a replay (not part of the in-order reading).
+    replayed: bool = False
 
     @property
     def end(self) -> int:
@@ -62,16 +76,17 @@ class CommittedFilter:
     """Which rows of a journal's blocks are committed messages (see the module docstring)."""
 
     def __init__(self, journal: str, offset: int, producers: tuple[ProducerTuple, ...] = (),
-                 ring_size: int = RING_SIZE) -> None:
+                 reread: Reread | None = None, ring_size: int = RING_SIZE) -> None:
         self.journal = journal
+        self._reread = reread
         states = [ProducerState(journal, ProducerID(bytes.fromhex(p)), ack, begin)
                   for p, ack, begin in producers]
         self._seq = Sequencer({journal: offset}, states, ring_size=ring_size)
         self._blocks: list[_Block] = []
         self._rows = 0
 
-    def feed(self, parsed: Parsed, raw: npt.NDArray[np.uint8]
-             ) -> list[tuple[Parsed, npt.NDArray[np.uint8], npt.NDArray[np.int64]]]:
+    async def feed(self, parsed: Parsed, raw: npt.NDArray[np.uint8]
+                   ) -> list[tuple[Parsed, npt.NDArray[np.uint8], npt.NDArray[np.int64]]]:
         """Queue a block's messages; returns each block with the rows committed by it."""
         n = len(parsed)
         block = _Block(self._rows, parsed, raw)
@@ -80,7 +95,8 @@ class CommittedFilter:
         self._rows += n
         journal = self.journal
         begins, ends = parsed.begins.tolist(), parsed.ends.tolist()
-        envs = [Envelope(journal, b, e, first + i) for i, (b, e) in enumerate(zip(begins, ends, strict=True))]
+        envs = [Envelope(journal, b, e, _RowRef(first + i, raw, i))
+                for i, (b, e) in enumerate(zip(begins, ends, strict=True))]
         cols = uuid_columns(raw.tobytes())
         out: list[Envelope] = []
         seq = self._seq
@@ -90,25 +106,36 @@ class CommittedFilter:
             if seq.dequeuing():
                 # ACK_COMMIT_REPLAY: the sequence began before the ring's oldest entry.
                 _, begin, end = seq.replay_range()
-                seq.start_replay(self._replay(begin, end))
+                seq.start_replay(await self._replay(begin, end))
                 seq.drain_committed(out)
-        rows = np.fromiter((e.message if isinstance(e.message, int) else e.message.row
-                            for e in out), dtype=np.int64, count=len(out))
+        rows = np.fromiter((e.message.row for e in out), dtype=np.int64, count=len(out))
         result = self._split(rows)
-        self._release()
+        self._release(block)
         return result
 
-    def _replay(self, begin: int, end: int) -> list[Envelope]:
+    async def _replay(self, begin: int, end: int) -> list[Envelope]:
+        """Envelopes of ``[begin, end)``: from the retained blocks when they reach back that
+        far, else re-read (a transaction open at a checkpoint the reading resumed from)."""
+        read = [b for b in self._blocks if not b.replayed and len(b.parsed)]
+        blocks = read
+        if not read or int(read[0].parsed.begins[0]) > begin:
+            if self._reread is None:
+                raise ReplayError(f"journal {self.journal}: [{begin}, {end}) must be re-read "
+                                  "to commit a transaction begun before this read")
+            blocks = []
+            for parsed, raw in await self._reread(begin, end):
+                blocks.append(_Block(self._rows, parsed, raw, replayed=True))
+                self._rows += len(parsed)
+            self._blocks.extend(blocks)
         out = []
-        for b in self._blocks:
+        for b in blocks:
             p = b.parsed
             lo, hi = np.searchsorted(p.begins, [begin, end])
             for i in range(int(lo), int(hi)):
                 if p.ends[i] > end:
                     break
-                uuid_int = int.from_bytes(b.raw[i].tobytes(), "big")
                 out.append(Envelope(self.journal, int(p.begins[i]), int(p.ends[i]),
-                                    _RowRef(b.first_row + i, uuid_int)))
+                                    _RowRef(b.first_row + i, b.raw, i)))
         return out
 
     def _split(self, rows: npt.NDArray[np.int64]
@@ -124,12 +151,15 @@ class CommittedFilter:
                 out.append((b.parsed, b.raw, np.sort(mine) - lo))
         return out
 
-    def _release(self) -> None:
-        """Forget blocks no open transaction can reach back into."""
+    def _release(self, current: _Block) -> None:
+        """Forget blocks no open transaction can reach back into, and re-read ones."""
         open_begins = [p.begin for p in self._seq.partials.values() if p.begin != -1]
-        horizon = min(open_begins) if open_begins else None
-        keep = [b for b in self._blocks[:-1] if horizon is not None and b.end > horizon]
-        self._blocks = keep + self._blocks[-1:] if horizon is not None else []
+        if not open_begins:
+            self._blocks = []
+            return
+        horizon = min(open_begins)
+        self._blocks = [b for b in self._blocks
+                        if b is current or (not b.replayed and b.end > horizon)]
 
     def checkpoint(self) -> tuple[int, tuple[ProducerTuple, ...]]:
         """The read-through offset and producer states to resume from."""

@@ -25,6 +25,7 @@ Invariants:
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -131,6 +132,11 @@ def _parse_json(journal: str, base: int, buf: bytes, fields: pa.Schema,
                                               unexpected_field_behavior="ignore"),
         )
     except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        row = re.search(r"in row (\d+)", str(err))
+        if row and int(row.group(1)) < len(begins):
+            at = int(begins[int(row.group(1))])
+            raise ContentError(f"journal {journal}: the message at offset {at} is not JSON of "
+                               f"the schema: {err}") from None
         raise _located(journal, base, buf, "JSON lines of the schema", err) from None
     if table.num_rows != len(begins):
         raise _located(journal, base, buf, "one JSON document per line",
@@ -187,15 +193,21 @@ def _frames(buf: bytes, starts: Int64s, stops: Int64s) -> pa.Array:
     """Each ``buf[starts[i]:stops[i]]`` without its final newline, as a binary array."""
     if not len(starts):
         return pa.array([], pa.binary())
-    offsets = np.append(starts, stops[-1]).astype(np.int32 if stops[-1] < 2**31 else np.int64)
-    kind = pa.binary() if offsets.dtype == np.int32 else pa.large_binary()
-    whole = pa.Array.from_buffers(kind, len(starts), [None, pa.py_buffer(offsets), pa.py_buffer(buf)])
+    if not np.array_equal(starts[1:], stops[:-1]) or stops[-1] >= 2**31:
+        # Blank lines between frames (or a huge block): slice each frame.
+        mv = memoryview(buf)
+        return pa.array([mv[b: e - 1 if buf[e - 1] == 10 else e]
+                         for b, e in zip(starts.tolist(), stops.tolist(), strict=True)],
+                        pa.binary())
+    # Contiguous frames: one zero-copy array over the block, then the newlines cut off.
+    offsets = np.append(starts, stops[-1]).astype(np.int32)
+    whole = pa.Array.from_buffers(pa.binary(), len(starts),
+                                  [None, pa.py_buffer(offsets), pa.py_buffer(buf)])
     trimmed = pc.binary_slice(whole, 0, -1)
-    # A final frame without its newline keeps its last byte.
-    if buf[stops[-1] - 1] != 10:
-        trimmed = pa.concat_arrays([trimmed.slice(0, len(trimmed) - 1),
-                                    pa.array([buf[starts[-1]:stops[-1]]], kind)])
-    return trimmed.cast(pa.binary())
+    if buf[stops[-1] - 1] != 10:  # A final frame without its newline keeps its last byte.
+        last = buf[starts[-1]: stops[-1]]
+        trimmed = pa.concat_arrays([trimmed.slice(0, len(trimmed) - 1), pa.array([last], pa.binary())])
+    return trimmed
 
 
 def _parse_fixed(journal: str, base: int, buf: bytes) -> Parsed:

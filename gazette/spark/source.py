@@ -22,6 +22,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -52,9 +53,17 @@ from gazette.spark.committed import CommittedFilter, ProducerTuple
 from gazette.spark.content import cut_for, slice_blocks
 from gazette.spark.errors import ContentError, OptionError
 from gazette.spark.options import Mode, SourceOptions, parse_options
-from gazette.spark.plan import JournalInfo, JournalSlice, list_matching, plan_journal, run_planning
+from gazette.spark.plan import (
+    JournalInfo,
+    JournalSlice,
+    Segment,
+    list_matching,
+    plan_journal,
+    run_planning,
+)
 from gazette.spark.rows import (
     ACK_FLAG,
+    Parsed,
     build_batch,
     flags_of,
     message_fields,
@@ -162,11 +171,13 @@ def read_slice(opts: SourceOptions, schema: StructType, sl: JournalSlice) -> Ite
         raise ContentError(f"journal {sl.journal}: mode=committed needs the messages' UUIDs, "
                            f"which {sl.content_type or 'unframed'} content does not expose: "
                            "use mode=raw")
-    committed = (CommittedFilter(sl.journal, sl.begin, sl.producers)
-                 if opts.mode is Mode.COMMITTED else None)
-
     loop = asyncio.new_event_loop()
     client = JournalClient(opts.broker)
+    committed = None
+    if opts.mode is Mode.COMMITTED:
+        committed = CommittedFilter(
+            sl.journal, sl.begin, sl.producers,
+            reread=lambda b, e: reread(client, opts, sl, b, e, decode, fields, uuid_field))
     blocks = slice_blocks(client, sl, cut_for(sl.content_type), opts.block_bytes, opts.file_root)
     started, rows, read = time.monotonic(), 0, 0
     try:
@@ -181,7 +192,7 @@ def read_slice(opts: SourceOptions, schema: StructType, sl: JournalSlice) -> Ite
             raw = uuid_bytes(sl.journal, parsed) if uuid_field is not None else None
             if committed is not None:
                 assert raw is not None
-                for p, r, kept in committed.feed(parsed, raw):
+                for p, r, kept in loop.run_until_complete(committed.feed(parsed, raw)):
                     kept = kept[flags_of(r[kept]) != ACK_FLAG]
                     rows += len(kept)
                     yield build_batch(sl.journal, p, arrow_schema, kept, r)
@@ -205,6 +216,21 @@ def read_slice(opts: SourceOptions, schema: StructType, sl: JournalSlice) -> Ite
                  sl.begin + read, rows, read / 1e6, elapsed)
 
 
+async def reread(client: JournalClient, opts: SourceOptions, sl: JournalSlice, begin: int,
+                 end: int, decode: bool, fields: pa.Schema, uuid_field: str | None,
+                 ) -> list[tuple[Parsed, npt.NDArray[np.uint8]]]:
+    """``[begin, end)`` of the slice's journal, from the brokers, parsed as the slice is."""
+    again = JournalSlice(sl.journal, sl.content_type, begin, end,
+                         (Segment(begin, end, begin, end, 0, ""),))
+    out = []
+    async for base, buf in slice_blocks(client, again, cut_for(sl.content_type),
+                                        opts.block_bytes, None):
+        parsed = parse_block(sl.journal, sl.content_type, base, buf, decode=decode,
+                             fields=fields, uuid_field=uuid_field)
+        out.append((parsed, uuid_bytes(sl.journal, parsed)))
+    return out
+
+
 # -- streaming ----------------------------------------------------------------------------
 
 
@@ -220,11 +246,6 @@ def _decode_state(value: Any) -> tuple[int, tuple[ProducerTuple, ...]]:
         p, ack, begin = str(text).split(":")
         producers.append((p, int(ack), int(begin)))
     return int(value["offset"]), tuple(producers)
-
-
-def _resume(offset: int, producers: tuple[ProducerTuple, ...]) -> int:
-    """Where a committed read resumes: the oldest open transaction, or the offset."""
-    return min([offset, *(b for _, _, b in producers if b != -1)])
 
 
 class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -304,17 +325,19 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if end <= offset:
                     out[j.name] = _encode_state(offset, producers)
                     continue
-                _, slices = await plan_journal(client, j, opts, _resume(offset, producers), end,
-                                               producers)
-                seq = CommittedFilter(j.name, offset, producers)
+                _, slices = await plan_journal(client, j, opts, offset, end, producers)
+                no_fields = pa.schema([])
                 for sl in slices:
+                    seq = CommittedFilter(j.name, offset, producers, reread=functools.partial(
+                        reread, client, opts, sl, decode=False, fields=no_fields,
+                        uuid_field=opts.uuid_field))
                     async for base, buf in slice_blocks(client, sl, cut_for(sl.content_type),
                                                         opts.block_bytes, opts.file_root):
                         parsed = parse_block(j.name, sl.content_type, base, buf, decode=False,
-                                             fields=pa.schema([]), uuid_field=opts.uuid_field)
-                        seq.feed(parsed, uuid_bytes(j.name, parsed))
-                _, states = seq.checkpoint()
-                out[j.name] = _encode_state(end, states)
+                                             fields=no_fields, uuid_field=opts.uuid_field)
+                        await seq.feed(parsed, uuid_bytes(j.name, parsed))
+                    _, producers = seq.checkpoint()
+                out[j.name] = _encode_state(end, producers)
 
         run_planning(opts.broker, advance)
         return out
@@ -335,8 +358,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 stop, _ = _decode_state(end[j.name])
                 if stop <= offset:
                     continue
-                begin = _resume(offset, producers) if opts.mode is Mode.COMMITTED else offset
-                _, slices = await plan_journal(client, j, opts, begin, stop, producers)
+                _, slices = await plan_journal(client, j, opts, offset, stop, producers)
                 out.extend(slices)
             return out
 
