@@ -433,6 +433,28 @@ class Sequencer:
             self._emit = partial
         return outcome
 
+    def open_clock(self, journal: str, producer: int) -> int | None:
+        """The largest clock sequenced of ``producer`` (a 48-bit int) in ``journal``: None if
+        the producer is unknown, -1 while it has an open sequence (pending or to dequeue)."""
+        p = self.partials.get((journal, producer))
+        if p is None:
+            return None
+        if p.begin != -1 or p.ring_stop != -1 or p is self._emit:
+            return -1
+        return p.max_clock
+
+    def acknowledge(self, journal: str, producer: int, clock: int) -> None:
+        """Record that the caller sequenced ``producer``'s messages of ``journal`` through
+        ``clock`` itself, in journal order, leaving nothing open: the state is as if they had
+        been queued and stepped through, the last committed at ``clock``. Precondition:
+        :meth:`open_clock` is not -1, and is below ``clock``. (The read-through offset is
+        the caller's to set, in :attr:`offsets`.)"""
+        p = self.partials.get((journal, producer))
+        if p is None:
+            self._index(_Partial((journal, producer), clock, clock, -1))
+        else:
+            p.min_clock = p.max_clock = clock
+
     # -- dequeueing -----------------------------------------------------------------------
 
     def step(self) -> Envelope | None:

@@ -30,7 +30,7 @@ from gazette.message.errors import ReplayError
 from gazette.message.message import Envelope
 from gazette.message.sequencer import ProducerState, Sequencer
 from gazette.message.uuid import ProducerID, uuid_columns
-from gazette.spark.rows import Parsed
+from gazette.spark.rows import Parsed, flags_of
 
 __all__ = ["CommittedFilter", "ProducerTuple"]
 
@@ -38,9 +38,22 @@ ProducerTuple = tuple[str, int, int]
 """A producer state as streaming offsets carry it: (producer hex, last ACK clock, begin)."""
 
 RING_SIZE: Final = 1 << 16
+_OUTSIDE, _CONTINUE, _ACK = 0, 1, 2
 
 Reread = Callable[[int, int], Awaitable[list[tuple[Parsed, npt.NDArray[np.uint8]]]]]
 """Reads ``[begin, end)`` of the journal again, as parsed blocks with their UUID bytes."""
+
+
+def _uuid_fields(raw: npt.NDArray[np.uint8]
+                 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint16]]:
+    """Producer (48-bit), clock and flags of each UUID, as Gazette reads them."""
+    b = raw.astype(np.uint64)
+    producers = (b[:, 10] << 40 | b[:, 11] << 32 | b[:, 12] << 24 | b[:, 13] << 16
+                 | b[:, 14] << 8 | b[:, 15])
+    ticks = ((b[:, 6] & 0x0F) << 56 | b[:, 7] << 48 | b[:, 4] << 40 | b[:, 5] << 32
+             | b[:, 0] << 24 | b[:, 1] << 16 | b[:, 2] << 8 | b[:, 3])
+    clocks = ticks << np.uint64(4) | ((b[:, 8] >> np.uint64(2)) & np.uint64(0x0F))
+    return producers.astype(np.uint64), clocks.astype(np.uint64), flags_of(raw)
 
 
 class _RowRef:
@@ -91,27 +104,104 @@ class CommittedFilter:
         n = len(parsed)
         block = _Block(self._rows, parsed, raw)
         self._blocks.append(block)
-        first = self._rows
         self._rows += n
+        if n == 0:
+            return []
+        producers, clocks, flags = _uuid_fields(raw)
+        committed: list[npt.NDArray[np.int64]] = []
+        # Producers with a sequence open from earlier blocks: the Sequencer takes their
+        # messages up to their first commit point (an ACK, or an OUTSIDE_TXN clobbering it).
+        slow = np.zeros(n, dtype=bool)
+        for producer in np.unique(producers[clocks != 0]).tolist():
+            if self._seq.open_clock(self.journal, producer) != -1:
+                continue
+            mine = np.flatnonzero((producers == producer) & (clocks != 0))
+            points = np.flatnonzero(flags[mine] != _CONTINUE)
+            slow[mine if not len(points) else mine[: points[0] + 1]] = True
+        if slow.any():
+            committed.append(await self._sequence(block, np.flatnonzero(slow), producers))
+        rest = np.flatnonzero(~slow)
+        fast = self._fast(rest, producers, clocks, flags)
+        if fast is None:
+            committed.append(await self._sequence(block, rest, producers))
+        else:
+            done, pending = fast
+            committed.append(done + block.first_row)
+            if len(pending):
+                more = await self._sequence(block, pending, producers)
+                assert not len(more), "an open transaction's continuation committed nothing"
+        self._seq.offsets[self.journal] = int(parsed.ends[-1])
+        result = self._split(np.concatenate(committed))
+        self._release(block)
+        return result
+
+    def _fast(self, rows: npt.NDArray[np.int64], producers: npt.NDArray[np.uint64],
+              clocks: npt.NDArray[np.uint64], flags: npt.NDArray[np.uint16],
+              ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
+        """Sequence ``rows`` with array operations when they are well-formed: per producer,
+        no sequence open, clocks strictly increasing from above its last one, known flags, and
+        no OUTSIDE_TXN interrupting a transaction. Returns the committed rows (in block
+        order) and the rows left pending (trailing transactions, not yet acknowledged), having
+        brought the Sequencer's state up to date; None (nothing changed) when not well-formed.
+        """
+        if not len(rows):
+            return rows, rows
+        f = flags[rows]
+        if (f > _ACK).any():
+            return None
+        c = clocks[rows]
+        tracked = c != 0
+        untracked = rows[~tracked]  # Zero UUIDs: delivered as read.
+        rows, c, f = rows[tracked], c[tracked], f[tracked]
+        if not len(rows):
+            return untracked, rows
+        p = producers[rows]
+        order = np.argsort(p, kind="stable")  # By producer, journal order within each.
+        ps, cs, fs = p[order], c[order], f[order]
+        same = ps[1:] == ps[:-1]
+        if (same & (cs[1:] <= cs[:-1])).any():
+            return None  # Duplicates or clocks going back: the Sequencer's cases.
+        if (same & (fs[1:] == _OUTSIDE) & (fs[:-1] == _CONTINUE)).any():
+            return None  # An OUTSIDE_TXN clobbering an open transaction.
+        starts = np.flatnonzero(np.concatenate([[True], ~same]))
         journal = self.journal
-        begins, ends = parsed.begins.tolist(), parsed.ends.tolist()
+        for g in starts.tolist():
+            last = self._seq.open_clock(journal, int(ps[g]))
+            if last == -1 or (last is not None and int(cs[g]) <= last):
+                return None
+        positions = np.arange(len(ps))
+        group = np.cumsum(np.concatenate([[0], ~same]))
+        # Each group's last commit point (ACK or OUTSIDE_TXN): what follows it stays open.
+        points = np.where(fs != _CONTINUE, positions, -1)
+        last_point = np.maximum.reduceat(points, starts)
+        committed = positions <= last_point[group]
+        for g, stop in zip(starts.tolist(), last_point.tolist(), strict=True):
+            if stop >= 0:
+                self._seq.acknowledge(journal, int(ps[g]), int(cs[stop]))
+        done = np.sort(np.concatenate([untracked, rows[order[committed]]]))
+        pending = np.sort(rows[order[~committed]])
+        return done, pending
+
+    async def _sequence(self, block: _Block, rows: npt.NDArray[np.int64],
+                        producers: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        """Give ``rows`` of ``block`` (in journal order) to the Sequencer; returns the rows
+        (all blocks' numbering) it commits."""
+        journal, first, raw, p = self.journal, block.first_row, block.raw, block.parsed
+        begins, ends = p.begins[rows].tolist(), p.ends[rows].tolist()
         envs = [Envelope(journal, b, e, _RowRef(first + i, raw, i))
-                for i, (b, e) in enumerate(zip(begins, ends, strict=True))]
-        cols = uuid_columns(raw.tobytes())
+                for i, b, e in zip(rows.tolist(), begins, ends, strict=True)]
+        cols = uuid_columns(raw[rows].tobytes())
         out: list[Envelope] = []
         seq = self._seq
         i = 0
-        while i < n:
+        while i < len(envs):
             i = seq.queue_and_drain(envs, out, i, cols)
             if seq.dequeuing():
                 # ACK_COMMIT_REPLAY: the sequence began before the ring's oldest entry.
                 _, begin, end = seq.replay_range()
                 seq.start_replay(await self._replay(begin, end))
                 seq.drain_committed(out)
-        rows = np.fromiter((e.message.row for e in out), dtype=np.int64, count=len(out))
-        result = self._split(rows)
-        self._release(block)
-        return result
+        return np.fromiter((e.message.row for e in out), dtype=np.int64, count=len(out))
 
     async def _replay(self, begin: int, end: int) -> list[Envelope]:
         """Envelopes of ``[begin, end)``: from the retained blocks when they reach back that

@@ -52,16 +52,20 @@ class SourceOptions:
     #: ``file://`` stores are read below this directory (the brokers' --broker.file-root);
     #: without it their fragments are read through the brokers.
     file_root: str | None = None
-    #: Fragments are grouped into partitions of about this many bytes (never split).
-    partition_bytes: int = 64 << 20
+    #: Fragments are grouped into partitions of about this many bytes (never split); 0:
+    #: enough partitions to keep every core of the machine busy, each at most 64 MiB.
+    partition_bytes: int = 0
     #: Content is parsed in blocks of about this many bytes (memory per task is a few blocks).
-    block_bytes: int = 8 << 20
+    block_bytes: int = 1 << 20
     #: Lifetime of the signed fragment URLs planning hands to tasks, in seconds.
     signature_ttl: int = 6 * 3600
     #: Streaming: where a query without a checkpoint starts (earliest or latest).
     starting: str = "earliest"
     #: Streaming: an upper bound of bytes per micro-batch (0: none).
     max_bytes_per_trigger: int = 0
+    #: Decoded modes: drop (and log) messages that do not parse under the schema, rather
+    #: than fail the read (``malformed=skip``; the default is ``fail``).
+    skip_malformed: bool = False
 
     def end_of(self, journal: str, head: int) -> int:
         """Where a read of ``journal`` whose write head is ``head`` stops."""
@@ -72,6 +76,7 @@ class SourceOptions:
 _KNOWN: Final = {
     "selector", "broker", "mode", "uuid_field", "begin_mod_time", "end_offset", "file_root",
     "partition_bytes", "block_bytes", "signature_ttl", "starting", "max_bytes_per_trigger",
+    "malformed",
     # Spark's own, passed through to every source.
     "path", "schema",
 }
@@ -153,6 +158,9 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     starting = (opts.get("starting") or "earliest").lower()
     if starting not in ("earliest", "latest"):
         raise OptionError("starting", f"must be earliest or latest, not {starting!r}")
+    malformed = (opts.get("malformed") or "fail").lower()
+    if malformed not in ("fail", "skip"):
+        raise OptionError("malformed", f"must be fail or skip, not {malformed!r}")
     end_offset, end_offsets = _end_offsets(opts.get("end_offset"))
     return SourceOptions(
         selector=selector,
@@ -163,9 +171,10 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         end_offset=end_offset,
         end_offsets=end_offsets,
         file_root=opts.get("file_root") or None,
-        partition_bytes=_int(opts, "partition_bytes", 64 << 20, 1),
-        block_bytes=_int(opts, "block_bytes", 8 << 20, 1 << 10),
+        partition_bytes=_int(opts, "partition_bytes", 0),
+        block_bytes=_int(opts, "block_bytes", 1 << 20, 1 << 10),
         signature_ttl=_int(opts, "signature_ttl", 6 * 3600, 1),
         starting=starting,
         max_bytes_per_trigger=_int(opts, "max_bytes_per_trigger", 0),
+        skip_malformed=malformed == "skip",
     )

@@ -13,9 +13,10 @@ Invariants:
 * Segments start and end on fragment boundaries (or a requested offset), which are append
   boundaries; appends hold whole messages, so every segment begins and ends on a message
   boundary.
-* Consecutive segments of a journal are grouped into slices of about ``partition_bytes``; a
-  slice is one Spark task. Committed mode plans one slice per journal range, because the
-  Sequencer must see a journal's messages in order.
+* Consecutive segments of a journal are grouped into slices of about ``partition_bytes`` (by
+  default sized from the total so that every core has work); a slice is one Spark task.
+  Committed mode plans one slice per journal range, because the Sequencer must see a
+  journal's messages in order.
 * Fragments persisted before ``begin_mod_time`` are skipped; content not yet persisted is
   always newer, so it is kept.
 """
@@ -23,9 +24,10 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import grpc
 
@@ -37,9 +39,13 @@ from gazette.protocol import protocol_pb2 as pb
 from gazette.spark.errors import BrokerUnreachableError
 from gazette.spark.options import Mode, SourceOptions
 
-__all__ = ["JournalInfo", "JournalSlice", "Segment", "list_matching", "plan_journal", "run_planning"]
+__all__ = ["JournalInfo", "JournalSlice", "Segment", "balance", "list_matching", "plan_journal",
+           "run_planning"]
 
 T = TypeVar("T")
+
+AUTO_MIN_PARTITION: Final = 4 << 20
+AUTO_MAX_PARTITION: Final = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +175,23 @@ async def plan_journal(client: JournalClient, journal: JournalInfo, opts: Source
     segments = _segments(resp.fragments, begin, stop, opts.begin_mod_time, opts.file_root)
     if not segments:
         return head, []
+    # One slice per journal until balance() splits them.
+    return head, _group(journal, segments, 1 << 62, producers)
+
+
+def balance(slices: list[JournalSlice], opts: SourceOptions) -> list[JournalSlice]:
+    """Slices split into tasks of about ``partition_bytes`` (by default, enough for two per
+    core of this machine, between 4 and 64 MiB). Committed mode keeps one per journal: the
+    Sequencer reads a journal's messages in order."""
     if opts.mode is Mode.COMMITTED:
-        # One slice: the Sequencer reads a journal's messages in order.
-        return head, _group(journal, segments, 1 << 62, producers)
-    return head, _group(journal, segments, opts.partition_bytes)
+        return slices
+    target = opts.partition_bytes
+    if not target:
+        total = sum(sl.size for sl in slices)
+        target = min(AUTO_MAX_PARTITION, max(AUTO_MIN_PARTITION,
+                                             total // (2 * (os.cpu_count() or 1)) + 1))
+    out: list[JournalSlice] = []
+    for sl in slices:
+        out += _group(JournalInfo(sl.journal, sl.content_type), list(sl.segments), target,
+                      sl.producers)
+    return out

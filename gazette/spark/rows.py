@@ -17,7 +17,8 @@ Invariants:
 
 * Rows keep the journal's order; ``begins[i]``/``ends[i]`` are row i's journal offsets.
 * Blank lines are not messages (as Gazette's JSON framing skips them); every other line is,
-  and a line that does not parse is a ContentError naming the journal and the block's offsets.
+  and a message that does not parse is a ContentError naming the journal and its offset, or
+  with ``malformed=skip`` is dropped and counted in a warning.
 * ACK messages (UUID flags ACK_TXN) are kept in :class:`Parsed` (the Sequencer needs them) and
   dropped by the decoded modes when rows are built.
 """
@@ -25,7 +26,8 @@ Invariants:
 from __future__ import annotations
 
 import io
-import re
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -53,6 +55,8 @@ __all__ = [
     "parse_block",
     "uuid_bytes",
 ]
+
+log = logging.getLogger(__name__)
 
 META_COLUMNS: Final = ("_journal", "_offset", "_value", "_uuid", "_producer", "_publish_time")
 ACK_FLAG: Final = 2
@@ -116,37 +120,75 @@ def _located(journal: str, base: int, buf: bytes, what: str, err: Exception) -> 
         f"journal {journal}: content [{base}, {base + len(buf)}) is not {what}: {err}")
 
 
+def _parse_frames(journal: str, base: int, buf: bytes, starts: Int64s, stops: Int64s,
+                  parse: Callable[[bytes], pa.Table], schema: pa.Schema, what: str,
+                  skip: bool) -> tuple[pa.Table, Int64s]:
+    """The table of frames ``[starts[i], stops[i])`` of ``buf`` and the indexes of the frames
+    it holds: all of them, or (``skip``) those that parse, the others found by bisection
+    (bad frames are found by bisection: a block with a few costs a few more parses, not one
+    per message; an error names the offset of the first)."""
+    parts: list[pa.Table] = []
+    kept: list[Int64s] = []
+    skipped: list[tuple[int, Exception]] = []
+
+    def attempt(lo: int, hi: int) -> None:
+        try:
+            table = parse(buf[starts[lo]: stops[hi - 1]])
+            if table.num_rows == hi - lo:
+                parts.append(table)
+                kept.append(np.arange(lo, hi, dtype=np.int64))
+                return
+            err: Exception = ValueError(f"{table.num_rows} records in {hi - lo} messages")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as e:
+            err = e
+        if hi - lo == 1:
+            at = base + int(starts[lo])
+            if not skip:
+                raise ContentError(f"journal {journal}: the message at offset {at} is not "
+                                   f"{what}: {err} (option malformed=skip skips such messages)")
+            skipped.append((at, err))
+            return
+        mid = (lo + hi) // 2
+        attempt(lo, mid)
+        attempt(mid, hi)
+
+    attempt(0, len(starts))
+    if skipped:
+        at, err = skipped[0]
+        log.warning("journal %s: skipped %d malformed message(s) of [%d, %d), the first at "
+                    "offset %d: %s", journal, len(skipped), base, base + len(buf), at, err)
+    if not parts:
+        return schema.empty_table(), np.zeros(0, dtype=np.int64)
+    table = pa.concat_tables(parts) if len(parts) != 1 else parts[0]
+    return table, np.concatenate(kept)
+
+
 def _parse_json(journal: str, base: int, buf: bytes, fields: pa.Schema,
-                uuid_field: str | None) -> Parsed:
-    begins, ends, _ = _line_spans(buf, base)
+                uuid_field: str | None, skip: bool) -> Parsed:
+    begins, ends, starts = _line_spans(buf, base)
     explicit = fields
     if uuid_field is not None and uuid_field not in fields.names:
         explicit = fields.append(pa.field(uuid_field, pa.string()))
     if not len(begins):
         return Parsed(begins, ends, explicit.empty_table(), None, None)
-    try:
-        table = pajson.read_json(
-            pa.BufferReader(buf),
-            read_options=pajson.ReadOptions(use_threads=False, block_size=len(buf) + 1),
-            parse_options=pajson.ParseOptions(explicit_schema=explicit,
-                                              unexpected_field_behavior="ignore"),
-        )
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
-        row = re.search(r"in row (\d+)", str(err))
-        if row and int(row.group(1)) < len(begins):
-            at = int(begins[int(row.group(1))])
-            raise ContentError(f"journal {journal}: the message at offset {at} is not JSON of "
-                               f"the schema: {err}") from None
-        raise _located(journal, base, buf, "JSON lines of the schema", err) from None
-    if table.num_rows != len(begins):
-        raise _located(journal, base, buf, "one JSON document per line",
-                       ValueError(f"{table.num_rows} documents in {len(begins)} lines"))
+    read_options = pajson.ReadOptions(use_threads=False, block_size=len(buf) + 1)
+    parse_options = pajson.ParseOptions(explicit_schema=explicit,
+                                        unexpected_field_behavior="ignore")
+
+    def parse(data: bytes) -> pa.Table:
+        return pajson.read_json(pa.BufferReader(data), read_options=read_options,
+                                parse_options=parse_options)
+
+    table, kept = _parse_frames(journal, base, buf, starts, ends - base, parse, explicit,
+                                "JSON of the schema", skip)
+    if len(kept) != len(begins):
+        begins, ends = begins[kept], ends[kept]
     uuids = table.column(uuid_field).combine_chunks() if uuid_field is not None else None
     return Parsed(begins, ends, table, None, uuids)
 
 
 def _parse_csv(journal: str, base: int, buf: bytes, fields: pa.Schema, *,
-               decode: bool, uuids: bool) -> Parsed:
+               decode: bool, uuids: bool, skip: bool) -> Parsed:
     framing = framing_for_content_type(CONTENT_TYPE_CSV)
     if b'"' in buf:
         unpacked = framing.unpack(buf, final=True)
@@ -168,21 +210,25 @@ def _parse_csv(journal: str, base: int, buf: bytes, fields: pa.Schema, *,
     if not len(begins):
         parsed.fields, parsed.uuids = fields.empty_table(), pa.array([], pa.string())
         return parsed
-    try:
-        table = pacsv.read_csv(
-            io.BytesIO(buf),
+
+    def parse(data: bytes) -> pa.Table:
+        return pacsv.read_csv(
+            io.BytesIO(data),
             read_options=pacsv.ReadOptions(use_threads=False, autogenerate_column_names=True,
-                                           block_size=len(buf) + 1),
+                                           block_size=len(data) + 1),
             parse_options=pacsv.ParseOptions(newlines_in_values=True),
             convert_options=pacsv.ConvertOptions(
                 column_types={c: types[c] for c in columns}, include_columns=columns,
                 strings_can_be_null=True, quoted_strings_can_be_null=False),
         )
-    except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
-        raise _located(journal, base, buf, "CSV records of the schema", err) from None
-    if table.num_rows != len(begins):
-        raise _located(journal, base, buf, "one CSV record per message",
-                       ValueError(f"{table.num_rows} records in {len(begins)} frames"))
+
+    table, kept = _parse_frames(journal, base, buf, starts, ends - base, parse,
+                                pa.schema([(c, types[c]) for c in columns]),
+                                "a CSV record of the schema", skip)
+    if len(kept) != len(begins):
+        parsed.begins, parsed.ends = begins[kept], ends[kept]
+        if parsed.values is not None:
+            parsed.values = parsed.values.take(pa.array(kept))
     parsed.uuids = table.column(0).combine_chunks()
     if decode:
         parsed.fields = table.drop_columns(["f0"]).rename_columns(fields.names)
@@ -225,22 +271,26 @@ def _parse_fixed(journal: str, base: int, buf: bytes) -> Parsed:
 
 
 def parse_block(journal: str, content_type: str, base: int, buf: bytes, *,
-                decode: bool, fields: pa.Schema, uuid_field: str | None) -> Parsed:
+                decode: bool, fields: pa.Schema, uuid_field: str | None,
+                skip_malformed: bool = False) -> Parsed:
     """The messages of one block of ``journal`` content starting at offset ``base``.
 
     ``decode``: parse message fields (else frames only, for raw mode). ``uuid_field``: the
     JSON key of UUIDs to read (None: do not read them; CSV's UUID is always column 0).
+    ``skip_malformed``: drop (and log) messages that do not parse, else raise ContentError.
     """
     if content_type == CONTENT_TYPE_JSON_LINES:
         if not decode:
             begins, ends, starts = _line_spans(buf, base)
             parsed = Parsed(begins, ends, values=_frames(buf, starts, ends - base))
             if uuid_field is not None:
-                parsed.uuids = _parse_json(journal, base, buf, pa.schema([]), uuid_field).uuids
+                parsed.uuids = _parse_json(journal, base, buf, pa.schema([]), uuid_field,
+                                           skip_malformed).uuids
             return parsed
-        return _parse_json(journal, base, buf, fields, uuid_field)
+        return _parse_json(journal, base, buf, fields, uuid_field, skip_malformed)
     if content_type == CONTENT_TYPE_CSV:
-        return _parse_csv(journal, base, buf, fields, decode=decode, uuids=uuid_field is not None)
+        return _parse_csv(journal, base, buf, fields, decode=decode,
+                          uuids=uuid_field is not None, skip=skip_malformed)
     if content_type == CONTENT_TYPE_PROTO_FIXED and not decode:
         return _parse_fixed(journal, base, buf)
     if decode:
@@ -261,13 +311,13 @@ def uuid_bytes(journal: str, parsed: Parsed) -> npt.NDArray[np.uint8]:
         return np.zeros((n, 16), dtype=np.uint8)
     texts = pc.fill_null(texts, _ZERO_UUID_TEXT)
     texts = pc.if_else(pc.equal(texts, ""), _ZERO_UUID_TEXT, texts)  # CSV ACKs: empty.
-    lengths = pc.binary_length(texts).to_numpy(zero_copy_only=False)
+    texts = pa.concat_arrays([texts]) if texts.offset else texts
+    value_offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32, count=n + 1)
+    lengths = np.diff(value_offsets)
     if not (lengths == 36).all():
         bad = int(np.flatnonzero(lengths != 36)[0])
         raise ContentError(f"journal {journal}: the message at offset {parsed.begins[bad]} has "
                            f"UUID {texts[bad].as_py()!r}, which is not canonical")
-    texts = pa.concat_arrays([texts]) if texts.offset else texts
-    value_offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32, count=n + 1)
     data = np.frombuffer(texts.buffers()[2], dtype=np.uint8)
     chars = data[value_offsets[0]: value_offsets[0] + 36 * n].reshape(n, 36)
     nibbles = _NIBBLE[chars[:, _HEX_COLUMNS]]

@@ -57,6 +57,7 @@ from gazette.spark.plan import (
     JournalInfo,
     JournalSlice,
     Segment,
+    balance,
     list_matching,
     plan_journal,
     run_planning,
@@ -150,7 +151,7 @@ class GazetteReader(DataSourceReader):
                 out.extend(slices)
             return out
 
-        slices = run_planning(opts.broker, plan)
+        slices = balance(run_planning(opts.broker, plan), opts)
         log.info("gazette: %d partitions, %.1f MB", len(slices),
                  sum(s.size for s in slices) / 1e6)
         return _partitions(slices)
@@ -188,7 +189,8 @@ def read_slice(opts: SourceOptions, schema: StructType, sl: JournalSlice) -> Ite
                 break
             read += len(buf)
             parsed = parse_block(sl.journal, sl.content_type, base, buf, decode=decode,
-                                 fields=fields, uuid_field=uuid_field)
+                                 fields=fields, uuid_field=uuid_field,
+                                 skip_malformed=opts.skip_malformed)
             raw = uuid_bytes(sl.journal, parsed) if uuid_field is not None else None
             if committed is not None:
                 assert raw is not None
@@ -226,7 +228,8 @@ async def reread(client: JournalClient, opts: SourceOptions, sl: JournalSlice, b
     async for base, buf in slice_blocks(client, again, cut_for(sl.content_type),
                                         opts.block_bytes, None):
         parsed = parse_block(sl.journal, sl.content_type, base, buf, decode=decode,
-                             fields=fields, uuid_field=uuid_field)
+                             fields=fields, uuid_field=uuid_field,
+                             skip_malformed=opts.skip_malformed)
         out.append((parsed, uuid_bytes(sl.journal, parsed)))
     return out
 
@@ -334,7 +337,8 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     async for base, buf in slice_blocks(client, sl, cut_for(sl.content_type),
                                                         opts.block_bytes, opts.file_root):
                         parsed = parse_block(j.name, sl.content_type, base, buf, decode=False,
-                                             fields=no_fields, uuid_field=opts.uuid_field)
+                                             fields=no_fields, uuid_field=opts.uuid_field,
+                                             skip_malformed=opts.skip_malformed)
                         await seq.feed(parsed, uuid_bytes(j.name, parsed))
                     _, producers = seq.checkpoint()
                 out[j.name] = _encode_state(end, producers)
@@ -362,7 +366,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 out.extend(slices)
             return out
 
-        return _partitions(run_planning(opts.broker, plan))
+        return _partitions(balance(run_planning(opts.broker, plan), opts))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_slice(self.opts, self.schema, partition.value)

@@ -90,6 +90,8 @@ def test_bad_content_names_the_journal_and_offsets() -> None:
     with pytest.raises(ContentError, match="journal j: the message at offset 19 is not JSON"):
         parse_block("j", JSONL, 10, b'{"n": 1}\n{"n": \n', decode=True, fields=FIELDS,
                     uuid_field="UUID")
+    with pytest.raises(ContentError, match=r"journal j: the message at offset 6 is not a CSV"):
+        parse_block("j", CSV, 0, b"u,1,a\nu,x,b\n", decode=True, fields=FIELDS, uuid_field="UUID")
     parsed = parse_block("j", JSONL, 0, b'{"UUID": "not-a-uuid", "n": 1}\n', decode=True,
                          fields=FIELDS, uuid_field="UUID")
     with pytest.raises(ContentError, match="offset 0 has UUID 'not-a-uuid'"):
@@ -149,8 +151,43 @@ def test_committed_filter_commits_what_the_sequencer_commits(
     assert sorted(got) == want
 
 
+@st.composite
+def transactions(draw: Any) -> list[Any]:
+    """Mostly well-formed publishing (transactions of several messages with an ACK, or
+    OUTSIDE_TXN messages, clocks rising per producer), with occasional anomalies: the
+    Sequencer's fast and general paths both."""
+    clocks = {p: draw(st.integers(1, 5)) for p in (b"\x01" * 6, b"\x02" * 6, b"\x03" * 6)}
+    out: list[Any] = []
+    for _ in range(draw(st.integers(1, 25))):
+        p = draw(st.sampled_from(sorted(clocks)))
+        kind = draw(st.sampled_from(["txn", "txn", "txn", "outside", "open", "anomaly"]))
+        if kind == "anomaly":
+            out.append((p, draw(st.integers(1, clocks[p] + 2)), draw(st.sampled_from([0, 1, 2])),
+                        0, "x", False))
+            continue
+        if kind == "outside":
+            clocks[p] += 1
+            out.append((p, clocks[p], 0, clocks[p], "o", False))
+            continue
+        for _ in range(draw(st.integers(1, 6))):
+            clocks[p] += 1
+            out.append((p, clocks[p], 1, clocks[p], "c", draw(st.booleans())))
+        if kind == "txn":
+            clocks[p] += 1
+            out.append((p, clocks[p], 2, 0, "", False))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(transactions(), st.lists(st.integers(1, 20), min_size=1, max_size=10), st.integers(1, 16))
+def test_committed_filter_fast_path_matches_the_sequencer(
+        msgs: list[Any], cuts: list[int], ring: int) -> None:
+    test_committed_filter_commits_what_the_sequencer_commits.hypothesis.inner_test(  # type: ignore[attr-defined]
+        msgs, cuts, ring)
+
+
 @settings(max_examples=100, deadline=None)
-@given(messages, st.integers(0, 60))
+@given(st.one_of(messages, transactions()), st.integers(0, 60))
 def test_committed_checkpoint_resumes_exactly(msgs: list[Any], split: int) -> None:
     """A filter restored from another's checkpoint emits what the other would have."""
     buf, offsets = _lines(msgs)
@@ -188,3 +225,23 @@ def test_uuid_bytes_of_messages_without_uuids_are_zero() -> None:
     parsed = parse_block("j", JSONL, 0, b'{"n": 1}\n', decode=True, fields=FIELDS,
                          uuid_field="UUID")
     assert not np.any(uuid_bytes("j", parsed))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(-100, 100), st.sampled_from(["ok", "bad-json", "bad-type"])),
+                min_size=1, max_size=40))
+def test_skip_malformed_keeps_exactly_the_good_messages(docs: list[tuple[int, str]]) -> None:
+    buf, want = b"", []
+    for n, kind in docs:
+        offset = len(buf)
+        if kind == "ok":
+            want.append((offset, n))
+            buf += json.dumps({"n": n}).encode() + b"\n"
+        elif kind == "bad-json":
+            buf += b'{"n": ' + str(n).encode() + b"\n"
+        else:
+            buf += json.dumps({"n": f"not-{n}"}).encode() + b"\n"
+    parsed = parse_block("j", JSONL, 0, buf, decode=True, fields=FIELDS, uuid_field="UUID",
+                         skip_malformed=True)
+    assert parsed.fields is not None
+    assert list(zip(parsed.begins.tolist(), parsed.fields.column("n").to_pylist(), strict=True)) == want
