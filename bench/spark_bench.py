@@ -17,7 +17,7 @@ Prints per variant the median seconds and rows/s, and the cost ratio gazette/jso
 same bytes (targets: <= 1.3 uncommitted, moonshot <= 1.0; <= 1.5 committed). Spark's JSON
 reader also returns the ACK lines (as rows of nulls); gazette's decoded modes drop them.
 
-    python bench/spark_bench.py [--rows 640000] [--rounds 3]
+    python bench/spark_bench.py [--rows 1200000] [--rounds 3]
 
 Not a test: figures are noisy, compare the ratios of one run.
 """
@@ -103,7 +103,7 @@ def _timed(df: Any) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=640_000)
+    ap.add_argument("--rows", type=int, default=1_200_000)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
 

@@ -5,7 +5,8 @@
 # processes with four cycles-part shards (two on PostgreSQL when a server answers on
 # 127.0.0.1:5432, else all four on embedded SQLite), generated Citi Bike rides streamed through
 # the seed's pipeline, found cycles printed as they arrive, the history API and the shards'
-# lag. Then it keeps running until Ctrl-C. DEMO_ONESHOT=1 stops after one full pass (tests, CI).
+# lag, and a Spark analytics job over the rides and cycles journals. Then it keeps running until
+# Ctrl-C. DEMO_ONESHOT=1 stops after one full pass (tests, CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh dev
@@ -105,6 +106,9 @@ curl -sSf "http://127.0.0.1:$CPORT2/api/bikes?id=$BIKE" | tail -3
 echo "--- bike-share: shard lag"
 .venv/bin/gazctl shards list --lag
 echo "bike-share: $EXPECTED planted cycles found; malformed rides skipped: $(grep -c 'skipping malformed ride' "$VAR"/consumer-*.log | awk -F: '{n += $2} END {print n}')"
+
+echo "--- bike-share analytics: Spark over the rides and cycles journals (examples/bike_share/analytics.py)"
+$PY -m examples.bike_share.analytics --out "$VAR/analytics" --file-root "$VAR/fragment-store"
 
 if [ "${DEMO_ONESHOT:-0}" = "1" ]; then exit 0; fi
 echo "Watching for more cycles (stream more rides with examples/bike_share/stream_rides.sh)."

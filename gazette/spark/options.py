@@ -4,10 +4,11 @@ Invariants:
 
 * Every option is checked here; an unknown option or a bad value is an :class:`OptionError`
   naming it (Spark lower-cases option names, so names are matched case-insensitively).
-* ``mode`` is ``raw`` (one row per message frame: its bytes), ``uncommitted`` (decoded
-  messages, duplicates and rolled-back ones included) or ``committed`` (each committed message
-  exactly once, as the Sequencer delivers them). ACK messages carry no application data and are
-  never rows of the decoded modes.
+* ``mode`` is ``raw`` (one row per message frame: its bytes), ``uncommitted`` (every message
+  decoded as read: duplicates, rolled-back messages and ACKs included, as Gazette's
+  read-uncommitted readers give them) or ``committed`` (each committed application message
+  exactly once, as the Sequencer delivers them; ACKs, which carry no application data, are not
+  rows).
 * ``end_offset`` bounds every journal (one integer), or each named journal (a JSON object);
   ``begin_mod_time`` skips fragments persisted before it (Unix seconds, or an ISO-8601 time).
 """
@@ -53,7 +54,7 @@ class SourceOptions:
     #: without it their fragments are read through the brokers.
     file_root: str | None = None
     #: Fragments are grouped into partitions of about this many bytes (never split); 0:
-    #: enough partitions to keep every core of the machine busy, each at most 64 MiB.
+    #: one partition per core of the machine, each 4 to 64 MiB.
     partition_bytes: int = 0
     #: Content is parsed in blocks of about this many bytes (memory per task is a few blocks).
     block_bytes: int = 1 << 20

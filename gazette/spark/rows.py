@@ -19,8 +19,8 @@ Invariants:
 * Blank lines are not messages (as Gazette's JSON framing skips them); every other line is,
   and a message that does not parse is a ContentError naming the journal and its offset, or
   with ``malformed=skip`` is dropped and counted in a warning.
-* ACK messages (UUID flags ACK_TXN) are kept in :class:`Parsed` (the Sequencer needs them) and
-  dropped by the decoded modes when rows are built.
+* ACK messages (UUID flags ACK_TXN) are messages like any other here; committed mode drops
+  them once the Sequencer has read them.
 """
 
 from __future__ import annotations

@@ -166,7 +166,8 @@ def read_slice(opts: SourceOptions, schema: StructType, sl: JournalSlice) -> Ite
     names = set(schema.fieldNames())
     wants_uuid = bool(names & {"_uuid", "_producer", "_publish_time"})
     decode = opts.mode is not Mode.RAW
-    uuid_field = opts.uuid_field if (decode or wants_uuid) else None
+    # UUIDs are parsed only when asked for, or to sequence committed messages.
+    uuid_field = opts.uuid_field if (opts.mode is Mode.COMMITTED or wants_uuid) else None
     fields = message_fields(arrow_schema)
     if opts.mode is Mode.COMMITTED and sl.content_type not in (CONTENT_TYPE_JSON_LINES, CONTENT_TYPE_CSV):
         raise ContentError(f"journal {sl.journal}: mode=committed needs the messages' UUIDs, "
@@ -199,12 +200,7 @@ def read_slice(opts: SourceOptions, schema: StructType, sl: JournalSlice) -> Ite
                     rows += len(kept)
                     yield build_batch(sl.journal, p, arrow_schema, kept, r)
                 continue
-            keep: npt.NDArray[np.int64] | None = None
-            if decode and raw is not None:
-                acks = flags_of(raw) == ACK_FLAG
-                if acks.any():
-                    keep = (~acks).nonzero()[0].astype("int64")
-            batch = build_batch(sl.journal, parsed, arrow_schema, keep, raw)
+            batch = build_batch(sl.journal, parsed, arrow_schema, None, raw)
             rows += batch.num_rows
             yield batch
     finally:

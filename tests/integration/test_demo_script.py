@@ -43,7 +43,7 @@ def test_demo_script_oneshot(tmp_path: Path) -> None:
                ETCD_PORT=str(free_port()), BROKER_PORT=str(broker_port), CONSUMER_PORT=str(free_port_pair()),
                DEMO_BIKES="60", DEMO_DATABASE="bike_share_demo_test")  # --fresh: dropped each run
     proc = subprocess.run(["bash", "scripts/demo.sh"], cwd=REPO, env=env, capture_output=True,
-                          timeout=300, check=False)
+                          timeout=420, check=False)
     out, err = proc.stdout.decode(), proc.stderr.decode()
     logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
                      for p in sorted((tmp_path / "demo").glob("*.log")))
@@ -66,6 +66,9 @@ def test_demo_script_oneshot(tmp_path: Path) -> None:
     assert out.count("a cycle of ") == planted > 0, out
     assert f"bike-share: {planted} planted cycles found; malformed rides skipped: 2" in out, out
     assert '"StartStation": ' in out and "examples/bike-share/rides/part-003:" in out, out
+    # The Spark analytics job over the journals: every planted cycle, once.
+    assert f"rides, {planted} cycles (Parquet under" in out, f"{out}\n{err}"
+    assert "ride duration by hour of day (seconds)" in out, out
 
     # One-shot mode tears its cluster down: nothing answers on the brokers' ports any more.
     for port in (broker_port, broker_port + 1):

@@ -38,14 +38,15 @@ def _docs(count: int, producer: bytes = b"\x01\x02\x03\x04\x05\x06") -> list[byt
 
 
 async def _direct(address: str, selector: str, committed: bool = False) -> list[tuple[Any, ...]]:
-    """What the client reads: (journal, offset, uuid, n, name) of every non-ACK message."""
+    """What the client reads: (journal, offset, uuid, n, name) of every message (committed:
+    every non-ACK message)."""
     client = JournalClient(address)
     out = []
     try:
         read = read_committed if committed else read_uncommitted
         async for env in read(client, selector, block=False):
             doc = env.message.doc
-            if get_flags(env.message.get_uuid()) == ACK_TXN:
+            if committed and get_flags(env.message.get_uuid()) == ACK_TXN:
                 continue
             out.append((env.journal, env.begin, doc["UUID"], doc.get("n"), doc.get("name")))
     finally:
@@ -126,9 +127,9 @@ def test_committed_mode_drops_what_read_committed_drops(spark: Any, cluster: Clu
     assert [r[3] for r in got if r[0].endswith("one")] == [1, 2, 3, 6, 8]
     assert got == expect
     assert len(got) == 5 + 3000
-    # Uncommitted mode: every message but the ACKs.
+    # Uncommitted mode: every message as read, ACKs (no fields) included.
     everything = _spark_rows(spark, cluster.address, "name=spark/committed/one")
-    assert [r[3] for r in everything] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert [r[3] for r in everything] == [1, 2, 3, None, 4, None, 5, 6, 7, 8, 9, None, 10]
 
 
 def test_raw_mode_and_inferred_schema(spark: Any, cluster: Cluster) -> None:
