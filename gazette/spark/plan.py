@@ -39,7 +39,7 @@ from gazette.protocol import protocol_pb2 as pb
 from gazette.spark.errors import BrokerUnreachableError
 from gazette.spark.options import Mode, SourceOptions
 
-__all__ = ["JournalInfo", "JournalSlice", "Segment", "balance", "list_matching", "plan_journal",
+__all__ = ["JournalInfo", "JournalSlice", "Segment", "balance", "list_matching", "plan_journal", "segments_of",
            "run_planning"]
 
 T = TypeVar("T")
@@ -118,7 +118,7 @@ async def list_matching(client: JournalClient, selector: str) -> list[JournalInf
     return out
 
 
-def _segments(fragments: Iterable[pb.FragmentsResponse._Fragment], begin: int, end: int,
+def segments_of(fragments: Iterable[pb.FragmentsResponse._Fragment], begin: int, end: int,
               begin_mod_time: int, file_root: str | None) -> list[Segment]:
     ordered = sorted(fragments, key=lambda f: (f.spec.begin, -f.spec.end))
     out: list[Segment] = []
@@ -172,7 +172,7 @@ async def plan_journal(client: JournalClient, journal: JournalInfo, opts: Source
     stop = opts.end_of(journal.name, head) if end is None else min(end, head)
     if stop <= begin:
         return head, []
-    segments = _segments(resp.fragments, begin, stop, opts.begin_mod_time, opts.file_root)
+    segments = segments_of(resp.fragments, begin, stop, opts.begin_mod_time, opts.file_root)
     if not segments:
         return head, []
     # One slice per journal until balance() splits them.

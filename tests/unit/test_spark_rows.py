@@ -245,3 +245,18 @@ def test_skip_malformed_keeps_exactly_the_good_messages(docs: list[tuple[int, st
                          skip_malformed=True)
     assert parsed.fields is not None
     assert list(zip(parsed.begins.tolist(), parsed.fields.column("n").to_pylist(), strict=True)) == want
+
+
+def test_fixed_frames_are_raw_rows() -> None:
+    from gazette.message.framing import CONTENT_TYPE_PROTO_FIXED, FixedFraming
+
+    framing = FixedFraming()
+    payloads = [b"\x08\x01", b"", b"\x12\x03abc"]
+    buf = b"".join(framing.marshal(p) for p in payloads)
+    parsed = parse_block("j", CONTENT_TYPE_PROTO_FIXED, 40, buf, decode=False, fields=FIELDS,
+                         uuid_field=None)
+    assert parsed.values is not None and parsed.values.to_pylist() == payloads
+    assert parsed.begins.tolist() == [40, 50, 58]
+    with pytest.raises(ContentError, match="cannot decode: read it with mode=raw"):
+        parse_block("j", CONTENT_TYPE_PROTO_FIXED, 0, buf, decode=True, fields=FIELDS,
+                    uuid_field=None)
