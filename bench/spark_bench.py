@@ -169,8 +169,8 @@ def main() -> None:
         print(f"| {name} | {rows[name]:,} | {med:.2f} | {rows[name] / med:,.0f} | "
               f"{med / base:.2f}x |")
     print()
-    print("targets: uncommitted <= 1.3x (moonshot <= 1.0x), committed <= 1.5x; "
-          "committed drops the ACKs and counts committed messages only")
+    print("targets: uncommitted <= 1.3x (moonshot <= 1.0x), committed <= 1.5x "
+          "(committed rows: the ACKs dropped)")
 
 
 if __name__ == "__main__":
