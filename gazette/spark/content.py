@@ -17,8 +17,8 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 from gazette.client.journal_client import JournalClient
 from gazette.client.reader import RetryReader, open_fragment
@@ -65,31 +65,24 @@ def cut_for(content_type: str) -> Cut:
 async def segment_bytes(client: JournalClient, journal: str, seg: Segment,
                         file_root: str | None) -> AsyncGenerator[bytes, None]:
     """The content of ``seg``, from its store when it has a URL, else from the brokers."""
+    source: Any
     if seg.url:
         fragment = pb.Fragment(journal=journal, begin=seg.fragment_begin, end=seg.fragment_end,
                                compression_codec=seg.codec)  # type: ignore[arg-type]
-        pos = seg.begin
         source = open_fragment(fragment, seg.begin, seg.url, file_root)
-        async with contextlib.aclosing(source):  # type: ignore[type-var]
-            async for data in source:
-                if pos + len(data) >= seg.end:
-                    yield data[: seg.end - pos]
-                    return
-                pos += len(data)
-                yield data
-        return
-    reader = RetryReader(client, pb.ReadRequest(journal=journal, offset=seg.begin,
-                                                end_offset=seg.end, block=False))
+    else:
+        source = RetryReader(client, pb.ReadRequest(journal=journal, offset=seg.begin,
+                                                    end_offset=seg.end, block=False))
     try:
         pos = seg.begin
-        async for data in reader:
+        async for data in source:
             if pos + len(data) >= seg.end:
-                yield data[: seg.end - pos]
+                yield data[: seg.end - pos]  # A fragment read past the segment's end.
                 return
             pos += len(data)
             yield data
     finally:
-        await reader.aclose()
+        await source.aclose()
 
 
 async def slice_blocks(client: JournalClient, sl: JournalSlice, cut: Cut, block_bytes: int,
