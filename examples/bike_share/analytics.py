@@ -129,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=10)
     args = ap.parse_args(argv)
 
-    from gazette.spark import Progress, SparkSourceError, local_session
-
     from pyspark.sql import SparkSession
+
+    from gazette.spark import Progress, SparkSourceError, local_session
 
     started = time.monotonic()
     active = SparkSession.getActiveSession()  # Under spark-submit, or a caller's session.
