@@ -16,6 +16,16 @@ Invariants:
   streams interleave but never tear.
 * A connection error (bad framing, HPACK failure) sends GOAWAY with its code and closes
   the transport; every stream still open then fails exactly once (``Stream.fail``).
+* What a peer can make us hold or do is bounded, with the error RFC 9113 names: a header
+  block (HEADERS and its CONTINUATIONs) holds at most MAX_HEADER_BLOCK bytes and
+  MAX_CONTINUATIONS frames (else GOAWAY ENHANCE_YOUR_CALM); WINDOW_UPDATE increments are
+  non-zero and windows stay within 2^31-1; frames arrive only on the streams their type
+  allows (no DATA, RST_STREAM or WINDOW_UPDATE on idle streams or stream 0; no SETTINGS,
+  PING or GOAWAY on a stream); SETTINGS values are legal. A server also rate-limits the
+  control frames a client makes it answer and the streams it resets (PING, SETTINGS,
+  RST_STREAM, PRIORITY: a burst of CALM_BURST, then CALM_RATE per second; beyond, GOAWAY
+  ENHANCE_YOUR_CALM: the "rapid reset" attack) and refuses streams beyond its advertised
+  SETTINGS_MAX_CONCURRENT_STREAMS (RST_STREAM REFUSED_STREAM).
 """
 
 from __future__ import annotations
@@ -43,6 +53,33 @@ DEFAULT_MAX_MESSAGE = 256 << 20
 _JOIN_LIMIT = 32 << 10          # frames up to this size are joined into one write
 
 _HEADERS_FLAG_END = f.END_HEADERS | f.END_STREAM
+
+# Bounds on what a peer may make us hold or do (RFC 9113 leaves them to the endpoint).
+MAX_HEADER_BLOCK = 256 << 10    # encoded bytes of one header block, CONTINUATIONs included
+MAX_CONTINUATIONS = 256         # CONTINUATION frames of one header block
+CALM_BURST = 1000               # control frames (PING, SETTINGS, RST_STREAM, PRIORITY) in a
+CALM_RATE = 200.0               # burst, then per second; beyond: GOAWAY ENHANCE_YOUR_CALM
+
+
+class RateLimit:
+    """A token bucket: ``take()`` is False once more than ``burst`` events came faster than
+    ``rate`` per second. ``clock`` is injectable (monotonic seconds)."""
+
+    __slots__ = ("burst", "rate", "clock", "_tokens", "_at")
+
+    def __init__(self, burst: float, rate: float, clock: Callable[[], float]) -> None:
+        self.burst, self.rate, self.clock = burst, rate, clock
+        self._tokens = burst
+        self._at = clock()
+
+    def take(self) -> bool:
+        now = self.clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
 
 
 _IOV_MAX = 1024  # buffers per writev (POSIX leaves it to the platform; Linux allows 1024)
@@ -147,6 +184,8 @@ class Connection(asyncio.Protocol):
     """Frame handling shared by the server and client sides."""
 
     is_client = False
+    #: Streams the peer may have open at once (advertised and enforced by the server).
+    max_concurrent_streams: int | None = None
 
     def __init__(self, max_message: int = DEFAULT_MAX_MESSAGE) -> None:
         self.loop = asyncio.get_event_loop()
@@ -173,6 +212,10 @@ class Connection(asyncio.Protocol):
         self._flush_scheduled = False
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._ping_acks: dict[bytes, Callable[[], None]] = {}
+        self._continuation_bytes = 0
+        self._continuation_frames = 0
+        # Servers bound the control frames a client may make them answer (see _calm).
+        self.calm: RateLimit | None = None
 
     # -- transport events ------------------------------------------------------------
 
@@ -181,12 +224,16 @@ class Connection(asyncio.Protocol):
         self.transport = transport
         self._fd = _gather_fd(transport)
         head = f.PREFACE if self.is_client else b""
-        transport.write(head + f.settings_frame({
+        settings = {
             f.SETTINGS_ENABLE_PUSH: 0,
             f.SETTINGS_INITIAL_WINDOW_SIZE: STREAM_WINDOW,
             f.SETTINGS_MAX_FRAME_SIZE: MAX_FRAME,
             f.SETTINGS_MAX_HEADER_LIST_SIZE: 1 << 20,
-        }) + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
+        }
+        if self.max_concurrent_streams is not None:
+            settings[f.SETTINGS_MAX_CONCURRENT_STREAMS] = self.max_concurrent_streams
+        transport.write(head + f.settings_frame(settings)
+                        + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -301,6 +348,10 @@ class Connection(asyncio.Protocol):
         if self._continuation is not None and ftype != f.CONTINUATION:
             raise f.ProtocolError("expected a CONTINUATION frame")
         if ftype == f.DATA:
+            if sid == 0:
+                raise f.ProtocolError("DATA on stream 0")
+            if self.stream_is_idle(sid):
+                raise f.ProtocolError(f"DATA on idle stream {sid}")
             self._on_data(flags, sid, payload)
         elif ftype == f.HEADERS:
             if sid == 0:
@@ -309,32 +360,35 @@ class Connection(asyncio.Protocol):
             if flags & f.END_HEADERS:
                 self._on_header_block(sid, flags, bytes(block))
             else:
+                self._check_header_block(len(block), 0)
                 self._continuation = (sid, flags, [bytes(block)])
+                self._continuation_bytes, self._continuation_frames = len(block), 0
         elif ftype == f.CONTINUATION:
             if self._continuation is None or self._continuation[0] != sid:
                 raise f.ProtocolError("unexpected CONTINUATION frame")
+            self._continuation_bytes += len(payload)
+            self._continuation_frames += 1
+            self._check_header_block(self._continuation_bytes, self._continuation_frames)
             self._continuation[2].append(bytes(payload))
             if flags & f.END_HEADERS:
                 csid, cflags, parts = self._continuation
                 self._continuation = None
                 self._on_header_block(csid, cflags, b"".join(parts))
         elif ftype == f.WINDOW_UPDATE:
-            if len(payload) != 4:
-                raise f.ProtocolError("WINDOW_UPDATE of the wrong size", f.FRAME_SIZE_ERROR)
-            inc = f.u32(payload) & 0x7FFFFFFF
-            if sid == 0:
-                self.send_window += inc
-            else:
-                stream = self.streams.get(sid)
-                if stream is not None:
-                    stream.send_window += inc
-            self.wake_senders()
+            self._on_window_update(sid, payload)
         elif ftype == f.SETTINGS:
+            if sid != 0:
+                raise f.ProtocolError("SETTINGS on a stream")
             if flags & f.ACK:
+                if len(payload):
+                    raise f.ProtocolError("SETTINGS ACK with a payload", f.FRAME_SIZE_ERROR)
                 return
+            self._calm()
             self._on_settings(f.parse_settings(payload))
             self.write(f.frame(f.SETTINGS, f.ACK, 0))
         elif ftype == f.PING:
+            if sid != 0:
+                raise f.ProtocolError("PING on a stream")
             if len(payload) != 8:
                 raise f.ProtocolError("PING of the wrong size", f.FRAME_SIZE_ERROR)
             if flags & f.ACK:
@@ -342,18 +396,78 @@ class Connection(asyncio.Protocol):
                 if cb is not None:
                     cb()
             else:
+                self._calm()
                 self.write(f.frame(f.PING, f.ACK, 0, bytes(payload)))
         elif ftype == f.RST_STREAM:
+            if sid == 0:
+                raise f.ProtocolError("RST_STREAM on stream 0")
+            if len(payload) != 4:
+                raise f.ProtocolError("RST_STREAM of the wrong size", f.FRAME_SIZE_ERROR)
+            if self.stream_is_idle(sid):
+                raise f.ProtocolError(f"RST_STREAM on idle stream {sid}")
+            self._calm()  # Opening and resetting streams in a loop ("rapid reset").
             stream = self.streams.pop(sid, None)
             if stream is not None:
-                stream.on_reset(f.u32(payload) if len(payload) == 4 else f.PROTOCOL_ERROR)
+                stream.on_reset(f.u32(payload))
         elif ftype == f.GOAWAY:
+            if sid != 0:
+                raise f.ProtocolError("GOAWAY on a stream")
             if len(payload) < 8:
                 raise f.ProtocolError("GOAWAY too short", f.FRAME_SIZE_ERROR)
             self.on_goaway(f.u32(payload) & 0x7FFFFFFF, f.u32(payload, 4), bytes(payload[8:]))
         elif ftype == f.PUSH_PROMISE:
             raise f.ProtocolError("PUSH_PROMISE though push is disabled")
-        # PRIORITY and unknown frame types are ignored, as RFC 9113 requires.
+        elif ftype == f.PRIORITY:
+            if sid == 0:
+                raise f.ProtocolError("PRIORITY on stream 0")
+            if len(payload) != 5:
+                stream = self.streams.get(sid)
+                if stream is not None:
+                    self.reset_stream(stream, f.FRAME_SIZE_ERROR,
+                                      f.ProtocolError("PRIORITY of the wrong size"))
+                else:
+                    self.write(f.rst_stream(sid, f.FRAME_SIZE_ERROR))
+                return
+            self._calm()  # Otherwise ignored, as RFC 9113 deprecates priorities.
+        # Unknown frame types are ignored, as RFC 9113 requires.
+
+    def _check_header_block(self, size: int, continuations: int) -> None:
+        if size > MAX_HEADER_BLOCK or continuations > MAX_CONTINUATIONS:
+            raise f.ProtocolError(
+                f"header block over {MAX_HEADER_BLOCK} bytes or {MAX_CONTINUATIONS} "
+                "CONTINUATION frames", f.ENHANCE_YOUR_CALM)
+
+    def _calm(self) -> None:
+        if self.calm is not None and not self.calm.take():
+            raise f.ProtocolError("too many control frames or stream resets",
+                                  f.ENHANCE_YOUR_CALM)
+
+    def _on_window_update(self, sid: int, payload: memoryview) -> None:
+        if len(payload) != 4:
+            raise f.ProtocolError("WINDOW_UPDATE of the wrong size", f.FRAME_SIZE_ERROR)
+        inc = f.u32(payload) & 0x7FFFFFFF
+        if sid == 0:
+            if inc == 0:
+                raise f.ProtocolError("WINDOW_UPDATE of zero on the connection")
+            if self.send_window + inc > f.MAX_WINDOW:
+                raise f.ProtocolError("connection window over 2^31-1", f.FLOW_CONTROL_ERROR)
+            self.send_window += inc
+        else:
+            if self.stream_is_idle(sid):
+                raise f.ProtocolError(f"WINDOW_UPDATE on idle stream {sid}")
+            stream = self.streams.get(sid)
+            if stream is None:
+                return  # A closed stream: harmless (RFC 9113 6.9).
+            if inc == 0:
+                self.reset_stream(stream, f.PROTOCOL_ERROR,
+                                  f.ProtocolError("WINDOW_UPDATE of zero"))
+                return
+            if stream.send_window + inc > f.MAX_WINDOW:
+                self.reset_stream(stream, f.FLOW_CONTROL_ERROR,
+                                  f.ProtocolError("stream window over 2^31-1"))
+                return
+            stream.send_window += inc
+        self.wake_senders()
 
     def _on_data(self, flags: int, sid: int, payload: memoryview) -> None:
         n = len(payload)
@@ -394,13 +508,19 @@ class Connection(asyncio.Protocol):
 
     def _on_settings(self, pairs: list[tuple[int, int]]) -> None:
         for key, value in pairs:
-            if key == f.SETTINGS_INITIAL_WINDOW_SIZE:
+            if key == f.SETTINGS_ENABLE_PUSH:
+                if value > 1 or (value == 1 and self.is_client):  # A server may not push-enable.
+                    raise f.ProtocolError(f"bad SETTINGS_ENABLE_PUSH {value}")
+            elif key == f.SETTINGS_INITIAL_WINDOW_SIZE:
                 if value > f.MAX_WINDOW:
                     raise f.ProtocolError("initial window too large", f.FLOW_CONTROL_ERROR)
                 delta = value - self.peer_initial_window
                 self.peer_initial_window = value
                 for stream in self.streams.values():
                     stream.send_window += delta
+                    if stream.send_window > f.MAX_WINDOW:
+                        raise f.ProtocolError("a stream window over 2^31-1",
+                                              f.FLOW_CONTROL_ERROR)
             elif key == f.SETTINGS_MAX_FRAME_SIZE:
                 if not f.DEFAULT_MAX_FRAME <= value <= f.MAX_FRAME_LIMIT:
                     raise f.ProtocolError("bad SETTINGS_MAX_FRAME_SIZE")
@@ -411,6 +531,11 @@ class Connection(asyncio.Protocol):
 
     def on_headers(self, sid: int, headers: list[tuple[str, str]], end_stream: bool) -> None:
         raise NotImplementedError
+
+    def stream_is_idle(self, sid: int) -> bool:
+        """Whether stream ``sid`` was never opened (frames other than HEADERS and PRIORITY
+        on it are a connection error)."""
+        return False
 
     def on_remote_closed(self, stream: Stream) -> None:
         """The peer ended its side of ``stream`` (after its last message was queued)."""

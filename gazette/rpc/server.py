@@ -30,10 +30,22 @@ import grpc
 import grpc.aio
 
 from gazette.rpc import frames as f
-from gazette.rpc.connection import DEFAULT_MAX_MESSAGE, Connection, Stream, StreamReset
+from gazette.rpc.connection import (
+    CALM_BURST,
+    CALM_RATE,
+    DEFAULT_MAX_MESSAGE,
+    Connection,
+    RateLimit,
+    Stream,
+    StreamReset,
+)
 from gazette.tasks import Supervisor
 
 log = logging.getLogger(__name__)
+
+#: Streams one client connection may have open at once (advertised in SETTINGS). Brokers
+#: multiplex a replication stream per journal on one peer connection: generous, but bounded.
+MAX_CONCURRENT_STREAMS = 8192
 
 
 class _Abort(grpc.aio.AbortError):  # type: ignore[misc]
@@ -168,6 +180,8 @@ class ServerConnection(Connection):
     def __init__(self, server: RpcServer) -> None:
         super().__init__(server.max_message)
         self.server = server
+        self.max_concurrent_streams = server.max_concurrent_streams
+        self.calm = RateLimit(CALM_BURST, CALM_RATE, self.loop.time)
         self._preface = b""
         self._last_stream = 0
         self._draining = False
@@ -200,6 +214,10 @@ class ServerConnection(Connection):
     def last_peer_stream(self) -> int:
         return self._last_stream
 
+    def stream_is_idle(self, sid: int) -> bool:
+        # Clients open odd streams in increasing order; we open none.
+        return sid % 2 == 0 or sid > self._last_stream
+
     def on_goaway(self, last_stream_id: int, code: int, debug: bytes) -> None:
         self._draining = True
 
@@ -213,6 +231,10 @@ class ServerConnection(Connection):
         if sid % 2 == 0 or sid <= self._last_stream:
             raise f.ProtocolError(f"bad new stream id {sid}")
         self._last_stream = sid
+        if len(self.streams) >= self.server.max_concurrent_streams:
+            # RFC 9113 5.1.2: beyond the advertised limit, refused (the client may retry).
+            self.write(f.rst_stream(sid, f.REFUSED_STREAM))
+            return
         path = ""
         deadline: float | None = None
         metadata: list[tuple[str, str]] = []
@@ -267,8 +289,10 @@ class RpcServer:
     multiplexer through :meth:`protocol`.
     """
 
-    def __init__(self, *, max_message: int = DEFAULT_MAX_MESSAGE) -> None:
+    def __init__(self, *, max_message: int = DEFAULT_MAX_MESSAGE,
+                 max_concurrent_streams: int = MAX_CONCURRENT_STREAMS) -> None:
         self.max_message = max_message
+        self.max_concurrent_streams = max_concurrent_streams
         self._generic: list[Any] = []
         self._registered: dict[str, grpc.RpcMethodHandler] = {}
         self._cache: dict[str, grpc.RpcMethodHandler | None] = {}

@@ -1,0 +1,220 @@
+"""Probes of our HTTP/2 server with raw frames, one per limit: each ends as RFC 9113
+prescribes (GOAWAY or RST_STREAM with the code it names), bounded, while a well-behaved client
+on another connection keeps being served."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+
+from gazette.rpc import frames as f
+from gazette.rpc.connection import CALM_BURST, MAX_HEADER_BLOCK, RateLimit
+from gazette.rpc.server import RpcServer
+
+DEADLINE = 10.0
+ECHO = "/test.Echo/Echo"
+PARK = "/test.Echo/Park"
+
+
+async def _echo(request: bytes, context: Any) -> bytes:
+    return request
+
+
+async def _park(request: bytes, context: Any) -> bytes:
+    await asyncio.Event().wait()
+    return b""
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[RpcServer, int]]:
+    srv = RpcServer(max_concurrent_streams=8)
+    srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Echo", {
+        "Echo": grpc.unary_unary_rpc_method_handler(_echo),
+        "Park": grpc.unary_unary_rpc_method_handler(_park),
+    })])
+    port = await srv.start("127.0.0.1", 0)
+    try:
+        yield srv, port
+    finally:
+        await srv.stop(0)
+
+
+class Raw:
+    """A raw HTTP/2 client: frames out, frames in."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.frames = f.FrameReader(f.MAX_FRAME_LIMIT)
+        self.seen: list[tuple[int, int, int, bytes]] = []
+        self.sent = 0
+
+    @classmethod
+    async def connect(cls, port: int) -> Raw:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        raw = cls(reader, writer)
+        raw.send(f.PREFACE + f.settings_frame({}))
+        return raw
+
+    def send(self, data: bytes) -> None:
+        self.sent += len(data)
+        self.writer.write(data)
+
+    def headers(self, sid: int, path: str = ECHO, flags: int = f.END_HEADERS) -> None:
+        self.send(f.frame(f.HEADERS, flags, sid, f.request_headers(path, "probe", "probe")))
+
+    async def until(self, ftype: int, sid: int | None = None) -> tuple[int, int, int, bytes] | None:
+        """The first frame of ``ftype`` (on ``sid``), or None if the server closed first."""
+        async def read() -> tuple[int, int, int, bytes] | None:
+            while True:
+                for fr in self.seen:
+                    if fr[0] == ftype and (sid is None or fr[2] == sid):
+                        return fr
+                try:
+                    data = await self.reader.read(1 << 16)
+                except ConnectionResetError:
+                    data = b""
+                if not data:
+                    return None
+                self.seen += [(t, fl, s, bytes(p)) for t, fl, s, p in self.frames.feed(data)]
+        return await asyncio.wait_for(read(), DEADLINE)
+
+    async def goaway_code(self) -> int:
+        fr = await self.until(f.GOAWAY)
+        assert fr is not None, "the server closed without a GOAWAY"
+        code = f.u32(memoryview(fr[3]), 4)
+        # And then the server closes the connection (a reset, if our frames were unread).
+        try:
+            while await asyncio.wait_for(self.reader.read(1 << 16), DEADLINE):
+                pass
+        except ConnectionResetError:
+            pass
+        return code
+
+    async def rst_code(self, sid: int) -> int:
+        fr = await self.until(f.RST_STREAM, sid)
+        assert fr is not None, f"no RST_STREAM on stream {sid}"
+        return f.u32(memoryview(fr[3]))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def _still_serving(port: int) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        echo = channel.unary_unary(ECHO)
+        assert await asyncio.wait_for(echo(b"hello"), DEADLINE) == b"hello"
+
+
+async def test_advertises_and_enforces_max_concurrent_streams(server: Any) -> None:
+    srv, port = server
+    raw = await Raw.connect(port)
+    settings = await raw.until(f.SETTINGS)
+    assert settings is not None
+    assert (f.SETTINGS_MAX_CONCURRENT_STREAMS, 8) in f.parse_settings(memoryview(settings[3]))
+    for i in range(8):
+        raw.headers(1 + 2 * i, PARK)  # Parked: they stay open.
+    raw.headers(17, PARK)
+    assert await raw.rst_code(17) == f.REFUSED_STREAM
+    await _still_serving(port)
+    raw.close()
+
+
+async def test_continuation_flood_is_cut_off(server: Any) -> None:
+    _, port = server
+    raw = await Raw.connect(port)
+    raw.headers(1, flags=0)  # No END_HEADERS: CONTINUATION frames must follow.
+    chunk = b"\x00" * (16 << 10)
+    for _ in range(4 * MAX_HEADER_BLOCK // len(chunk)):
+        raw.send(f.frame(f.CONTINUATION, 0, 1, chunk))
+    assert await raw.goaway_code() == f.ENHANCE_YOUR_CALM
+    await _still_serving(port)
+
+
+async def test_empty_continuation_frames_are_counted_too(server: Any) -> None:
+    _, port = server
+    raw = await Raw.connect(port)
+    raw.headers(1, flags=0)
+    for _ in range(1000):
+        raw.send(f.frame(f.CONTINUATION, 0, 1))
+    assert await raw.goaway_code() == f.ENHANCE_YOUR_CALM
+
+
+async def test_rapid_reset_ends_with_enhance_your_calm(server: Any) -> None:
+    _, port = server
+    raw = await Raw.connect(port)
+    for i in range(CALM_BURST + 500):
+        sid = 1 + 2 * i
+        raw.headers(sid, PARK)
+        raw.send(f.rst_stream(sid, f.CANCEL))
+    assert await raw.goaway_code() == f.ENHANCE_YOUR_CALM
+    await _still_serving(port)
+
+
+async def test_ping_flood_ends_with_enhance_your_calm(server: Any) -> None:
+    _, port = server
+    raw = await Raw.connect(port)
+    for i in range(CALM_BURST + 500):
+        raw.send(f.frame(f.PING, 0, 0, i.to_bytes(8, "big")))
+    assert await raw.goaway_code() == f.ENHANCE_YOUR_CALM
+
+
+@pytest.mark.parametrize("probe, code", [
+    (lambda raw: raw.send(f.window_update(0, 0)), f.PROTOCOL_ERROR),
+    (lambda raw: raw.send(f.window_update(0, f.MAX_WINDOW)), f.FLOW_CONTROL_ERROR),
+    (lambda raw: raw.send(f.window_update(9, 1)), f.PROTOCOL_ERROR),        # idle stream
+    (lambda raw: raw.send(f.frame(f.DATA, 0, 5, b"x")), f.PROTOCOL_ERROR),  # idle stream
+    (lambda raw: raw.send(f.frame(f.DATA, 0, 0, b"x")), f.PROTOCOL_ERROR),
+    (lambda raw: raw.send(f.rst_stream(0, f.CANCEL)), f.PROTOCOL_ERROR),
+    (lambda raw: raw.send(f.frame(f.RST_STREAM, 0, 1, b"\x00")), f.FRAME_SIZE_ERROR),
+    (lambda raw: raw.send(f.frame(f.PING, 0, 1, bytes(8))), f.PROTOCOL_ERROR),
+    (lambda raw: raw.send(f.frame(f.PING, 0, 0, bytes(7))), f.FRAME_SIZE_ERROR),
+    (lambda raw: raw.send(f.settings_frame({f.SETTINGS_ENABLE_PUSH: 2})), f.PROTOCOL_ERROR),
+    (lambda raw: raw.send(f.settings_frame({f.SETTINGS_INITIAL_WINDOW_SIZE: 1 << 31})),
+     f.FLOW_CONTROL_ERROR),
+    (lambda raw: raw.send(f.settings_frame({f.SETTINGS_MAX_FRAME_SIZE: 100})), f.PROTOCOL_ERROR),
+    (lambda raw: raw.send(f.frame(f.SETTINGS, 0, 1, b"")), f.PROTOCOL_ERROR),
+    (lambda raw: raw.send(f.frame(f.SETTINGS, f.ACK, 0, bytes(6))), f.FRAME_SIZE_ERROR),
+    (lambda raw: raw.send(f.frame(f.GOAWAY, 0, 1, bytes(8))), f.PROTOCOL_ERROR),
+    (lambda raw: raw.send(f.frame(f.PRIORITY, 0, 0, bytes(5))), f.PROTOCOL_ERROR),
+    (lambda raw: raw.headers(2), f.PROTOCOL_ERROR),                          # even stream id
+], ids=["conn-window-zero", "conn-window-overflow", "window-idle-stream", "data-idle-stream",
+        "data-stream-0", "rst-stream-0", "rst-size", "ping-on-stream", "ping-size",
+        "settings-enable-push", "settings-window", "settings-frame-size", "settings-on-stream",
+        "settings-ack-payload", "goaway-on-stream", "priority-stream-0", "even-stream"])
+async def test_illegal_frames_are_connection_errors(server: Any, probe: Any, code: int) -> None:
+    _, port = server
+    raw = await Raw.connect(port)
+    probe(raw)
+    assert await raw.goaway_code() == code
+    await _still_serving(port)
+
+
+async def test_stream_window_errors_reset_only_that_stream(server: Any) -> None:
+    _, port = server
+    raw = await Raw.connect(port)
+    raw.headers(1, PARK)
+    raw.headers(3, PARK)
+    raw.send(f.window_update(1, 0))
+    assert await raw.rst_code(1) == f.PROTOCOL_ERROR
+    raw.send(f.window_update(3, f.MAX_WINDOW))
+    assert await raw.rst_code(3) == f.FLOW_CONTROL_ERROR
+    # The connection itself is fine: a new stream on it is served.
+    raw.headers(5, ECHO, flags=f.END_HEADERS)
+    raw.send(f.frame(f.DATA, f.END_STREAM, 5, f.message_prefix(2) + b"hi"))
+    assert await raw.until(f.DATA, 5) is not None
+    raw.close()
+
+
+def test_rate_limit_refills_with_time() -> None:
+    now = [0.0]
+    limit = RateLimit(3, 2.0, lambda: now[0])
+    assert [limit.take() for _ in range(4)] == [True, True, True, False]
+    now[0] = 0.5  # One token back.
+    assert [limit.take(), limit.take()] == [True, False]
+    now[0] = 100.0  # Never beyond the burst.
+    assert [limit.take() for _ in range(4)] == [True, True, True, False]
