@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 #: Streams one client connection may have open at once (advertised in SETTINGS). Brokers
 #: multiplex a replication stream per journal on one peer connection: generous, but bounded.
 MAX_CONCURRENT_STREAMS = 8192
+#: Seconds a new connection has to send the whole client preface.
+PREFACE_TIMEOUT = 10.0
 
 
 class _Abort(grpc.aio.AbortError):  # type: ignore[misc]
@@ -183,12 +185,18 @@ class ServerConnection(Connection):
         self.max_concurrent_streams = server.max_concurrent_streams
         self.calm = RateLimit(CALM_BURST, CALM_RATE, self.loop.time)
         self._preface = b""
+        self._preface_timer: asyncio.TimerHandle | None = None
         self._last_stream = 0
         self._draining = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.server._connections.add(self)
+        self._preface_timer = self.loop.call_later(PREFACE_TIMEOUT, self._no_preface)
+
+    def _no_preface(self) -> None:
+        if len(self._preface) < 24 and not self.closed:
+            self.connection_error("no HTTP/2 client preface in time")
 
     def data_received(self, data: bytes) -> None:
         if len(self._preface) < 24:
@@ -203,6 +211,8 @@ class ServerConnection(Connection):
         super().data_received(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._preface_timer is not None:
+            self._preface_timer.cancel()
         streams = list(self.streams.values())
         super().connection_lost(exc)
         for stream in streams:

@@ -41,10 +41,16 @@ def debug_routes(ready: asyncio.Event,
     return [web.get("/debug/metrics", metrics), web.get("/debug/ready", is_ready)]
 
 
+HTTP_IDLE_TIMEOUT = 15.0
+
+
 async def start_app(routes: Iterable[web.RouteDef]) -> web.AppRunner:
     """A set-up runner of an app serving ``routes`` (the mux feeds its server connections)."""
     app = web.Application(client_max_size=0)
     app.add_routes(list(routes))
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    # An HTTP/1.1 connection waiting for a request (idle, or holding half of one) is closed
+    # after HTTP_IDLE_TIMEOUT seconds; requests being served are not.
+    runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                           keepalive_timeout=HTTP_IDLE_TIMEOUT)
     await runner.setup()
     return runner

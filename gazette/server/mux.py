@@ -11,7 +11,9 @@ bytes already read, and splice the two sockets in the kernel (:mod:`gazette.serv
 
 Invariants: a connection is handed on whole, its sniffed bytes first; after ``close()`` the
 listener is gone but connections already handed on keep flowing (graceful stops finish their
-RPCs); ``abort()`` ends whatever splices remain, and waits.
+RPCs); ``abort()`` ends whatever splices remain, and waits. A connection that says nothing
+for ``first_bytes_timeout`` seconds is closed, and beyond ``max_connections`` open ones a new
+connection is closed at once (each holds a socket, buffers and a protocol: bounded).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import logging
 import os
 import socket
 import subprocess
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +36,8 @@ log = logging.getLogger(__name__)
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _SNIFF_LEN = 4  # b"PRI " is never the start of an HTTP/1.x request line method we serve
+FIRST_BYTES_TIMEOUT = 10.0  # seconds a new connection may stay silent
+MAX_CONNECTIONS = 8192      # open connections per port
 
 
 class _Sniffer(asyncio.Protocol):
@@ -42,12 +47,22 @@ class _Sniffer(asyncio.Protocol):
         self._mux = mux
         self._buf = bytearray()
         self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
+        if not self._mux.admit(transport):
+            log.warning("refusing a connection: %d are open (the limit)", self._mux.max_connections)
+            transport.abort()
+            return
+        self._timer = asyncio.get_running_loop().call_later(
+            self._mux.first_bytes_timeout, transport.abort)
 
     def data_received(self, data: bytes) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._buf += data
         if len(self._buf) < _SNIFF_LEN and H2_PREFACE.startswith(bytes(self._buf)):
             return
@@ -86,6 +101,9 @@ class _Sniffer(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._buf = bytearray()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class Multiplexer:
@@ -114,6 +132,19 @@ class Multiplexer:
         self._connecting = Supervisor("mux connect", "log")
         self.closing = False
         self.aborting = False
+        self.first_bytes_timeout = FIRST_BYTES_TIMEOUT
+        self.max_connections = MAX_CONNECTIONS
+        # Every connection's transport while it is open (handed-on ones included: a
+        # protocol change keeps the transport); closed ones drop out.
+        self._transports: weakref.WeakSet[asyncio.Transport] = weakref.WeakSet()
+
+    def admit(self, transport: asyncio.Transport) -> bool:
+        """Whether a new connection may stay open (``max_connections`` bounds them)."""
+        open_now = sum(1 for t in self._transports if not t.is_closing()) + len(self._conns)
+        if open_now >= self.max_connections:
+            return False
+        self._transports.add(transport)
+        return True
 
     @property
     def spliced(self) -> int:

@@ -218,3 +218,92 @@ def test_rate_limit_refills_with_time() -> None:
     assert [limit.take(), limit.take()] == [True, False]
     now[0] = 100.0  # Never beyond the burst.
     assert [limit.take() for _ in range(4)] == [True, True, True, False]
+
+
+# -- the shared port: silent, half-sent and surplus connections --------------------------------
+
+
+@pytest.fixture
+async def port_rig(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> AsyncIterator[Any]:
+    from aiohttp import web
+
+    import gazette.rpc.server as rpc_server
+    import gazette.server.http as http
+    from gazette.server.mux import Multiplexer
+
+    monkeypatch.setattr(http, "HTTP_IDLE_TIMEOUT", 0.5)
+    monkeypatch.setattr(rpc_server, "PREFACE_TIMEOUT", 0.5)
+
+    async def hello(request: web.Request) -> web.Response:
+        return web.Response(text="hello")
+
+    runner = await http.start_app([web.get("/hello", hello)])
+    srv = RpcServer()
+    srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Echo", {
+        "Echo": grpc.unary_unary_rpc_method_handler(_echo)})])
+    assert runner.server is not None
+    mux = Multiplexer(str(tmp_path / "grpc.sock"), runner.server, h2_protocol_factory=srv.protocol)
+    mux.first_bytes_timeout = 0.5
+    mux.max_connections = 20
+    port = await mux.start("127.0.0.1", 0)
+    try:
+        yield mux, port
+    finally:
+        await mux.abort()
+        await srv.stop(0)
+        await runner.cleanup()
+
+
+async def _closed(reader: asyncio.StreamReader) -> bool:
+    """Whether the server closes the connection (EOF or reset) within the deadline."""
+    try:
+        while await asyncio.wait_for(reader.read(1 << 16), DEADLINE):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+async def _http_ok(port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    body = await asyncio.wait_for(reader.read(), DEADLINE)
+    assert body.startswith(b"HTTP/1.1 200") and body.endswith(b"hello")
+    writer.close()
+
+
+@pytest.mark.parametrize("opening", [b"", b"GET /hello HTTP/1.1\r\nHost: x\r\nX-Half: ", b"PRI ",
+                                     f.PREFACE[:20]],
+                         ids=["silent", "half-http-request", "h2-sniffed-only", "half-h2-preface"])
+async def test_slow_connections_are_closed(port_rig: Any, opening: bytes) -> None:
+    _, port = port_rig
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(opening)
+    assert await _closed(reader)
+    await _http_ok(port)
+    await _still_serving(port)
+
+
+async def test_connections_beyond_the_limit_are_closed(port_rig: Any) -> None:
+    mux, port = port_rig
+    held = []
+    for _ in range(mux.max_connections):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")  # Kept alive afterwards.
+        held.append((reader, writer))
+    for reader, _ in held:
+        assert (await asyncio.wait_for(reader.readuntil(b"hello"), DEADLINE)).endswith(b"hello")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert await _closed(reader)
+    for _, w in held:
+        w.close()
+    # Once they are gone, new connections are served again.
+    async def served() -> None:
+        while True:
+            try:
+                await _http_ok(port)
+                return
+            except (AssertionError, ConnectionError):
+                await asyncio.sleep(0.05)
+    await asyncio.wait_for(served(), DEADLINE)
