@@ -39,6 +39,7 @@ from gazette.rpc.seam import RpcChannel
 
 _USER_AGENT = "gazette-python-rpc/1"
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+LAST_STREAM_ID = (1 << 31) - 1  # client stream ids are odd and never wrap
 
 
 def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -109,6 +110,11 @@ class ClientConnection(Connection):
     def open_stream(self, block: bytes, end_stream: bool = False) -> ClientStream:
         sid = self.next_id
         self.next_id += 2
+        if self.next_id > LAST_STREAM_ID:
+            # Stream ids never wrap (RFC 9113 5.1.1): this is the connection's last stream;
+            # later calls dial a new connection, and this one closes when its streams end.
+            self.going_away = True
+            self.channel._lost(self)
         stream = ClientStream(self, sid)
         self.streams[sid] = stream
         self.send_headers(stream, block, end_stream)

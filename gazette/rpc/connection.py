@@ -8,7 +8,9 @@ Invariants:
 * Receive windows are replenished only as the application *consumes* messages (stream
   level) or as DATA arrives (connection level), so a stream buffers at most its window of
   unread data: a slow handler back-pressures its own peer and nobody else. A peer that
-  sends beyond a stream's window has the stream reset (FLOW_CONTROL_ERROR).
+  sends beyond a stream's window has the stream reset (FLOW_CONTROL_ERROR). The connection
+  window is withheld while the streams together hold more than CONNECTION_BUFFER_CAP unread:
+  what one connection can pin is bounded by that cap plus the connection window.
 * Sends never exceed the peer's stream and connection windows nor its maximum frame size;
   a send waits for a WINDOW_UPDATE, or for the transport to drain, and fails if the stream
   or connection ends meanwhile.
@@ -48,6 +50,9 @@ log = logging.getLogger(__name__)
 # for many streams of large appends in flight.
 STREAM_WINDOW = 16 << 20
 CONNECTION_WINDOW = 256 << 20
+# Unread DATA all streams of a connection may hold before the connection window stops being
+# replenished (each stream's own window bounds one stream; this bounds their sum).
+CONNECTION_BUFFER_CAP = 64 << 20
 MAX_FRAME = 1 << 20            # largest frame we accept (we advertise it)
 DEFAULT_MAX_MESSAGE = 256 << 20
 _JOIN_LIMIT = 32 << 10          # frames up to this size are joined into one write
@@ -149,6 +154,8 @@ class Stream:
         if self.unacked >= STREAM_WINDOW >> 2 and not self.remote_closed:
             self.conn.write(f.window_update(self.id, self.unacked))
             self.unacked = 0
+        if self.conn._withheld is not None:
+            self.conn.replenish()
 
     async def next_message(self) -> memoryview | None:
         """The next message, or None once the peer has ended its side."""
@@ -203,6 +210,7 @@ class Connection(asyncio.Protocol):
         self._decoder.max_header_list_size = 1 << 20
         self._blocks: dict[bytes, list[tuple[str, str]]] = {}
         self._conn_unacked = 0
+        self._withheld: asyncio.TimerHandle | None = None  # while the connection window waits
         self._continuation: tuple[int, int, list[bytes]] | None = None  # stream, flags, parts
         self._send_waiters: list[asyncio.Future[None]] = []
         self._paused = False
@@ -246,6 +254,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._withheld is not None:
+            self._withheld.cancel()
+            self._withheld = None
         err = StreamReset(f"connection lost: {exc}" if exc else "connection closed", f.CANCEL)
         for stream in list(self.streams.values()):
             stream.fail(err)
@@ -431,6 +442,21 @@ class Connection(asyncio.Protocol):
             self._calm()  # Otherwise ignored, as RFC 9113 deprecates priorities.
         # Unknown frame types are ignored, as RFC 9113 requires.
 
+    def replenish(self) -> None:
+        """Return received bytes to the peer's connection window, unless the streams hold
+        more than CONNECTION_BUFFER_CAP of unread data: then look again as they consume it
+        (and every 50 ms, as streams that end take their unread data with them)."""
+        if self._withheld is not None:
+            self._withheld.cancel()
+            self._withheld = None
+        if self.closed or self._conn_unacked < CONNECTION_WINDOW >> 2:
+            return
+        if sum(s.buffered for s in self.streams.values()) > CONNECTION_BUFFER_CAP:
+            self._withheld = self.loop.call_later(0.05, self.replenish)
+            return
+        self.write(f.window_update(0, self._conn_unacked))
+        self._conn_unacked = 0
+
     def _check_header_block(self, size: int, continuations: int) -> None:
         if size > MAX_HEADER_BLOCK or continuations > MAX_CONTINUATIONS:
             raise f.ProtocolError(
@@ -472,9 +498,8 @@ class Connection(asyncio.Protocol):
     def _on_data(self, flags: int, sid: int, payload: memoryview) -> None:
         n = len(payload)
         self._conn_unacked += n
-        if self._conn_unacked >= CONNECTION_WINDOW >> 2:
-            self.write(f.window_update(0, self._conn_unacked))
-            self._conn_unacked = 0
+        if self._conn_unacked >= CONNECTION_WINDOW >> 2 and self._withheld is None:
+            self.replenish()
         stream = self.streams.get(sid)
         if stream is None or stream.remote_closed:
             return  # a stream we reset or finished: its data only counts toward the connection

@@ -41,7 +41,7 @@ def debug_routes(ready: asyncio.Event,
     return [web.get("/debug/metrics", metrics), web.get("/debug/ready", is_ready)]
 
 
-HTTP_IDLE_TIMEOUT = 15.0
+HTTP_IDLE_TIMEOUT = 30.0  # above aiohttp clients' own 15 s, so they close first
 
 
 async def start_app(routes: Iterable[web.RouteDef]) -> web.AppRunner:

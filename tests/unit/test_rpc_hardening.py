@@ -307,3 +307,70 @@ async def test_connections_beyond_the_limit_are_closed(port_rig: Any) -> None:
             except (AssertionError, ConnectionError):
                 await asyncio.sleep(0.05)
     await asyncio.wait_for(served(), DEADLINE)
+
+
+async def test_streams_that_are_not_read_pin_a_bounded_amount(monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    import gazette.rpc.connection as connection
+
+    monkeypatch.setattr(connection, "CONNECTION_WINDOW", 2 << 20)
+    monkeypatch.setattr(connection, "CONNECTION_BUFFER_CAP", 1 << 20)
+
+    async def sink(requests: Any, context: Any) -> bytes:
+        await asyncio.Event().wait()  # Never reads what the client sends.
+        return b""
+
+    srv = RpcServer()
+    srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Echo", {
+        "Sink": grpc.stream_unary_rpc_method_handler(sink),
+        "Echo": grpc.unary_unary_rpc_method_handler(_echo)})])
+    port = await srv.start("127.0.0.1", 0)
+    try:
+        raw = await Raw.connect(port)
+        streams = [1, 3, 5, 7]  # Each may take 16 MiB (its window): 64 MiB in all, unbounded.
+        for sid in streams:
+            raw.headers(sid, "/test.Echo/Sink")
+        chunk = f.message_prefix(16 << 10) + bytes(16 << 10)
+        window, sent, ping = f.DEFAULT_WINDOW, 0, 0
+        while True:
+            while window >= len(chunk):
+                raw.send(f.frame(f.DATA, 0, streams[sent // len(chunk) % 4], chunk))
+                window -= len(chunk)
+                sent += len(chunk)
+            # A PING's ACK comes after every WINDOW_UPDATE our DATA earned so far.
+            ping += 1
+            raw.send(f.frame(f.PING, 0, 0, ping.to_bytes(8, "big")))
+            assert await raw.until(f.PING) is not None
+            grants = sum(f.u32(memoryview(p)) for t, _, s, p in raw.seen
+                         if t == f.WINDOW_UPDATE and s == 0)
+            raw.seen = [fr for fr in raw.seen if fr[0] not in (f.PING, f.WINDOW_UPDATE)]
+            if not grants and window < len(chunk):
+                break  # Stalled: the connection window is withheld.
+            window += grants
+            assert sent < 32 << 20, "the connection window was never withheld"
+        # Bounded by the cap plus the connection window (and the initial 64 KiB).
+        assert sent <= (1 << 20) + (2 << 20) + f.DEFAULT_WINDOW
+        raw.close()
+        await _still_serving(port)
+    finally:
+        await srv.stop(0)
+
+
+async def test_client_stream_ids_never_wrap(server: Any) -> None:
+    from gazette.rpc.channel import LAST_STREAM_ID, insecure_channel
+
+    _, port = server
+    channel = insecure_channel(f"127.0.0.1:{port}")
+    try:
+        echo = channel.unary_unary(ECHO)
+        assert await echo(b"a") == b"a"
+        first = channel.connection_now()
+        assert first is not None
+        first.next_id = LAST_STREAM_ID  # The connection's last stream id.
+        assert await echo(b"b") == b"b"
+        assert channel.connection_now() is None  # That connection is going away.
+        assert await echo(b"c") == b"c"  # On a new connection, from stream 1.
+        second = channel.connection_now()
+        assert second is not None and second is not first and second.next_id == 3
+    finally:
+        await channel.close()
