@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -418,12 +419,16 @@ class RpcServer:
                 code, details = grpc.StatusCode.UNAVAILABLE, "the server is stopping"
         except StreamReset:
             return  # the stream is gone (reset, connection lost): nobody to tell
-        except Exception as err:
+        except Exception:
             if ctx.code is not None and ctx.code is not grpc.StatusCode.OK:
                 code, details = ctx.code, ctx.details  # aborted, then the servicer raised
             else:
-                log.exception("RPC handler failed", extra={"method": _method_name(handler), "peer": ctx.peer()})
-                code, details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(err).__name__}: {err}"
+                # The client learns nothing of the error but where the log keeps it.
+                ident = secrets.token_hex(4)
+                log.exception("RPC handler failed", extra={
+                    "method": _method_name(handler), "peer": ctx.peer(), "incident": ident})
+                code = grpc.StatusCode.UNKNOWN
+                details = f"internal error (incident {ident}; the server's log has the details)"
         finally:
             if stream.deadline_handle is not None:
                 stream.deadline_handle.cancel()

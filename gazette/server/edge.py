@@ -13,8 +13,10 @@ Invariants:
 * gRPC's own abort (``grpc.aio.AbortError``, raised by ``context.abort``) and cancellation
   (``asyncio.CancelledError``, a ``BaseException``) pass through untouched: the edge never
   swallows a cancellation or re-maps an abort.
-* Any other exception is a bug: it propagates, and the server (grpcio or ``gazette.rpc``)
-  ends that RPC alone with ``UNKNOWN`` and logs it. No request crashes a server.
+* Any other exception is a bug: it is logged with its traceback under a short incident id,
+  and the RPC ends with ``UNKNOWN`` (the gateway with 500) saying only "internal error" and
+  that id: no traceback, path or internal state reaches a client, whichever transport serves
+  it (grpcio would otherwise send the exception's text). No request crashes a server.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar, cast
 
@@ -30,7 +33,7 @@ from aiohttp import web
 
 from gazette.errors import GazetteError
 
-__all__ = ["grpc_edge", "grpc_edge_bound", "grpc_status", "http_error"]
+__all__ = ["grpc_edge", "grpc_edge_bound", "grpc_status", "http_error", "incident"]
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +57,22 @@ def _note(name: str, err: BaseException, code: grpc.StatusCode) -> None:
     log.info("rpc ended", extra={"rpc": name, "code": code.name, "err": str(err)})
 
 
+def incident(what: str, err: BaseException) -> str:
+    """Logs an unexpected ``err`` (with its traceback) under a new incident id, and returns
+    what a client is told instead: nothing of the error itself."""
+    ident = secrets.token_hex(4)
+    log.error("unexpected error", exc_info=err, extra={"rpc": what, "incident": ident})
+    return f"internal error (incident {ident}; the server's log has the details)"
+
+
 async def _end(name: str, context: Any, err: Exception) -> None:
-    """Ends the RPC for ``err`` (``context.abort`` raises), or re-raises ``err`` itself."""
+    """Ends the RPC for ``err`` (``context.abort`` raises); an abort passes through."""
+    if isinstance(err, grpc.aio.AbortError):
+        raise err
     status = grpc_status(err)
     if status is None:
-        raise err
+        await context.abort(grpc.StatusCode.UNKNOWN, incident(name, err))
+        return
     _note(name, err, status[0])
     await context.abort(*status)
 
@@ -112,7 +126,8 @@ def http_error(err: BaseException) -> web.Response:
     """The gateway's answer for ``err``: the error's ``http_status`` with a one-line text.
 
     A client error (4xx) says just what was wrong; a server-side failure says what kind of
-    failure it was (a proxied call's gRPC code, else the exception's type), as the log does.
+    failure it was (a proxied call's gRPC code, else the error's type); a bug says only
+    "internal error" and the incident id it is logged under.
     """
     if isinstance(err, GazetteError):
         status = err.http_status
@@ -120,5 +135,5 @@ def http_error(err: BaseException) -> web.Response:
     elif isinstance(err, grpc.aio.AioRpcError):
         status, text = 500, f"{err.code().name}: {err.details()}"
     else:
-        status, text = 500, f"{type(err).__name__}: {err}"
+        status, text = 500, incident("http", err)
     return web.Response(status=status, text=f"{text}\n")

@@ -104,15 +104,30 @@ async def test_grpc_edge_maps_gazette_errors(err: GazetteError, code: grpc.Statu
     assert ctx.aborted == (code, str(err))
 
 
-async def test_grpc_edge_leaves_bugs_and_cancellation_alone() -> None:
-    for err in (RuntimeError("bug"), asyncio.CancelledError()):
-        ctx = _Context()
-        with pytest.raises(type(err)):
-            await _Svc(err).Unary(None, ctx)
-        with pytest.raises(type(err)):
-            async for _ in _Svc(err).Stream(None, ctx):
-                pass
-        assert ctx.aborted is None
+async def test_grpc_edge_tells_nothing_of_bugs_and_leaves_cancellation_alone(
+        caplog: pytest.LogCaptureFixture) -> None:
+    secret = OSError(2, "No such file or directory", "/var/lib/gazette/secret-path")
+    ctx = _Context()
+    with pytest.raises(_Aborted):
+        await _Svc(secret).Unary(None, ctx)
+    assert ctx.aborted is not None and ctx.aborted[0] is grpc.StatusCode.UNKNOWN
+    assert "secret-path" not in ctx.aborted[1] and "OSError" not in ctx.aborted[1]
+    ident = ctx.aborted[1].split("incident ")[1].split(";")[0]
+    logged = [r for r in caplog.records if getattr(r, "incident", None) == ident]
+    assert logged and logged[0].exc_info is not None  # The log keeps the traceback.
+    ctx = _Context()
+    with pytest.raises(_Aborted):
+        async for _ in _Svc(secret).Stream(None, ctx):
+            pass
+    assert ctx.aborted is not None and "secret-path" not in ctx.aborted[1]
+    err = asyncio.CancelledError()
+    ctx = _Context()
+    with pytest.raises(asyncio.CancelledError):
+        await _Svc(err).Unary(None, ctx)
+    with pytest.raises(asyncio.CancelledError):
+        async for _ in _Svc(err).Stream(None, ctx):
+            pass
+    assert ctx.aborted is None
     assert await _Svc(None).Unary(None, _Context()) == "ok"
 
 
@@ -121,5 +136,6 @@ def test_http_error() -> None:
     assert (r.status, r.text) == (400, "offset: must be >= 0\n")
     r = http_error(ReplicationError("peer gone"))
     assert (r.status, r.text) == (500, "ReplicationError: peer gone\n")
-    r = http_error(KeyError("x"))
-    assert (r.status, r.text) == (500, "KeyError: 'x'\n")
+    r = http_error(KeyError("/a/secret/path"))
+    assert r.status == 500 and r.text is not None
+    assert r.text.startswith("internal error (incident ") and "secret" not in r.text
