@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 MAX_CONCURRENT_STREAMS = 8192
 #: Seconds a new connection has to send the whole client preface.
 PREFACE_TIMEOUT = 10.0
+#: A connection with no RPC for about this many seconds is sent GOAWAY and closed (clients
+#: dial again when they next call).
+IDLE_TIMEOUT = 300.0
 
 
 class _Abort(grpc.aio.AbortError):  # type: ignore[misc]
@@ -187,6 +190,8 @@ class ServerConnection(Connection):
         self.calm = RateLimit(CALM_BURST, CALM_RATE, self.loop.time)
         self._preface = b""
         self._preface_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._busy_at = 0.0
         self._last_stream = 0
         self._draining = False
 
@@ -194,6 +199,23 @@ class ServerConnection(Connection):
         super().connection_made(transport)
         self.server._connections.add(self)
         self._preface_timer = self.loop.call_later(PREFACE_TIMEOUT, self._no_preface)
+        self._busy_at = self.loop.time()
+        self._idle_timer = self.loop.call_later(IDLE_TIMEOUT / 2, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        if self.closed:
+            return
+        now = self.loop.time()
+        if self.streams:
+            self._busy_at = now
+        elif now - self._busy_at >= IDLE_TIMEOUT:
+            self.write(f.goaway(self._last_stream, f.NO_ERROR, b"idle"))
+            self.flush()
+            if self.transport is not None:
+                self.transport.close()
+            return
+        self._idle_timer = self.loop.call_later(IDLE_TIMEOUT / 2, self._idle_check)
 
     def _no_preface(self) -> None:
         if len(self._preface) < 24 and not self.closed:
@@ -212,8 +234,9 @@ class ServerConnection(Connection):
         super().data_received(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._preface_timer is not None:
-            self._preface_timer.cancel()
+        for timer in (self._preface_timer, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
         streams = list(self.streams.values())
         super().connection_lost(exc)
         for stream in streams:
@@ -242,6 +265,7 @@ class ServerConnection(Connection):
         if sid % 2 == 0 or sid <= self._last_stream:
             raise f.ProtocolError(f"bad new stream id {sid}")
         self._last_stream = sid
+        self._busy_at = self.loop.time()
         if len(self.streams) >= self.server.max_concurrent_streams:
             # RFC 9113 5.1.2: beyond the advertised limit, refused (the client may retry).
             self.write(f.rst_stream(sid, f.REFUSED_STREAM))

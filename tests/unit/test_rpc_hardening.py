@@ -374,3 +374,27 @@ async def test_client_stream_ids_never_wrap(server: Any) -> None:
         assert second is not None and second is not first and second.next_id == 3
     finally:
         await channel.close()
+
+
+async def test_idle_connections_are_sent_away(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gazette.rpc.server as rpc_server
+
+    monkeypatch.setattr(rpc_server, "IDLE_TIMEOUT", 0.4)
+    srv = RpcServer()
+    srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Echo", {
+        "Echo": grpc.unary_unary_rpc_method_handler(_echo),
+        "Park": grpc.unary_unary_rpc_method_handler(_park)})])
+    port = await srv.start("127.0.0.1", 0)
+    try:
+        busy = await Raw.connect(port)
+        busy.headers(1, PARK)  # An RPC in progress keeps its connection.
+        idle = await Raw.connect(port)
+        assert await idle.goaway_code() == f.NO_ERROR
+        busy.send(f.frame(f.PING, 0, 0, bytes(8)))
+        assert await busy.until(f.PING) is not None
+        assert not any(fr[0] == f.GOAWAY for fr in busy.seen)
+        # Our client dials again after a GOAWAY.
+        await _still_serving(port)
+        busy.close()
+    finally:
+        await srv.stop(0)
