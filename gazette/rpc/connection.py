@@ -483,7 +483,9 @@ class Connection(asyncio.Protocol):
                 raise f.ProtocolError(f"WINDOW_UPDATE on idle stream {sid}")
             stream = self.streams.get(sid)
             if stream is None:
-                return  # A closed stream: harmless (RFC 9113 6.9).
+                if inc == 0:  # Still malformed (RFC 9113 6.9): a stream error.
+                    self.write(f.rst_stream(sid, f.PROTOCOL_ERROR))
+                return  # A closed stream's update is harmless (RFC 9113 6.9).
             if inc == 0:
                 self.reset_stream(stream, f.PROTOCOL_ERROR,
                                   f.ProtocolError("WINDOW_UPDATE of zero"))
@@ -501,8 +503,14 @@ class Connection(asyncio.Protocol):
         if self._conn_unacked >= CONNECTION_WINDOW >> 2 and self._withheld is None:
             self.replenish()
         stream = self.streams.get(sid)
-        if stream is None or stream.remote_closed:
-            return  # a stream we reset or finished: its data only counts toward the connection
+        if stream is None:
+            # A closed stream: its data counts toward the connection only, and the peer learns
+            # the stream is closed (RFC 9113 5.1: a stream error, STREAM_CLOSED).
+            self.write(f.rst_stream(sid, f.STREAM_CLOSED))
+            return
+        if stream.remote_closed:  # DATA after END_STREAM (RFC 9113 5.1: half-closed remote)
+            self.reset_stream(stream, f.STREAM_CLOSED, f.ProtocolError("DATA after END_STREAM"))
+            return
         content = f.strip_padding(flags, payload, priority=False) if flags & f.PADDED else payload
         try:
             stream.on_data(content, bool(flags & f.END_STREAM))

@@ -259,8 +259,13 @@ class ServerConnection(Connection):
         stream = self.streams.get(sid)
         if stream is not None:
             # Trailers from a client are not part of gRPC; treat them as the end of its stream.
-            if end_stream:
+            # A second header block that does not end the stream, or carries pseudo-headers,
+            # is malformed (RFC 9113 8.1): a stream error.
+            if end_stream and not any(name.startswith(":") for name, _ in headers):
                 stream.on_data(memoryview(b""), True)
+            else:
+                self.reset_stream(stream, f.PROTOCOL_ERROR,
+                                  f.ProtocolError("malformed trailers after the request"))
             return
         if sid % 2 == 0 or sid <= self._last_stream:
             raise f.ProtocolError(f"bad new stream id {sid}")
