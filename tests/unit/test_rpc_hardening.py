@@ -5,6 +5,7 @@ on another connection keeps being served."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,18 +31,28 @@ async def _park(request: bytes, context: Any) -> bytes:
     return b""
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[tuple[RpcServer, int]]:
-    srv = RpcServer(max_concurrent_streams=8)
+def _test_echo(srv: RpcServer, **more: Any) -> RpcServer:
+    """``srv`` serving test.Echo: Echo, Park (never returns) and ``more`` handlers."""
     srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Echo", {
         "Echo": grpc.unary_unary_rpc_method_handler(_echo),
-        "Park": grpc.unary_unary_rpc_method_handler(_park),
-    })])
+        "Park": grpc.unary_unary_rpc_method_handler(_park), **more})])
+    return srv
+
+
+@contextlib.asynccontextmanager
+async def _serving(srv: RpcServer) -> AsyncIterator[int]:
     port = await srv.start("127.0.0.1", 0)
     try:
-        yield srv, port
+        yield port
     finally:
         await srv.stop(0)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[RpcServer, int]]:
+    srv = _test_echo(RpcServer(max_concurrent_streams=8))
+    async with _serving(srv) as port:
+        yield srv, port
 
 
 class Raw:
@@ -238,9 +249,7 @@ async def port_rig(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> AsyncItera
         return web.Response(text="hello")
 
     runner = await http.start_app([web.get("/hello", hello)])
-    srv = RpcServer()
-    srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Echo", {
-        "Echo": grpc.unary_unary_rpc_method_handler(_echo)})])
+    srv = _test_echo(RpcServer())
     assert runner.server is not None
     mux = Multiplexer(str(tmp_path / "grpc.sock"), runner.server, h2_protocol_factory=srv.protocol)
     mux.first_bytes_timeout = 0.5
@@ -320,12 +329,8 @@ async def test_streams_that_are_not_read_pin_a_bounded_amount(monkeypatch: pytes
         await asyncio.Event().wait()  # Never reads what the client sends.
         return b""
 
-    srv = RpcServer()
-    srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Echo", {
-        "Sink": grpc.stream_unary_rpc_method_handler(sink),
-        "Echo": grpc.unary_unary_rpc_method_handler(_echo)})])
-    port = await srv.start("127.0.0.1", 0)
-    try:
+    srv = _test_echo(RpcServer(), Sink=grpc.stream_unary_rpc_method_handler(sink))
+    async with _serving(srv) as port:
         raw = await Raw.connect(port)
         streams = [1, 3, 5, 7]  # Each may take 16 MiB (its window): 64 MiB in all, unbounded.
         for sid in streams:
@@ -352,8 +357,6 @@ async def test_streams_that_are_not_read_pin_a_bounded_amount(monkeypatch: pytes
         assert sent <= (1 << 20) + (2 << 20) + f.DEFAULT_WINDOW
         raw.close()
         await _still_serving(port)
-    finally:
-        await srv.stop(0)
 
 
 async def test_client_stream_ids_never_wrap(server: Any) -> None:
@@ -380,12 +383,7 @@ async def test_idle_connections_are_sent_away(monkeypatch: pytest.MonkeyPatch) -
     import gazette.rpc.server as rpc_server
 
     monkeypatch.setattr(rpc_server, "IDLE_TIMEOUT", 0.4)
-    srv = RpcServer()
-    srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Echo", {
-        "Echo": grpc.unary_unary_rpc_method_handler(_echo),
-        "Park": grpc.unary_unary_rpc_method_handler(_park)})])
-    port = await srv.start("127.0.0.1", 0)
-    try:
+    async with _serving(_test_echo(RpcServer())) as port:
         busy = await Raw.connect(port)
         busy.headers(1, PARK)  # An RPC in progress keeps its connection.
         idle = await Raw.connect(port)
@@ -396,5 +394,3 @@ async def test_idle_connections_are_sent_away(monkeypatch: pytest.MonkeyPatch) -
         # Our client dials again after a GOAWAY.
         await _still_serving(port)
         busy.close()
-    finally:
-        await srv.stop(0)
