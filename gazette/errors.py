@@ -36,7 +36,10 @@ Invariants:
 
 from __future__ import annotations
 
-__all__ = ["GazetteError", "ValidationError"]
+import logging
+import secrets
+
+__all__ = ["GazetteError", "ValidationError", "incident"]
 
 
 class GazetteError(Exception):
@@ -77,3 +80,11 @@ class ValidationError(GazetteError, ValueError):
 
     def __str__(self) -> str:
         return f"{self.field}: {self.rule}" if self.field else self.rule
+
+
+def incident(log: logging.Logger, what: str, err: BaseException) -> str:
+    """Logs an unexpected ``err`` (a bug) with its traceback under a new incident id, and
+    returns what a client is told instead: that id, nothing of the error itself."""
+    ident = secrets.token_hex(4)
+    log.error("unexpected error", exc_info=err, extra={"rpc": what, "incident": ident})
+    return f"internal error (incident {ident}; the server's log has the details)"

@@ -359,10 +359,6 @@ class Connection(asyncio.Protocol):
         if self._continuation is not None and ftype != f.CONTINUATION:
             raise f.ProtocolError("expected a CONTINUATION frame")
         if ftype == f.DATA:
-            if sid == 0:
-                raise f.ProtocolError("DATA on stream 0")
-            if self.stream_is_idle(sid):
-                raise f.ProtocolError(f"DATA on idle stream {sid}")
             self._on_data(flags, sid, payload)
         elif ftype == f.HEADERS:
             if sid == 0:
@@ -432,12 +428,7 @@ class Connection(asyncio.Protocol):
             if sid == 0:
                 raise f.ProtocolError("PRIORITY on stream 0")
             if len(payload) != 5:
-                stream = self.streams.get(sid)
-                if stream is not None:
-                    self.reset_stream(stream, f.FRAME_SIZE_ERROR,
-                                      f.ProtocolError("PRIORITY of the wrong size"))
-                else:
-                    self.write(f.rst_stream(sid, f.FRAME_SIZE_ERROR))
+                self._stream_error(sid, f.FRAME_SIZE_ERROR, "PRIORITY of the wrong size")
                 return
             self._calm()  # Otherwise ignored, as RFC 9113 deprecates priorities.
         # Unknown frame types are ignored, as RFC 9113 requires.
@@ -456,6 +447,15 @@ class Connection(asyncio.Protocol):
             return
         self.write(f.window_update(0, self._conn_unacked))
         self._conn_unacked = 0
+
+    def _stream_error(self, sid: int, code: int, message: str) -> None:
+        """A stream error: the stream is reset (failing its reader), or, closed already,
+        the peer is told with a bare RST_STREAM."""
+        stream = self.streams.get(sid)
+        if stream is not None:
+            self.reset_stream(stream, code, f.ProtocolError(message))
+        else:
+            self.write(f.rst_stream(sid, code))
 
     def _check_header_block(self, size: int, continuations: int) -> None:
         if size > MAX_HEADER_BLOCK or continuations > MAX_CONTINUATIONS:
@@ -481,18 +481,14 @@ class Connection(asyncio.Protocol):
         else:
             if self.stream_is_idle(sid):
                 raise f.ProtocolError(f"WINDOW_UPDATE on idle stream {sid}")
+            if inc == 0:  # Malformed even on a closed stream (RFC 9113 6.9).
+                self._stream_error(sid, f.PROTOCOL_ERROR, "WINDOW_UPDATE of zero")
+                return
             stream = self.streams.get(sid)
             if stream is None:
-                if inc == 0:  # Still malformed (RFC 9113 6.9): a stream error.
-                    self.write(f.rst_stream(sid, f.PROTOCOL_ERROR))
                 return  # A closed stream's update is harmless (RFC 9113 6.9).
-            if inc == 0:
-                self.reset_stream(stream, f.PROTOCOL_ERROR,
-                                  f.ProtocolError("WINDOW_UPDATE of zero"))
-                return
             if stream.send_window + inc > f.MAX_WINDOW:
-                self.reset_stream(stream, f.FLOW_CONTROL_ERROR,
-                                  f.ProtocolError("stream window over 2^31-1"))
+                self._stream_error(sid, f.FLOW_CONTROL_ERROR, "stream window over 2^31-1")
                 return
             stream.send_window += inc
         self.wake_senders()
@@ -504,8 +500,11 @@ class Connection(asyncio.Protocol):
             self.replenish()
         stream = self.streams.get(sid)
         if stream is None:
-            # A closed stream: its data counts toward the connection only, and the peer learns
-            # the stream is closed (RFC 9113 5.1: a stream error, STREAM_CLOSED).
+            # Checked only off the open-stream path: DATA on stream 0 or an idle stream is a
+            # connection error; on a closed one it counts toward the connection only, and the
+            # peer learns the stream is closed (RFC 9113 5.1: a stream error, STREAM_CLOSED).
+            if sid == 0 or self.stream_is_idle(sid):
+                raise f.ProtocolError(f"DATA on {'stream 0' if sid == 0 else f'idle stream {sid}'}")
             self.write(f.rst_stream(sid, f.STREAM_CLOSED))
             return
         if stream.remote_closed:  # DATA after END_STREAM (RFC 9113 5.1: half-closed remote)

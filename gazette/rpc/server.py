@@ -23,13 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import grpc
 import grpc.aio
 
+from gazette.errors import incident
 from gazette.rpc import frames as f
 from gazette.rpc.connection import (
     CALM_BURST,
@@ -448,16 +448,12 @@ class RpcServer:
                 code, details = grpc.StatusCode.UNAVAILABLE, "the server is stopping"
         except StreamReset:
             return  # the stream is gone (reset, connection lost): nobody to tell
-        except Exception:
+        except Exception as err:
             if ctx.code is not None and ctx.code is not grpc.StatusCode.OK:
                 code, details = ctx.code, ctx.details  # aborted, then the servicer raised
             else:
                 # The client learns nothing of the error but where the log keeps it.
-                ident = secrets.token_hex(4)
-                log.exception("RPC handler failed", extra={
-                    "method": _method_name(handler), "peer": ctx.peer(), "incident": ident})
-                code = grpc.StatusCode.UNKNOWN
-                details = f"internal error (incident {ident}; the server's log has the details)"
+                code, details = grpc.StatusCode.UNKNOWN, incident(log, _method_name(handler), err)
         finally:
             if stream.deadline_handle is not None:
                 stream.deadline_handle.cancel()

@@ -24,16 +24,15 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 import grpc
 from aiohttp import web
 
-from gazette.errors import GazetteError
+from gazette.errors import GazetteError, incident
 
-__all__ = ["grpc_edge", "grpc_edge_bound", "grpc_status", "http_error", "incident"]
+__all__ = ["grpc_edge", "grpc_edge_bound", "grpc_status", "http_error"]
 
 log = logging.getLogger(__name__)
 
@@ -57,21 +56,13 @@ def _note(name: str, err: BaseException, code: grpc.StatusCode) -> None:
     log.info("rpc ended", extra={"rpc": name, "code": code.name, "err": str(err)})
 
 
-def incident(what: str, err: BaseException) -> str:
-    """Logs an unexpected ``err`` (with its traceback) under a new incident id, and returns
-    what a client is told instead: nothing of the error itself."""
-    ident = secrets.token_hex(4)
-    log.error("unexpected error", exc_info=err, extra={"rpc": what, "incident": ident})
-    return f"internal error (incident {ident}; the server's log has the details)"
-
-
 async def _end(name: str, context: Any, err: Exception) -> None:
     """Ends the RPC for ``err`` (``context.abort`` raises); an abort passes through."""
     if isinstance(err, grpc.aio.AbortError):
         raise err
     status = grpc_status(err)
     if status is None:
-        await context.abort(grpc.StatusCode.UNKNOWN, incident(name, err))
+        await context.abort(grpc.StatusCode.UNKNOWN, incident(log, name, err))
         return
     _note(name, err, status[0])
     await context.abort(*status)
@@ -135,5 +126,5 @@ def http_error(err: BaseException) -> web.Response:
     elif isinstance(err, grpc.aio.AioRpcError):
         status, text = 500, f"{err.code().name}: {err.details()}"
     else:
-        status, text = 500, incident("http", err)
+        status, text = 500, incident(log, "http", err)
     return web.Response(status=status, text=f"{text}\n")

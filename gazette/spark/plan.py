@@ -31,7 +31,7 @@ from typing import Final, TypeVar
 
 import grpc
 
-from gazette.client.errors import ClientError
+from gazette.client.errors import TransportError
 from gazette.client.journal_client import JournalClient
 from gazette.client.listing import list_journals
 from gazette.message.framing import CONTENT_TYPE
@@ -98,13 +98,14 @@ def run_planning(broker: str, work: Callable[[JournalClient], Awaitable[T]]) -> 
 
     try:
         return asyncio.run(main())
-    except (ClientError, grpc.RpcError, OSError) as err:
-        text = str(err)
-        if isinstance(err, ClientError) and "UNAVAILABLE" not in text and "connect" not in text:
+    except TransportError as err:
+        if err.code is not grpc.StatusCode.UNAVAILABLE:
             raise
         raise BrokerUnreachableError(
-            f"cannot reach a Gazette broker at {broker!r} (option 'broker'): {text}"
-        ) from None
+            f"cannot reach a Gazette broker at {broker!r} (option 'broker'): {err}") from None
+    except OSError as err:
+        raise BrokerUnreachableError(
+            f"cannot reach a Gazette broker at {broker!r} (option 'broker'): {err}") from None
 
 
 async def list_matching(client: JournalClient, selector: str) -> list[JournalInfo]:

@@ -252,6 +252,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
         self.schema = schema
         self._target: dict[str, int] | None = None
+        self._heads_seen: dict[str, int] | None = None  # By the last latestOffset.
 
     def _listing(self) -> tuple[list[JournalInfo], dict[str, list[int]]]:
         """Matching journals and the sorted fragment ends of each (the last: its head)."""
@@ -290,6 +291,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any] | None = None,
                      limit: ReadLimit | None = None) -> dict[str, Any]:
         journals, fragment_ends = self._listing()
+        self._heads_seen = {j: e[-1] for j, e in fragment_ends.items()}
         start = dict(start or {})
         budget = limit.max_bytes if isinstance(limit, ReadMaxBytes) else 0
         share = max(budget // max(len(journals), 1), 1) if budget else 0
@@ -343,8 +345,8 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
-        _, heads = self._heads()
-        return dict(heads)
+        # The heads latestOffset just listed: reporting them costs no second listing.
+        return dict(self._heads_seen) if self._heads_seen is not None else None
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         opts = self.opts
