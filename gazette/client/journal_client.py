@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import grpc
 from google.protobuf import duration_pb2
 
+from gazette.auth import Authorizer, authorize_channel
 from gazette.client.errors import (
     ApplyError,
     FragmentsError,
@@ -31,8 +32,9 @@ from gazette.client.errors import (
 )
 from gazette.client.route_cache import RouteCache, pick
 from gazette.protocol import protocol_pb2 as pb
-from gazette.rpc.channel import insecure_channel
+from gazette.rpc.channel import insecure_channel, secure_channel
 from gazette.rpc.seam import ChannelFactory, RpcChannel
+from gazette.rpc.tls import ClientTLS
 
 # The generated stubs are untyped; load them as Any rather than type-check generated code.
 pb_grpc: Any = importlib.import_module("gazette.protocol.protocol_pb2_grpc")
@@ -72,15 +74,14 @@ def grpc_target(endpoint: str) -> tuple[str, bool]:
     return f"{host}:{port}", tls
 
 
-def channel_for(endpoint: str, factory: ChannelFactory,
-                options: Sequence[tuple[str, Any]]) -> RpcChannel:
-    """A channel to ``endpoint``: grpcio's TLS channel for ``https://``, else ``factory``'s."""
-    target, tls = grpc_target(endpoint)
-    if tls:
-        channel: RpcChannel = grpc.aio.secure_channel(
-            target, grpc.ssl_channel_credentials(), options=list(options))
-        return channel
-    return factory(target, list(options))
+def channel_for(endpoint: str, factory: ChannelFactory, options: Sequence[tuple[str, Any]],
+                tls: ClientTLS | None = None, auth: Authorizer | None = None) -> RpcChannel:
+    """A channel to ``endpoint``: a TLS channel trusting ``tls`` for ``https://``, else
+    ``factory``'s; its calls carry ``auth``'s tokens."""
+    target, secure = grpc_target(endpoint)
+    if secure:
+        return authorize_channel(secure_channel(target, options, tls), auth)
+    return authorize_channel(factory(target, list(options)), auth)
 
 
 def rpc_error(err: grpc.aio.AioRpcError, endpoint: str = "", journal: str = "") -> TransportError:
@@ -102,19 +103,21 @@ class JournalClient:
     """Async client of the Journal service, routing by journal.
 
     Channels to brokers come from ``channel_factory`` (default: ``gazette.rpc``'s, or grpcio's
-    with ``GAZETTE_RPC=grpcio``; ``https://`` addresses always use grpcio's TLS channels), one
-    per endpoint, closed with the client."""
+    with ``GAZETTE_RPC=grpcio``; ``https://`` addresses dial TLS trusting ``tls``), one per
+    endpoint, closed with the client. With ``auth`` every call carries its token."""
 
     def __init__(self, address: str = DEFAULT_ADDRESS, *, zone: str = "",
                  route_cache: RouteCache | None = None,
                  channel_options: Sequence[tuple[str, Any]] = (),
-                 channel_factory: ChannelFactory = insecure_channel) -> None:
+                 channel_factory: ChannelFactory = insecure_channel,
+                 tls: ClientTLS | None = None, auth: Authorizer | None = None) -> None:
         grpc_target(address)  # Validate eagerly: a bad address is a configuration error.
         self.address = address
         self.zone = zone
         self.routes = route_cache if route_cache is not None else RouteCache()
         self._options = list(CHANNEL_OPTIONS) + list(channel_options)
         self._channel_factory = channel_factory
+        self.tls, self.auth = tls, auth
         self._channels: dict[str, RpcChannel] = {}
         self._stubs: dict[str, Any] = {}
 
@@ -126,7 +129,7 @@ class JournalClient:
         stub = self._stubs.get(endpoint)
         if stub is None:
             channel = self._channels[endpoint] = channel_for(
-                endpoint, self._channel_factory, self._options)
+                endpoint, self._channel_factory, self._options, self.tls, self.auth)
             stub = self._stubs[endpoint] = pb_grpc.JournalStub(channel)
         return stub
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from gazette.auth import Authorizer
 from gazette.client.journal_client import (
     CHANNEL_OPTIONS,
     DEFAULT_ADDRESS,
@@ -31,6 +32,7 @@ from gazette.protocol import consumer_pb2_grpc as pc_grpc
 from gazette.protocol import protocol_pb2 as pb
 from gazette.rpc.channel import insecure_channel
 from gazette.rpc.seam import ChannelFactory, RpcChannel
+from gazette.rpc.tls import ClientTLS
 
 __all__ = ["ShardClient", "ShardStatusError", "shard_status_name"]
 
@@ -58,9 +60,11 @@ class ShardStatusError(ConsumerError):
 
 class ShardClient:
     def __init__(self, address: str = DEFAULT_ADDRESS, *,
-                 channel_factory: ChannelFactory = insecure_channel) -> None:
+                 channel_factory: ChannelFactory = insecure_channel,
+                 tls: ClientTLS | None = None, auth: Authorizer | None = None) -> None:
         self.address = address
         self._channel_factory = channel_factory
+        self.tls, self.auth = tls, auth
         self._channels: dict[str, RpcChannel] = {}
         self._stubs: dict[str, Any] = {}
         grpc_target(address)  # Validate eagerly: a bad address is a configuration error.
@@ -70,7 +74,8 @@ class ShardClient:
         endpoint = endpoint or self.address
         channel = self._channels.get(endpoint)
         if channel is None:
-            channel = self._channels[endpoint] = channel_for(endpoint, self._channel_factory, CHANNEL_OPTIONS)
+            channel = self._channels[endpoint] = channel_for(
+                endpoint, self._channel_factory, CHANNEL_OPTIONS, self.tls, self.auth)
         return channel
 
     def stub(self, endpoint: str | None = None) -> Any:

@@ -36,6 +36,7 @@ from gazette.rpc import frames as f
 from gazette.rpc import use_grpcio
 from gazette.rpc.connection import DEFAULT_MAX_MESSAGE, Connection, Stream, StreamReset
 from gazette.rpc.seam import RpcChannel
+from gazette.rpc.tls import HANDSHAKE_TIMEOUT, ClientTLS
 
 _USER_AGENT = "gazette-python-rpc/1"
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
@@ -221,8 +222,9 @@ class Channel:
     """A client channel to one target (``host:port`` or ``unix:path``)."""
 
     def __init__(self, target: str, options: Sequence[tuple[str, Any]] = (),
-                 *, max_message: int = DEFAULT_MAX_MESSAGE) -> None:
+                 *, max_message: int = DEFAULT_MAX_MESSAGE, tls: ClientTLS | None = None) -> None:
         self.target = target
+        self.tls = tls
         self.max_message = max_message
         opts = dict(options)
         self.keepalive_time = float(opts.get("grpc.keepalive_time_ms", 0)) / 1000.0
@@ -269,7 +271,12 @@ class Channel:
             else:
                 host, _, port = self.target.rpartition(":")
                 host = host.strip("[]") or "localhost"
-                _, conn = await loop.create_connection(lambda: ClientConnection(self), host, int(port))
+                if self.tls is None:
+                    _, conn = await loop.create_connection(lambda: ClientConnection(self), host, int(port))
+                else:
+                    _, conn = await loop.create_connection(
+                        lambda: ClientConnection(self), host, int(port), ssl=self.tls.context,
+                        server_hostname=host, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
         except (OSError, ValueError) as err:
             raise _rpc_error(_UNAVAILABLE, f"failed to connect to {self.target}: {err}") from err
         self._conn = conn
@@ -629,4 +636,18 @@ def insecure_channel(target: str, options: Sequence[tuple[str, Any]] = ()) -> Rp
     return Channel(target, options)
 
 
-__all__ = ["Channel", "ClientConnection", "insecure_channel"]
+def secure_channel(target: str, options: Sequence[tuple[str, Any]] = (),
+                   tls: ClientTLS | None = None) -> RpcChannel:
+    """A TLS :class:`Channel` to ``target`` trusting ``tls`` (default: the system's CAs, no
+    client certificate), or grpcio's secure channel when ``GAZETTE_RPC=grpcio``."""
+    tls = tls if tls is not None else ClientTLS()
+    if use_grpcio():
+        root, key, chain = tls.pem()
+        creds = grpc.ssl_channel_credentials(root, key, chain)
+        channel: RpcChannel = grpc.aio.secure_channel(target, creds, options=list(options))
+        return channel
+    tls.context  # noqa: B018 - a bad file fails here, at configuration, not at first dial
+    return Channel(target, options, tls=tls)
+
+
+__all__ = ["Channel", "ClientConnection", "insecure_channel", "secure_channel"]

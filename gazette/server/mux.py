@@ -14,6 +14,11 @@ listener is gone but connections already handed on keep flowing (graceful stops 
 RPCs); ``abort()`` ends whatever splices remain, and waits. A connection that says nothing
 for ``first_bytes_timeout`` seconds is closed, and beyond ``max_connections`` open ones a new
 connection is closed at once (each holds a socket, buffers and a protocol: bounded).
+
+With TLS (``tls``: Gazette's ``--*.server-cert-file`` and friends) the listener completes the
+handshake first (within ``HANDSHAKE_TIMEOUT``; ALPN offers ``h2`` and ``http/1.1``) and sniffs
+the decrypted bytes the same way; our gRPC server and aiohttp run unchanged over the TLS
+transport, and grpcio's connections are relayed through the loop (:class:`_Relay`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from gazette.rpc.tls import HANDSHAKE_TIMEOUT, ServerTLS
 from gazette.server.splice import CLOSING, SPLICE, Helper, Splice, join_threads
 from gazette.tasks import Supervisor
 
@@ -69,6 +75,8 @@ class _Sniffer(asyncio.Protocol):
         if bytes(self._buf[:_SNIFF_LEN]) == H2_PREFACE[:_SNIFF_LEN]:
             if self._mux.h2_protocol_factory is not None:
                 self._hand_to(self._mux.h2_protocol_factory)
+            elif self._mux.tls is not None:  # the kernel cannot splice what TLS encrypts
+                self._hand_to(lambda: _Relay(self._mux))
             else:
                 self._splice_grpc()
         else:
@@ -106,21 +114,124 @@ class _Sniffer(asyncio.Protocol):
             self._timer = None
 
 
+class _Relay(asyncio.Protocol):
+    """Relays one (TLS) gRPC connection to grpcio's socket through the event loop: the
+    fallback's path when the kernel cannot splice (the public side is encrypted).
+
+    Back-pressure both ways: a side whose peer's write buffer is full stops reading; either
+    side's end of stream is forwarded, and either side's loss closes the other."""
+
+    def __init__(self, mux: Multiplexer) -> None:
+        self._mux = mux
+        self._client: asyncio.Transport | None = None
+        self._up: asyncio.Transport | None = None
+        self._pending: list[bytes] = []
+        self._eof = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._client = transport
+        self._mux._relays.add(self)
+        self._mux._connecting.spawn("relay connect", self._connect())
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            up, _ = await loop.create_unix_connection(lambda: _Upstream(self), self._mux.grpc_socket)
+        except OSError as err:
+            log.warning("gRPC relay: cannot reach the grpc socket: %s", err)
+            self.abort()
+            return
+        if self._client is None or self._client.is_closing():
+            up.close()
+            return
+        self._up = up
+        for data in self._pending:
+            up.write(data)
+        self._pending = []
+        if self._eof and up.can_write_eof():
+            up.write_eof()
+
+    def data_received(self, data: bytes) -> None:
+        if self._up is None:
+            self._pending.append(data)
+        else:
+            self._up.write(data)
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        if self._up is not None and self._up.can_write_eof():
+            self._up.write_eof()
+        return True  # keep the TLS side open for grpcio's remaining answers
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._mux._relays.discard(self)
+        if self._up is not None:
+            self._up.close()
+
+    # Back-pressure: the client's write buffer full pauses reading from grpcio.
+    def pause_writing(self) -> None:
+        if self._up is not None:
+            self._up.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._up is not None:
+            self._up.resume_reading()
+
+    def abort(self) -> None:
+        if self._client is not None:
+            self._client.abort()
+        if self._up is not None:
+            self._up.abort()
+
+
+class _Upstream(asyncio.Protocol):
+    """grpcio's side of a :class:`_Relay`."""
+
+    def __init__(self, relay: _Relay) -> None:
+        self._relay = relay
+
+    def data_received(self, data: bytes) -> None:
+        if self._relay._client is not None:
+            self._relay._client.write(data)
+
+    def eof_received(self) -> bool:
+        if self._relay._client is not None:
+            self._relay._client.close()  # grpcio ended the connection: end it whole
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._relay._client is not None:
+            self._relay._client.close()
+
+    def pause_writing(self) -> None:
+        if self._relay._client is not None:
+            self._relay._client.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._relay._client is not None:
+            self._relay._client.resume_reading()
+
+
 class Multiplexer:
     """Serves ``host:port``, dispatching each connection to gRPC or HTTP/1.1.
 
     ``h2_protocol_factory``: serve gRPC in this process with that protocol; otherwise
     ``splice_process``: splice gRPC connections in a helper process (the default), else in
-    threads of this one.
+    threads of this one. With ``tls`` the port speaks TLS (mTLS if it names a client CA); gRPC
+    for grpcio is then relayed through the event loop rather than spliced.
     """
 
     def __init__(self, grpc_socket: str, http_protocol_factory: Callable[[], asyncio.Protocol],
                  *, splice_process: bool = True,
-                 h2_protocol_factory: Callable[[], asyncio.Protocol] | None = None) -> None:
+                 h2_protocol_factory: Callable[[], asyncio.Protocol] | None = None,
+                 tls: ServerTLS | None = None) -> None:
         self.grpc_socket = grpc_socket
+        self.tls = tls
+        self._relays: set[_Relay] = set()
         self.http_protocol_factory = http_protocol_factory
         self.h2_protocol_factory = h2_protocol_factory
-        self._splice_process = splice_process and h2_protocol_factory is None
+        self._splice_process = splice_process and h2_protocol_factory is None and tls is None
         self._server: asyncio.Server | None = None
         self._helper: Helper | None = None
         self._ids = itertools.count(1)
@@ -165,8 +276,10 @@ class Multiplexer:
             except (OSError, subprocess.SubprocessError) as err:
                 log.warning("gRPC splice helper did not start (%s); splicing in the broker process", err)
         try:
-            self._server = await loop.create_server(lambda: _Sniffer(self), host, port,
-                                                    reuse_address=True)
+            ssl_ctx = self.tls.context if self.tls is not None else None
+            self._server = await loop.create_server(
+                lambda: _Sniffer(self), host, port, reuse_address=True, ssl=ssl_ctx,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT if ssl_ctx is not None else None)
         except BaseException:  # e.g. the port is taken: the helper has nothing to do
             await self.abort()
             raise
@@ -254,6 +367,8 @@ class Multiplexer:
             t.cancel()
         if connecting:  # bounded: a connect stuck in the kernel must not hold the stop
             await asyncio.wait(connecting, timeout=within)
+        for relay in list(self._relays):
+            relay.abort()
         threads = [t for sp in self._local.values() for t in sp.threads]
         for sp in list(self._local.values()):
             sp.abort()

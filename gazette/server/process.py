@@ -46,6 +46,7 @@ from gazette.etcd import connect as etcd_connect
 from gazette.etcd.keyspace import KeySpace
 from gazette.protocol import protocol_pb2 as pb
 from gazette.rpc.server import RpcServer
+from gazette.rpc.tls import ServerTLS
 from gazette.server.grpc import GrpcServer, build_server
 from gazette.server.http import debug_routes, start_app
 from gazette.server.mux import Multiplexer
@@ -76,13 +77,15 @@ class MemberProcess:
     def __init__(self, *, zone: str, suffix: str, host: str, port: int, etcd_address: str,
                  etcd_lease: float, keyspace: KeySpace, is_consistent: IsConsistentFn,
                  advertise_host: str | None = None,
-                 replication: Callable[[object], int] = desired_replication) -> None:
+                 replication: Callable[[object], int] = desired_replication,
+                 tls: ServerTLS | None = None) -> None:
         self.local_id = pb.ProcessSpec.ID(zone=zone, suffix=suffix)
         self.host, self.port, self.advertise_host = host, port, advertise_host
         self.etcd_address, self.etcd_lease = etcd_address, etcd_lease
         self.keyspace = keyspace
         self.is_consistent = is_consistent
         self.replication = replication
+        self.tls = tls
         self.endpoint = ""
         self.bound_port = 0
         self.ready = asyncio.Event()
@@ -164,14 +167,15 @@ class MemberProcess:
         runner = await start_app([*debug_routes(self.ready, self.not_serving), *self.http_routes()])
         assert runner.server is not None
         mux = Multiplexer(os.path.join(self.scratch_dir, "grpc.sock"), runner.server, h2_protocol_factory=(
-            grpc_server.protocol if isinstance(grpc_server, RpcServer) else None))
+            grpc_server.protocol if isinstance(grpc_server, RpcServer) else None), tls=self.tls)
         try:
             await self._load_keyspace()
             if not isinstance(grpc_server, RpcServer):
                 await grpc_server.start()
             self.bound_port = await mux.start(self.host, self.port)
             adv = self.advertise_host or (self.host if self.host not in ("", "0.0.0.0") else socket.gethostname())
-            self.endpoint = f"http://{adv}:{self.bound_port}"
+            scheme = "https" if self.tls is not None else "http"
+            self.endpoint = f"{scheme}://{adv}:{self.bound_port}"
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 tg.create_task(self.keyspace.watch(self.etcd), name="keyspace-watch")
