@@ -51,6 +51,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from gazette.allocator import desired_replication
+from gazette.auth import Claims
 from gazette.broker import metrics
 from gazette.broker.context import BrokerContext
 from gazette.broker.flow import AppendFlowControl, flow_controlled
@@ -131,9 +132,10 @@ _Acks = tuple["Pipeline", "Replica", "asyncio.Future[None]", "asyncio.Future[Non
 class AppendFSM:
     """One append's walk through the state machine (see the module docstring)."""
 
-    def __init__(self, broker: BrokerContext, req: pb.AppendRequest) -> None:
+    def __init__(self, broker: BrokerContext, req: pb.AppendRequest, claims: Claims | None = None) -> None:
         self.broker = broker
         self.req = req
+        self.claims = claims
         self.state = RESOLVE
         self.res: Resolution | None = None
         self.replica: Replica | None = None  # whose send side we own, if any
@@ -191,6 +193,7 @@ class AppendFSM:
             require_primary=True,
             min_etcd_revision=self.read_through,
             proxy_header=req.header if req.HasField("header") else None,
+            claims=self.claims,
         )
         self.res = res
         if res.status == pb.SUSPENDED and req.suspend == pb.AppendRequest.SUSPEND_RESUME:
@@ -595,9 +598,11 @@ def _consume(task: asyncio.Future[None]) -> None:
         task.exception()
 
 
-async def append(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIterator[AppendChunk]) -> pb.AppendResponse:
-    """Serves one Append; ``rest`` yields the content chunks after ``first``."""
-    fsm = AppendFSM(broker, first)
+async def append(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIterator[AppendChunk],
+                 claims: Claims | None = None) -> pb.AppendResponse:
+    """Serves one Append; ``rest`` yields the content chunks after ``first``; a journal
+    ``claims`` do not reach is not found."""
+    fsm = AppendFSM(broker, first, claims)
     try:
         await fsm.run_to_stream()
         res = fsm.res

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gazette.rpc.tls import ClientTLS, ServerTLS
 from gazette.server.process import random_suffix
 
 __all__ = ["BrokerConfig"]
@@ -29,3 +30,8 @@ class BrokerConfig:
     # Append flow control, bytes per second (see broker/flow.py); max 0 is no limit.
     max_append_rate: int = 0
     min_append_rate: int = 1 << 16
+    # Security: TLS of the broker's port (mTLS if it names a client CA), TLS of its dials to
+    # peers, and the keys signing and verifying bearer tokens ("" is authorization off).
+    tls: ServerTLS | None = None
+    peer_tls: ClientTLS | None = None
+    auth_keys: str = ""

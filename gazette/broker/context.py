@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
+from gazette.auth import Claims, Verifier
 from gazette.broker.config import BrokerConfig
 from gazette.broker.fragment.health import StoreHealth
 from gazette.broker.pipeline import PeerStream
@@ -36,6 +37,8 @@ class BrokerContext(Protocol):
     stores: Stores
     store_health: StoreHealth
     ready: asyncio.Event
+    verifier: Verifier
+    """Checks each request's token (``gazette.auth.NO_AUTH`` when authorization is off)."""
 
     def peer_stub(self, endpoint: str) -> pb_grpc.JournalStub:
         """A Journal stub of the broker at ``endpoint`` (proxying)."""
@@ -54,8 +57,10 @@ class BrokerContext(Protocol):
         """Revision-checked update of a journal's suspension; the revision to read through."""
         ...
 
-    def list_journals(self, selector: labels.LabelSelector) -> tuple[pb.ListResponse, tuple[int, int]]:
-        """The journals matching ``selector``, with a key that changes when they do."""
+    def list_journals(self, selector: labels.LabelSelector,
+                      claims: Claims | None = None) -> tuple[pb.ListResponse, tuple[int, int]]:
+        """The journals matching ``selector`` (and in ``claims``' scope), with a key that
+        changes when they do."""
         ...
 
     async def apply_journals(self, req: pb.ApplyRequest,

@@ -11,6 +11,9 @@ and status codes:
 * appends: 204 with ``X-Commit-Begin``, ``X-Commit-End``, ``X-Commit-SHA1-Sum``,
   ``X-Write-Head``; 404 unknown journal; 500 other statuses.
 * 400 for an unknown query key or a malformed value, naming it.
+* with authorization on, ``Authorization: Bearer <token>`` granting READ (reads) or APPEND
+  (appends): 401 without a valid token, 403 without the capability; a journal outside the
+  token's selector is 404, as an unknown one.
 
 A blocking read is one long-lived chunked response that streams content as it
 commits, until the client goes away. A client that disconnects mid-PUT has its
@@ -25,6 +28,8 @@ from email.utils import formatdate
 
 from aiohttp import web
 
+from gazette import auth
+from gazette.auth import Claims
 from gazette.broker import append as append_mod
 from gazette.broker import read as read_mod
 from gazette.broker import wire
@@ -134,12 +139,16 @@ class Gateway:
             web.put("/{journal:.+}", self.serve_append),
         ]
 
+    def _verify(self, request: web.Request, require: int) -> Claims:
+        return self.broker.verifier.verify(request.headers.get("Authorization"), require)
+
     async def serve_read(self, request: web.Request) -> web.StreamResponse:
         try:
+            claims = self._verify(request, auth.READ)
             req = parse_read_request(request)
-        except BadRequest as err:
+        except (BadRequest, auth.AuthError) as err:
             return http_error(err)
-        stream = read_mod.read(self.broker, req).__aiter__()
+        stream = read_mod.read(self.broker, req, claims).__aiter__()
         try:
             first = await stream.__anext__()
         except StopAsyncIteration:
@@ -180,8 +189,9 @@ class Gateway:
 
     async def serve_append(self, request: web.Request) -> web.StreamResponse:
         try:
+            claims = self._verify(request, auth.APPEND)
             req = parse_append_request(request)
-        except BadRequest as err:
+        except (BadRequest, auth.AuthError) as err:
             return http_error(err)
 
         async def chunks() -> AsyncIterator[wire.AppendChunk]:
@@ -191,7 +201,7 @@ class Gateway:
             yield pb.AppendRequest()  # commit
 
         try:
-            resp = await append_mod.append(self.broker, req, chunks())
+            resp = await append_mod.append(self.broker, req, chunks(), claims)
         except ConnectionError as err:
             # The client went away before its body was complete; append() has already rolled
             # the partial content back. Nobody is left to read an answer: note it quietly

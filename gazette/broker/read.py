@@ -21,6 +21,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from gazette.auth import Claims
 from gazette.broker import metrics
 from gazette.broker.context import BrokerContext
 from gazette.fragment import Fragment
@@ -42,13 +43,15 @@ def _status(status: int, header: pb.Header) -> pb.ReadResponse:
     return resp
 
 
-async def read(broker: BrokerContext, req: pb.ReadRequest) -> AsyncIterator[pb.ReadResponse]:
+async def read(broker: BrokerContext, req: pb.ReadRequest,
+               claims: Claims | None = None) -> AsyncIterator[pb.ReadResponse]:
     res = await broker.resolver.resolve(
         req.journal,
         may_proxy=not req.do_not_proxy,
         require_primary=False,
         min_etcd_revision=req.min_etcd_revision,
         proxy_header=req.header if req.HasField("header") else None,
+        claims=claims,
     )
     if res.status != pb.OK:
         yield _status(res.status, res.header)
@@ -135,12 +138,14 @@ async def _proxy(broker: BrokerContext, req: pb.ReadRequest, header: pb.Header) 
         call.cancel()
 
 
-async def list_fragments(broker: BrokerContext, req: pb.FragmentsRequest) -> pb.FragmentsResponse:
+async def list_fragments(broker: BrokerContext, req: pb.FragmentsRequest,
+                         claims: Claims | None = None) -> pb.FragmentsResponse:
     res = await broker.resolver.resolve(
         req.journal,
         may_proxy=not req.do_not_proxy,
         require_primary=False,
         proxy_header=req.header if req.HasField("header") else None,
+        claims=claims,
     )
     out = pb.FragmentsResponse(status=res.status)  # type: ignore[arg-type]
     out.header.CopyFrom(res.header)

@@ -31,9 +31,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from gazette.allocator import keys
+from gazette.auth import Claims
 from gazette.broker.replica import Replica
 from gazette.errors import GazetteError
 from gazette.etcd.keyspace import KeySpace, KeyValue
+from gazette.protocol import labels
 from gazette.protocol import protocol_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -161,7 +163,19 @@ class Resolver:
         require_primary: bool,
         min_etcd_revision: int = 0,
         proxy_header: pb.Header | None = None,
+        claims: Claims | None = None,
     ) -> Resolution:
+        """Resolves ``journal``; a journal ``claims`` do not reach resolves as not found (a
+        token scoped elsewhere learns nothing of it, as in Gazette)."""
+        res = await self._resolve(journal, may_proxy, require_primary, min_etcd_revision, proxy_header)
+        if claims is not None and res.spec is not None and not claims.unrestricted and not claims.permits(
+                labels.with_meta_labels(labels.LabelSet.from_proto(res.spec.labels), res.spec.name)):
+            return Resolution(status=pb.JOURNAL_NOT_FOUND, header=self.header(), local_id=self.local_id,
+                              spec=None, item_mod_revision=0, item_create_revision=0, assignments=[])
+        return res
+
+    async def _resolve(self, journal: str, may_proxy: bool, require_primary: bool,
+                       min_etcd_revision: int, proxy_header: pb.Header | None) -> Resolution:
         journal = journal.split(";", 1)[0]  # strip Gazette's ";meta" suffix
         if proxy_header is not None and proxy_header.HasField("etcd"):
             hdr_etcd = proxy_header.etcd

@@ -27,6 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from gazette.allocator import journal_is_consistent, keys
+from gazette.auth import NO_AUTH, Claims, KeyedAuth, Verifier
 from gazette.broker import append as append_mod
 from gazette.broker import wire
 from gazette.broker.config import BrokerConfig
@@ -39,6 +40,7 @@ from gazette.broker.replica import Replica
 from gazette.broker.replicate import FailedPeerStream, GrpcPeerStream
 from gazette.broker.resolver import Resolution, Resolver
 from gazette.broker.service import JournalService
+from gazette.client.journal_client import channel_for
 from gazette.etcd import txn
 from gazette.etcd.keyspace import KeySpace
 from gazette.fragment import Fragment
@@ -77,8 +79,11 @@ class Broker(MemberProcess):
             etcd_address=config.etcd_address, etcd_lease=config.etcd_lease,
             keyspace=KeySpace(config.etcd_prefix, broker_decoder(config.etcd_prefix)),
             is_consistent=journal_is_consistent, advertise_host=config.advertise_host,
+            tls=config.tls,
         )
         self.config = config
+        self.auth = KeyedAuth(config.auth_keys) if config.auth_keys else None
+        self.verifier: Verifier = self.auth if self.auth is not None else NO_AUTH
         self.stores = Stores(file_root=config.file_root)
         self.persister = Persister(self.stores, self._spec_for, on_persisted=self._on_persisted)
         self.store_health = StoreHealth(self.stores)
@@ -104,12 +109,13 @@ class Broker(MemberProcess):
             replica.index.add_remote(fragment)
 
     def _channel(self, endpoint: str) -> tuple[str, Any]:
-        target = endpoint.split("://", 1)[-1].rstrip("/")
-        ch = self._channels.get(target)
+        ch = self._channels.get(endpoint)
         if ch is None:
-            ch = insecure_channel(target, options=_PEER_CHANNEL_OPTIONS)
-            self._channels[target] = ch
-        return target, ch
+            # Peers' calls carry tokens this broker signs for the capability they need.
+            ch = channel_for(endpoint, insecure_channel, _PEER_CHANNEL_OPTIONS,
+                             self.config.peer_tls, self.auth)
+            self._channels[endpoint] = ch
+        return endpoint, ch
 
     def peer_stub(self, endpoint: str) -> pb_grpc.JournalStub:
         return pb_grpc.JournalStub(self._channel(endpoint)[1])  # type: ignore[no-untyped-call]
@@ -218,7 +224,8 @@ class Broker(MemberProcess):
 
     # -- journal specs -----------------------------------------------------------------
 
-    def list_journals(self, selector: labels.LabelSelector) -> tuple[pb.ListResponse, tuple[int, int]]:
+    def list_journals(self, selector: labels.LabelSelector,
+                      claims: Claims | None = None) -> tuple[pb.ListResponse, tuple[int, int]]:
         resp = pb.ListResponse(status=pb.OK)
         resp.header.CopyFrom(self.resolver.header())
         resp.header.ClearField("process_id")
@@ -228,7 +235,8 @@ class Broker(MemberProcess):
             spec: pb.JournalSpec | None = kv.value
             if spec is None:
                 continue
-            if not selector.matches(labels.with_meta_labels(labels.LabelSet.from_proto(spec.labels), spec.name)):
+            ext = labels.with_meta_labels(labels.LabelSet.from_proto(spec.labels), spec.name)
+            if not selector.matches(ext) or (claims is not None and not claims.permits(ext)):
                 continue
             j = resp.journals.add(mod_revision=kv.mod_revision, create_revision=kv.create_revision)
             j.spec.CopyFrom(spec)

@@ -9,6 +9,11 @@ malformed requests and internal faults are gRPC errors: handlers raise typed err
 and ``gazette.server.edge.grpc_edge`` ends the RPC with each error's own code (a
 ``ValidationError`` INVALID_ARGUMENT naming the field). A server never crashes on a
 request: unexpected exceptions end that RPC alone.
+
+Every RPC first verifies its token for the capability it needs (Gazette's: List LIST, Apply
+APPLY, Read/ListFragments/FragmentStoreHealth READ, Append APPEND, Replicate REPLICATE)
+before it looks at the request; a journal outside the token's selector is not listed and
+resolves as JOURNAL_NOT_FOUND, and applying or deleting one is PERMISSION_DENIED.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gazette import auth
+from gazette.auth import Claims, token_of
 from gazette.broker import append as append_mod
 from gazette.broker import read as read_mod
 from gazette.broker import replicate as replicate_mod
@@ -40,8 +47,12 @@ class JournalService(pb_grpc.JournalServicer):
 
     # -- List / Apply -----------------------------------------------------------------
 
+    def _verify(self, context: Any, require: int) -> Claims:
+        return self.broker.verifier.verify(token_of(context.invocation_metadata()), require)
+
     @grpc_edge
     async def List(self, request: pb.ListRequest, context: Any) -> AsyncIterator[pb.ListResponse]:
+        claims = self._verify(context, auth.LIST)
         validate.validate_list_request(request)
         try:
             selector = labels.LabelSelector.from_proto(request.selector)
@@ -56,7 +67,7 @@ class JournalService(pb_grpc.JournalServicer):
             if min_rev > ks.revision:
                 await ks.wait_for_revision(min_rev)
             min_rev = ks.revision + 1
-            resp, key = self.broker.list_journals(selector)
+            resp, key = self.broker.list_journals(selector, claims)
             if key == last and request.watch:
                 await ks.wait_for_revision(min_rev)
                 continue
@@ -79,15 +90,24 @@ class JournalService(pb_grpc.JournalServicer):
 
     @grpc_edge
     async def Apply(self, request: pb.ApplyRequest, context: Any) -> pb.ApplyResponse:
+        claims = self._verify(context, auth.APPLY)
         validate.validate_apply_request(request)
+        if not claims.unrestricted:
+            for ch in request.changes:
+                # Upserts are scoped by the journal's labels and meta-labels, deletes by name.
+                name = ch.upsert.name if ch.HasField("upsert") else ch.delete
+                ls = labels.LabelSet.from_proto(ch.upsert.labels) if ch.HasField("upsert") else labels.LabelSet()
+                if not claims.permits(labels.with_meta_labels(ls, name)):
+                    raise auth.PermissionDenied(f"not authorized to {name}")
         return await self.broker.apply_journals(request)
 
     # -- Read -------------------------------------------------------------------------
 
     @grpc_edge
     async def Read(self, request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.ReadResponse]:
+        claims = self._verify(context, auth.READ)
         validate.validate_read_request(request)
-        async for resp in read_mod.read(self.broker, request):  # a failed proxy: its status
+        async for resp in read_mod.read(self.broker, request, claims):  # a failed proxy: its status
             yield resp
 
     # -- Append -----------------------------------------------------------------------
@@ -97,6 +117,7 @@ class JournalService(pb_grpc.JournalServicer):
         # Errors end the RPC at the edge: a broken stream INVALID_ARGUMENT, a failed peer or
         # a stopping resolver UNAVAILABLE (the client retries), a stalled client
         # RESOURCE_EXHAUSTED (it gives the pipeline back), a failed proxy with its own status.
+        claims = self._verify(context, auth.APPEND)
         it = request_iterator.__aiter__()
         try:
             first = await it.__anext__()
@@ -106,18 +127,21 @@ class JournalService(pb_grpc.JournalServicer):
             raise append_mod.AppendStreamError(
                 "expected an initial AppendRequest naming a journal, not a content chunk")
         validate.validate_append_request(first)
-        return await append_mod.append(self.broker, first, it)
+        return await append_mod.append(self.broker, first, it, claims)
 
     # -- Fragments --------------------------------------------------------------------
 
     @grpc_edge
     async def ListFragments(self, request: pb.FragmentsRequest, context: Any) -> pb.FragmentsResponse:
+        claims = self._verify(context, auth.READ)
         validate.validate_fragments_request(request)
-        return await read_mod.list_fragments(self.broker, request)
+        return await read_mod.list_fragments(self.broker, request, claims)
 
+    @grpc_edge
     async def FragmentStoreHealth(
         self, request: pb.FragmentStoreHealthRequest, context: Any
     ) -> pb.FragmentStoreHealthResponse:
+        self._verify(context, auth.READ)
         resp = pb.FragmentStoreHealthResponse(status=pb.OK)
         resp.header.CopyFrom(self.broker.resolver.header())
         try:
@@ -137,6 +161,7 @@ class JournalService(pb_grpc.JournalServicer):
     ) -> AsyncIterator[pb.ReplicateResponse]:
         """A primary's pipeline stream: see ``replicate.serve``. Requests arrive as raw bytes
         (see ``server._add_journal_service``) or, registered otherwise, as messages."""
+        self._verify(context, auth.REPLICATE)
         try:
             async for resp in replicate_mod.serve(self.broker, request_iterator.__aiter__()):
                 yield resp

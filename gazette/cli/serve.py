@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gazette import malloc
-from gazette.server.flags import Flags, add_flags
+from gazette.server.flags import Flags, add_flags, server_security_flags
 from gazette.server.logs import setup_logging
 
 _FLAGS: list[tuple[str, str, Any, str]] = [
@@ -40,6 +40,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--etcd.lease", "ETCD_LEASE", "20s", "Time-to-live of the Etcd lease of the broker's announcement"),
     ("--log.level", "LOG_LEVEL", "info", "Logging level: debug, info, warn, error"),
     ("--log.format", "LOG_FORMAT", "text", "Logging format: text, json"),
+    *server_security_flags("broker"),
 ]
 
 
@@ -84,7 +85,11 @@ def config_from_args(ns: argparse.Namespace) -> Any:
         etcd_address=get("etcd.address"),
         etcd_prefix=get("etcd.prefix").rstrip("/"),
         etcd_lease=lease,
+        tls=flags.server_tls("broker"),
+        peer_tls=flags.peer_tls("broker"),
+        auth_keys=get("auth-keys"),
     )
+    flags.auth_keys()  # bad keys exit here, naming the flag
 
 
 async def _serve(config: Any) -> None:

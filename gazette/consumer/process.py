@@ -32,6 +32,7 @@ from aiohttp import web
 
 from gazette.allocator import desired_replication, shard_is_consistent
 from gazette.allocator.keys import assignments_prefix, items_key, parse_assignment_key
+from gazette.auth import NO_AUTH, Authorizer, KeyedAuth, Verifier
 from gazette.client import AppendService, JournalClient
 from gazette.consumer import metrics
 from gazette.consumer.client import ShardClient
@@ -48,6 +49,7 @@ from gazette.etcd import txn
 from gazette.etcd.keyspace import KeySpace
 from gazette.protocol import consumer_pb2 as pc
 from gazette.recoverylog import Player
+from gazette.rpc.tls import ClientTLS, ServerTLS
 from gazette.server.grpc import GrpcServer, add_service
 from gazette.server.process import MemberProcess, random_suffix
 from gazette.tasks import Supervisor
@@ -71,6 +73,13 @@ class ConsumerConfig:
     advertise_host: str | None = None
     max_hot_standbys: int = 3  # bounds every shard's hot_standbys
     hint_interval: float = 60.0  # seconds between recorded-hints writes of a recording shard
+    # Security: TLS of the consumer's port, of its dials to other consumers (peer) and to
+    # brokers; --auth-keys verifying tokens (and signing peers'), and how brokers are authorized.
+    tls: ServerTLS | None = None
+    peer_tls: ClientTLS | None = None
+    broker_tls: ClientTLS | None = None
+    auth_keys: str = ""
+    broker_auth: Authorizer | None = None
     args: argparse.Namespace | None = None  # parsed flags, the app's own included
 
 
@@ -83,16 +92,19 @@ class ConsumerProcess(MemberProcess):
             etcd_address=config.etcd_address, etcd_lease=config.etcd_lease,
             keyspace=KeySpace(config.etcd_prefix, consumer_decoder(config.etcd_prefix)),
             is_consistent=shard_is_consistent, advertise_host=config.advertise_host,
-            replication=functools.partial(desired_replication, max_hot_standbys=config.max_hot_standbys))
+            replication=functools.partial(desired_replication, max_hot_standbys=config.max_hot_standbys),
+            tls=config.tls)
         self.config = config
         self.app = app
-        self.client = JournalClient(config.broker_address)
+        self.auth = KeyedAuth(config.auth_keys) if config.auth_keys else None
+        self.verifier: Verifier = self.auth if self.auth is not None else NO_AUTH
+        self.client = JournalClient(config.broker_address, tls=config.broker_tls, auth=config.broker_auth)
         self.service = AppendService(self.client)
         self.shards: dict[str, tuple[ShardRuntime, asyncio.Task[None]]] = {}
         self.standbys: dict[str, tuple[StandbyReplica, asyncio.Task[None]]] = {}
         self._shard_tasks = Supervisor("consumer shards", "log")
         self.resolver = Resolver(self)
-        self.peers = ShardClient()  # used only with explicit peer endpoints
+        self.peers = ShardClient(tls=config.peer_tls, auth=self.auth)  # used only with explicit peer endpoints
         self._reconciled = asyncio.Event()
         self._app_routes: list[web.RouteDef] = []
 

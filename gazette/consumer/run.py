@@ -24,7 +24,13 @@ from collections.abc import Sequence
 from gazette.consumer.initialize import FlagsAdder
 from gazette.consumer.interfaces import Application
 from gazette.consumer.process import ConsumerConfig, ConsumerProcess
-from gazette.server.flags import Flag, Flags, add_flags
+from gazette.server.flags import (
+    Flag,
+    Flags,
+    add_flags,
+    client_security_flags,
+    server_security_flags,
+)
 from gazette.server.logs import setup_logging
 from gazette.server.process import random_suffix, run_until_drained
 
@@ -45,6 +51,8 @@ CONSUMER_FLAGS: list[Flag] = [
     ("--etcd.lease", "ETCD_LEASE", "20s", "Time-to-live of the Etcd lease of the consumer's announcement"),
     ("--log.level", "LOG_LEVEL", "info", "Logging level: debug, info, warn, error"),
     ("--log.format", "LOG_FORMAT", "text", "Logging format: text, json"),
+    *server_security_flags("consumer"),
+    *client_security_flags("broker"),
 ]
 
 
@@ -67,11 +75,16 @@ def config_from_args(ns: argparse.Namespace) -> ConsumerConfig:
     lease = flags.seconds("etcd.lease")
     flags.seconds("consumer.watch-delay")
     zone, suffix = flags.process_id("consumer", random_suffix())
-    return ConsumerConfig(host=get("consumer.host"), port=integer("consumer.port"),
+    config = ConsumerConfig(host=get("consumer.host"), port=integer("consumer.port"),
                           zone=zone, suffix=suffix, limit=integer("consumer.limit"),
                           max_hot_standbys=integer("consumer.max-hot-standbys"),
                           broker_address=get("broker.address"), etcd_address=get("etcd.address"),
-                          etcd_prefix=get("etcd.prefix").rstrip("/"), etcd_lease=lease, args=ns)
+                          etcd_prefix=get("etcd.prefix").rstrip("/"), etcd_lease=lease, args=ns,
+                          tls=flags.server_tls("consumer"), peer_tls=flags.peer_tls("consumer"),
+                          broker_tls=flags.client_tls("broker"), auth_keys=get("auth-keys"),
+                          broker_auth=flags.client_auth("broker"))
+    flags.auth_keys()  # bad keys exit here, naming the flag
+    return config
 
 
 async def _consume(config: ConsumerConfig, app: Application) -> None:

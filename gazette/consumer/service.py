@@ -15,6 +15,9 @@ Invariants:
 * Stat is resolved by the ``Resolver``: served by the local primary once a completed
   transaction read through the requested offsets, or forwarded once to the remote primary
   with the resolution's header (which that process checks); never a second hop.
+* Every RPC first verifies its token for the capability Gazette's Shard API needs (List LIST;
+  Apply and Unassign APPLY; Stat and GetHints READ); a shard outside the token's selector is
+  not listed and is SHARD_NOT_FOUND, and changing or unassigning one is PERMISSION_DENIED.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from typing import Any, Protocol
 
 import aetcd
 
+from gazette import auth
 from gazette.allocator.keys import (
     item_assignments_prefix,
     items_key,
 )
+from gazette.auth import Claims, Verifier, token_of
 from gazette.client import JournalClient, list_journals
 from gazette.consumer.client import ShardClient
 from gazette.consumer.recovery import HintsStore
@@ -59,6 +64,7 @@ class ConsumerContext(Protocol):
     shards: dict[str, tuple[ShardRuntime, asyncio.Task[None]]]
     resolver: Resolver
     peers: ShardClient  # channels to the other consumer processes, for proxied requests
+    verifier: Verifier  # checks each request's token (NO_AUTH when authorization is off)
 
     @property
     def etcd(self) -> aetcd.Client: ...
@@ -70,6 +76,21 @@ class ShardService(pc_grpc.ShardServicer):
     def __init__(self, proc: ConsumerContext) -> None:
         self.proc = proc
 
+    def _verify(self, context: Any, require: int) -> Claims:
+        return self.proc.verifier.verify(token_of(context.invocation_metadata()), require)
+
+    def _in_scope(self, claims: Claims, shard_id: str, by_labels: bool = True) -> bool:
+        """Whether ``claims`` reach the shard: by its labels and meta-labels, or (deletes and
+        unassignments, as Gazette) by its id alone."""
+        if claims.unrestricted:
+            return True
+        spec = None
+        if by_labels:
+            kv = self.proc.keyspace.search(items_key(self.proc.keyspace.root, shard_id))
+            spec = kv.value if kv is not None and isinstance(kv.value, pc.ShardSpec) else None
+        ls = LabelSet.from_proto(spec.labels) if spec is not None else LabelSet()
+        return claims.permits(with_shard_meta_labels(ls, shard_id))
+
     def _header(self) -> pb.Header:
         hdr = pb.Header()
         hdr.process_id.CopyFrom(self.proc.local_id)
@@ -78,6 +99,7 @@ class ShardService(pc_grpc.ShardServicer):
 
     @grpc_edge
     async def List(self, request: pc.ListRequest, context: Any) -> pc.ListResponse:
+        claims = self._verify(context, auth.LIST)
         validate_shard_list_request(request)
         selector = LabelSelector.from_proto(request.selector)
         ks = self.proc.keyspace
@@ -87,7 +109,8 @@ class ShardService(pc_grpc.ShardServicer):
             spec = kv.value
             if not isinstance(spec, pc.ShardSpec):
                 continue
-            if not selector.matches(with_shard_meta_labels(LabelSet.from_proto(spec.labels), spec.id)):
+            ext = with_shard_meta_labels(LabelSet.from_proto(spec.labels), spec.id)
+            if not selector.matches(ext) or not claims.permits(ext):
                 continue
             shard = resp.shards.add(spec=spec, mod_revision=kv.mod_revision, create_revision=kv.create_revision)
             route, statuses = route_of(ks, spec.id)
@@ -97,7 +120,14 @@ class ShardService(pc_grpc.ShardServicer):
 
     @grpc_edge
     async def Apply(self, request: pc.ApplyRequest, context: Any) -> pc.ApplyResponse:
+        claims = self._verify(context, auth.APPLY)
         validate_shard_apply_request(request)
+        for ch in request.changes:
+            # Upserts are scoped by the new spec's labels and meta-label, deletes by id.
+            shard_id = ch.upsert.id if ch.HasField("upsert") else ch.delete
+            ls = LabelSet.from_proto(ch.upsert.labels) if ch.HasField("upsert") else LabelSet()
+            if not claims.permits(with_shard_meta_labels(ls, shard_id)):
+                raise auth.PermissionDenied(f"not authorized to {shard_id}")
         wanted = sorted({s.journal for ch in request.changes if ch.HasField("upsert") for s in ch.upsert.sources})
         journals: dict[str, pb.JournalSpec] = {}
         if wanted:
@@ -129,7 +159,12 @@ class ShardService(pc_grpc.ShardServicer):
 
     @grpc_edge
     async def Stat(self, request: pc.StatRequest, context: Any) -> pc.StatResponse:
+        claims = self._verify(context, auth.READ)
         validate_stat_request(request)
+        if not self._in_scope(claims, request.shard):
+            hidden = pc.StatResponse(status=pc.Status.SHARD_NOT_FOUND)
+            hidden.header.CopyFrom(self._header())
+            return hidden
         res = await self.proc.resolver.resolve(
             request.shard, may_proxy=not request.HasField("header"),
             proxy_header=request.header if request.HasField("header") else None,
@@ -152,8 +187,9 @@ class ShardService(pc_grpc.ShardServicer):
 
     @grpc_edge
     async def GetHints(self, request: pc.GetHintsRequest, context: Any) -> pc.GetHintsResponse:
+        claims = self._verify(context, auth.READ)
         item = self.proc.keyspace.search(items_key(self.proc.keyspace.root, request.shard))
-        if item is None or not isinstance(item.value, pc.ShardSpec):
+        if item is None or not isinstance(item.value, pc.ShardSpec) or not self._in_scope(claims, request.shard):
             resp = pc.GetHintsResponse(status=pc.Status.SHARD_NOT_FOUND)
         elif not item.value.recovery_log_prefix:
             resp = pc.GetHintsResponse(status=pc.Status.OK)  # no log, no hints
@@ -164,6 +200,10 @@ class ShardService(pc_grpc.ShardServicer):
 
     @grpc_edge
     async def Unassign(self, request: pc.UnassignRequest, context: Any) -> pc.UnassignResponse:
+        claims = self._verify(context, auth.APPLY)
+        for shard_id in request.shards:
+            if not self._in_scope(claims, shard_id, by_labels=False):
+                raise auth.PermissionDenied(f"not authorized to {shard_id}")
         ks = self.proc.keyspace
         cmps: list[txn.Cmp] = []
         ops: list[txn.Op] = []

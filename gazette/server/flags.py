@@ -1,5 +1,11 @@
 """Process flags in Gazette's style: ``--group.name`` flags that default to their environment
 variable (``GROUP_NAME``), and typed reads of them that exit with one line naming a bad flag.
+
+Security flags are Gazette's: a server's ``--{role}.server-cert-file``/``-cert-key-file``/
+``-ca-file`` (TLS; a CA file requires client certificates) and ``--{role}.peer-*`` (its dials
+to peers), ``--auth-keys`` (signing and verifying bearer tokens), and a client's
+``--{role}.cert-file``/``-cert-key-file``/``trusted-ca-file`` and ``--{role}.auth-keys``/
+``--{role}.auth-token``. A file that cannot be used exits at start-up naming it.
 """
 
 from __future__ import annotations
@@ -7,12 +13,51 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-__all__ = ["Flag", "Flags", "add_flags"]
+if TYPE_CHECKING:
+    from gazette.auth import Authorizer, KeyedAuth
+    from gazette.rpc.tls import ClientTLS, ServerTLS
+
+__all__ = ["Flag", "Flags", "add_flags", "client_security_flags", "server_security_flags"]
+
+T = TypeVar("T")
 
 Flag = tuple[str, str, Any, str]
 """(flag, environment variable, default, help)."""
+
+
+def server_security_flags(role: str) -> list[Flag]:
+    """A server's TLS flags (``--broker.server-cert-file``, ...) and ``--auth-keys``."""
+    env = role.upper()
+    return [
+        (f"--{role}.server-cert-file", f"{env}_SERVER_CERT_FILE", "",
+         "Path to the server TLS certificate. Turns TLS on; if absent, the other TLS settings are ignored"),
+        (f"--{role}.server-cert-key-file", f"{env}_SERVER_CERT_KEY_FILE", "", "Path to the server TLS private key"),
+        (f"--{role}.server-ca-file", f"{env}_SERVER_CA_FILE", "",
+         "Path to the trusted CA of client certificates. When present, clients must present a certificate it signed"),
+        (f"--{role}.peer-cert-file", f"{env}_PEER_CERT_FILE", "", "Path to the client TLS certificate for peer-to-peer requests"),
+        (f"--{role}.peer-cert-key-file", f"{env}_PEER_CERT_KEY_FILE", "", "Path to the client TLS private key for peer-to-peer requests"),
+        (f"--{role}.peer-ca-file", f"{env}_PEER_CA_FILE", "",
+         "Path to the trusted CA of peer server certificates. When absent, the system CA pool is used"),
+        ("--auth-keys", "AUTH_KEYS", "",
+         "Whitespace or comma separated, base64-encoded keys used to sign (first key) and verify (all keys) "
+         "Authorization tokens. AA== lets requests without a token through. Empty: authorization off"),
+    ]
+
+
+def client_security_flags(role: str) -> list[Flag]:
+    """A client's TLS and token flags for dialing ``role`` (``--broker.cert-file``, ...)."""
+    env = role.upper()
+    return [
+        (f"--{role}.cert-file", f"{env}_CERT_FILE", "", "Path to the client TLS certificate"),
+        (f"--{role}.cert-key-file", f"{env}_CERT_KEY_FILE", "", "Path to the client TLS private key"),
+        (f"--{role}.trusted-ca-file", f"{env}_TRUSTED_CA_FILE", "",
+         "Path to the trusted CA for client verification of server certificates"),
+        (f"--{role}.auth-keys", f"{env}_AUTH_KEYS", "",
+         "Whitespace or comma separated, base64-encoded keys. The first key is used to sign Authorization tokens"),
+        (f"--{role}.auth-token", f"{env}_AUTH_TOKEN", "", "Bearer token to use for authentication"),
+    ]
 
 
 def add_flags(parser: argparse.ArgumentParser, flags: Sequence[Flag]) -> None:
@@ -45,6 +90,64 @@ class Flags:
             return parse_duration(self.get(name)).total_seconds()
         except ValueError as err:
             raise SystemExit(f"gazette: invalid --{name}: {err}") from None
+
+    def server_tls(self, role: str) -> ServerTLS | None:
+        """``--{role}.server-*``: the port's TLS (None without a certificate)."""
+        from gazette.rpc.tls import ServerTLS
+
+        cert = self.get(f"{role}.server-cert-file")
+        if not cert:
+            return None
+        tls = ServerTLS(cert, self.get(f"{role}.server-cert-key-file"), self.get(f"{role}.server-ca-file"))
+        return self._checked(tls, f"{role}.server-cert-file")
+
+    def peer_tls(self, role: str) -> ClientTLS | None:
+        """``--{role}.peer-*``: how the process dials ``https://`` peers."""
+        return self._client_tls(f"{role}.peer-cert-file", f"{role}.peer-cert-key-file", f"{role}.peer-ca-file")
+
+    def client_tls(self, role: str) -> ClientTLS | None:
+        """``--{role}.cert-file`` and friends: how a client dials ``https://`` servers."""
+        return self._client_tls(f"{role}.cert-file", f"{role}.cert-key-file", f"{role}.trusted-ca-file")
+
+    def _client_tls(self, cert: str, key: str, ca: str) -> ClientTLS | None:
+        from gazette.rpc.tls import ClientTLS
+
+        tls = ClientTLS(ca_file=self.get(ca), cert_file=self.get(cert), key_file=self.get(key))
+        if not (tls.ca_file or tls.cert_file):
+            return None
+        return self._checked(tls, cert if tls.cert_file else ca)
+
+    @staticmethod
+    def _checked(tls: T, flag: str) -> T:
+        from gazette.rpc.tls import TLSConfigError
+
+        try:
+            tls.context  # type: ignore[attr-defined]  # noqa: B018 - loads every file now
+        except TLSConfigError as err:
+            raise SystemExit(f"gazette: invalid --{flag}: {err}") from None
+        return tls
+
+    def auth_keys(self, name: str = "auth-keys") -> KeyedAuth | None:
+        """``--auth-keys`` (or ``--{role}.auth-keys``): the keyed auth, None when empty."""
+        from gazette.auth import KeyedAuth
+
+        keys = self.get(name)
+        if not keys:
+            return None
+        try:
+            return KeyedAuth(keys)
+        except ValueError as err:
+            raise SystemExit(f"gazette: invalid --{name}: {err}") from None
+
+    def client_auth(self, role: str) -> Authorizer | None:
+        """How a client authorizes its calls to ``role``: ``--{role}.auth-token`` as given, else
+        tokens signed with ``--{role}.auth-keys``, else none."""
+        from gazette.auth import BearerAuth
+
+        token = self.get(f"{role}.auth-token")
+        if token:
+            return BearerAuth(token)
+        return self.auth_keys(f"{role}.auth-keys")
 
     def process_id(self, role: str, default_suffix: str) -> tuple[str, str]:
         """(zone, suffix) of ``--{role}.zone`` and ``--{role}.id`` (``default_suffix`` when the

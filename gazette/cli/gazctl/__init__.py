@@ -8,6 +8,10 @@ Invariants:
   ``~/.config/gazette/gazctl.ini``, ``http://localhost:8080``. The consumer address of shard
   commands is ``--consumer.address``, ``$CONSUMER_ADDRESS``, ``Address`` under
   ``[shards.Consumer]``, ``http://localhost:8080``.
+- ``https://`` addresses dial TLS, trusting ``--{broker,consumer}.trusted-ca-file`` (else the
+  system's CAs) and presenting ``--*.cert-file`` when given; requests carry
+  ``--*.auth-token`` (``$BROKER_AUTH_TOKEN``...) as given, or tokens signed with
+  ``--*.auth-keys``.
 - ``main`` returns the exit status: 0 on success, 1 with a single ``FATA`` log line on
   stderr for any expected failure (bad input, unreachable broker, refused request);
   never a traceback for those. 2 is argparse's status for unusable flags.
@@ -25,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from gazette.auth import Authorizer, BearerAuth, KeyedAuth
 from gazette.cli.gazctl import attach_uuids
 from gazette.cli.gazctl.common import CommandError, Context
 from gazette.cli.gazctl.journals import COMMANDS as JOURNAL_COMMANDS
@@ -33,6 +38,7 @@ from gazette.cli.gazctl.shards import COMMANDS as SHARD_COMMANDS
 from gazette.client.errors import ClientError
 from gazette.client.journal_client import DEFAULT_ADDRESS, grpc_target
 from gazette.protocol.errors import GazetteError
+from gazette.rpc.tls import ClientTLS, TLSConfigError
 
 INI_PATH = Path(".config", "gazette", "gazctl.ini")
 
@@ -53,6 +59,19 @@ def _common_flags() -> argparse.ArgumentParser:
                         "from stores (env BROKER_CACHE_SIZE)")
     g.add_argument("--zone", dest="zone", default=argparse.SUPPRESS,
                    help="Availability zone of this client, to prefer brokers in it (env ZONE)")
+    for role in ("broker", "consumer"):
+        env = role.upper()
+        g.add_argument(f"--{role}.cert-file", dest=f"{role}_cert_file", default=argparse.SUPPRESS,
+                       help=f"Path to the client TLS certificate (env {env}_CERT_FILE)")
+        g.add_argument(f"--{role}.cert-key-file", dest=f"{role}_cert_key_file", default=argparse.SUPPRESS,
+                       help=f"Path to the client TLS private key (env {env}_CERT_KEY_FILE)")
+        g.add_argument(f"--{role}.trusted-ca-file", dest=f"{role}_trusted_ca_file", default=argparse.SUPPRESS,
+                       help=f"Path to the trusted CA of https:// servers (env {env}_TRUSTED_CA_FILE; "
+                            "default the system's)")
+        g.add_argument(f"--{role}.auth-keys", dest=f"{role}_auth_keys", default=argparse.SUPPRESS,
+                       help=f"Base64 keys; the first signs Authorization tokens (env {env}_AUTH_KEYS)")
+        g.add_argument(f"--{role}.auth-token", dest=f"{role}_auth_token", default=argparse.SUPPRESS,
+                       help=f"Bearer token to authenticate with (env {env}_AUTH_TOKEN)")
     g.add_argument("--log.level", dest="log_level", default=argparse.SUPPRESS,
                    choices=sorted(LEVELS), help="Logging level (env LOG_LEVEL; default info)")
     g.add_argument("--log.format", dest="log_format", default=argparse.SUPPRESS,
@@ -120,6 +139,27 @@ def _setting(ns: argparse.Namespace, attr: str, env: Any, env_key: str,
     return default
 
 
+def security(ns: argparse.Namespace, env: Any, role: str) -> tuple[ClientTLS | None, Authorizer | None]:
+    """``role``'s (broker, consumer) TLS and authorizer: flag, else environment. A token is
+    sent as given; keys sign tokens; a file or key that cannot be used is a ValueError."""
+    def get(name: str) -> str:
+        value = getattr(ns, f"{role}_{name.replace('-', '_')}", None)
+        return str(value) if value else str(env.get(f"{role.upper()}_{name.upper().replace('-', '_')}", ""))
+
+    tls = ClientTLS(ca_file=get("trusted-ca-file"), cert_file=get("cert-file"), key_file=get("cert-key-file"))
+    if tls.ca_file or tls.cert_file:
+        try:
+            tls.context  # noqa: B018 - a bad file fails here, naming it
+        except TLSConfigError as err:
+            raise ValueError(str(err)) from None
+    authorizer: Authorizer | None = None
+    if get("auth-token"):
+        authorizer = BearerAuth(get("auth-token"))
+    elif get("auth-keys"):
+        authorizer = KeyedAuth(get("auth-keys"))
+    return (tls if tls.ca_file or tls.cert_file else None), authorizer
+
+
 def main(argv: Sequence[str] | None = None, *, stdin: IO[bytes] | None = None,
          stdout: IO[bytes] | None = None, stderr: TextIO | None = None,
          env: dict[str, str] | None = None) -> int:
@@ -152,6 +192,8 @@ def main(argv: Sequence[str] | None = None, *, stdin: IO[bytes] | None = None,
         grpc_target(consumer_address)
         cache_size = int(_setting(ns, "broker_cache_size", environ, "BROKER_CACHE_SIZE",
                                   ini, "Cache.Size", "0"))
+        broker_tls, broker_auth = security(ns, environ, "broker")
+        consumer_tls, consumer_auth = security(ns, environ, "consumer")
     except ValueError as exc:
         log.fatal("invalid broker or consumer configuration", err=str(exc), address=address,
                   consumer_address=consumer_address)
@@ -164,6 +206,8 @@ def main(argv: Sequence[str] | None = None, *, stdin: IO[bytes] | None = None,
         stdout=out_stream,
         env=environ,
         consumer_address=consumer_address,
+        broker_tls=broker_tls, broker_auth=broker_auth,
+        consumer_tls=consumer_tls, consumer_auth=consumer_auth,
     )
     run = (SHARD_COMMANDS if ns.group == "shards" else JOURNAL_COMMANDS)[ns.command][3]
     try:

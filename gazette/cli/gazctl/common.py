@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from gazette.auth import Authorizer
 from gazette.cli.gazctl.output import (
     Log,
 )
@@ -23,6 +24,7 @@ from gazette.client.listing import parse_selector
 from gazette.consumer.client import ShardClient
 from gazette.errors import GazetteError
 from gazette.protocol import protocol_pb2 as pb
+from gazette.rpc.tls import ClientTLS
 
 
 class CommandError(GazetteError):
@@ -43,12 +45,16 @@ class Context:
     zone: str = ""
     env: Any = field(default_factory=dict)
     consumer_address: str = "http://localhost:8080"
+    broker_tls: ClientTLS | None = None
+    broker_auth: Authorizer | None = None
+    consumer_tls: ClientTLS | None = None
+    consumer_auth: Authorizer | None = None
 
     def client(self) -> JournalClient:
-        return JournalClient(self.address, zone=self.zone)
+        return JournalClient(self.address, zone=self.zone, tls=self.broker_tls, auth=self.broker_auth)
 
     def shard_client(self) -> ShardClient:
-        return ShardClient(self.consumer_address)
+        return ShardClient(self.consumer_address, tls=self.consumer_tls, auth=self.consumer_auth)
 
 
 def selector_of(text: str | None) -> pb.LabelSelector:
