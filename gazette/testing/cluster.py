@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -104,10 +105,10 @@ def _log_tail(path: Path) -> str:
         return ""
 
 
-def http_status(url: str, timeout: float = 1.0) -> int | None:
-    """The HTTP status `url` answers with, or None if nothing answers."""
+def http_status(url: str, timeout: float = 1.0, context: ssl.SSLContext | None = None) -> int | None:
+    """The HTTP status `url` answers with (``context`` for https), or None if nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as resp:  # noqa: S310 - loopback
             return int(resp.status)
     except urllib.error.HTTPError as err:
         return int(err.code)
@@ -130,7 +131,10 @@ class BrokerProcess:
         port: int | None = None,
         extra_args: tuple[str, ...] = (),
         extra_env: Mapping[str, str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """``ssl_context``: the broker serves TLS (its flags in ``extra_args``); the context
+        dials it (readiness checks, ``address`` is https)."""
         if len(broker_id) < 4:
             raise ValueError(f"broker id {broker_id!r} must have at least 4 characters")
         self.etcd_url = etcd_url
@@ -143,13 +147,15 @@ class BrokerProcess:
         self.port = port or 0
         self.extra_args = extra_args
         self.extra_env = dict(extra_env or {})
+        self.ssl_context = ssl_context
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
     @property
     def address(self) -> str:
         """The broker's service address, as gazctl's BROKER_ADDRESS takes it."""
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def url(self, path: str) -> str:
         return f"{self.address}/{path.lstrip('/')}"
@@ -171,7 +177,7 @@ class BrokerProcess:
             return ""
 
     def is_ready(self) -> bool:
-        return self.is_running() and http_status(self.url("/debug/ready")) == 200
+        return self.is_running() and http_status(self.url("/debug/ready"), context=self.ssl_context) == 200
 
     def _command(self) -> list[str]:
         return [
@@ -223,7 +229,8 @@ class BrokerProcess:
                 )
             # Ready means *this* process says so: another process could hold the port (then
             # ours fails to bind), so its own log must show it started, too.
-            if http_status(self.url("/debug/ready")) == 200 and self._logged_start(log_start):
+            if (http_status(self.url("/debug/ready"), context=self.ssl_context) == 200
+                    and self._logged_start(log_start)):
                 return
             if time.monotonic() >= deadline:
                 self.kill()
@@ -314,6 +321,8 @@ class Cluster:
         start: bool = True,
         extra_args: tuple[str, ...] = (),
         timeout: float = 30.0,
+        extra_env: Mapping[str, str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> BrokerProcess:
         """Creates (and by default starts, waiting until ready) a broker of this cluster, on
         ``port`` if given (a restarted broker keeps its address), else on a free port."""
@@ -327,7 +336,8 @@ class Cluster:
             port=port,
             extra_args=extra_args,
             # Spools live in TMPDIR: keep them under the cluster's root, removed with it.
-            extra_env={"TMPDIR": str(self.tmp_dir)},
+            extra_env={"TMPDIR": str(self.tmp_dir), **(extra_env or {})},
+            ssl_context=ssl_context,
         )
         self.brokers.append(broker)
         if start:
