@@ -311,6 +311,9 @@ async def test_mtls_refuses_clients_without_a_certificate(secure: Cluster, pki: 
     async with JournalClient(plain, auth=BearerAuth(token(auth.ALL))) as jc:
         code, _ = await _outcome(jc, _list, journals)
     assert code == "UNAVAILABLE"
+
+
+def test_mtls_refuses_https_without_a_certificate(secure: Cluster, pki: PKI) -> None:
     # TLS 1.3: the client finishes its side of the handshake, then the server's alert ends it.
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         urllib.request.urlopen(f"{secure.address}/debug/ready",  # noqa: S310 - loopback
