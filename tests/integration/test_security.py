@@ -29,13 +29,18 @@ import grpc
 import jwt
 import pytest
 import trustme
+from consumer_support import CountingApp
 from google.protobuf.duration_pb2 import Duration
 
 from gazette import auth
-from gazette.auth import BearerAuth
-from gazette.client.journal_client import JournalClient
+from gazette.auth import BearerAuth, KeyedAuth
+from gazette.client.journal_client import JournalClient, channel_for
+from gazette.consumer.process import ConsumerConfig, ConsumerProcess
+from gazette.protocol import consumer_pb2 as pc
+from gazette.protocol import consumer_pb2_grpc as pc_grpc
 from gazette.protocol import protocol_pb2 as pb
-from gazette.rpc.tls import ClientTLS
+from gazette.rpc.channel import insecure_channel
+from gazette.rpc.tls import ClientTLS, ServerTLS
 from gazette.testing.cluster import Cluster
 from gazette.testing.etcd import unique_prefix
 from gazette.testing.etcd_process import EtcdProcess
@@ -391,3 +396,97 @@ def _yaml(spec: pb.JournalSpec) -> str:
             "labels:\n  - name: content-type\n    value: application/x-ndjson\n"
             "fragment:\n  length: 1048576\n  compression_codec: NONE\n  stores: [\"file:///\"]\n"
             "  refresh_interval: 1m\n")
+
+
+# -- consumers -----------------------------------------------------------------------------
+
+SHARD_CALLS: dict[str, tuple[int, Callable[[Any, str], Awaitable[Any]]]] = {
+    "List": (auth.LIST, lambda s, sid: s.List(pc.ListRequest())),
+    "Stat": (auth.READ, lambda s, sid: s.Stat(pc.StatRequest(shard=sid))),
+    "GetHints": (auth.READ, lambda s, sid: s.GetHints(pc.GetHintsRequest(shard=sid))),
+    "Unassign": (auth.APPLY, lambda s, sid: s.Unassign(pc.UnassignRequest(shards=[sid], dry_run=True))),
+}
+
+
+@pytest.mark.timeout(120)
+async def test_consumer_serves_tls_and_tokens_and_dials_brokers_with_them(
+        secure: Cluster, pki: PKI, journals: dict[str, str]) -> None:
+    """A consumer with mTLS on its port and --auth-keys, reading the secure brokers over TLS
+    with tokens it signs: its Shard API needs Gazette's capabilities, scoped by the shard id."""
+    run = uuid.uuid4().hex[:6]
+    source = f"a/in-{run}"
+    async with client(secure, pki, token(auth.ALL)) as jc:
+        req = pb.ApplyRequest()
+        req.changes.add(upsert=_spec(source), expect_mod_revision=0)
+        assert (await jc.stub().Apply(req)).status == pb.OK
+    keys = base64.b64encode(KEY).decode()
+    app = CountingApp()
+    proc = ConsumerProcess(ConsumerConfig(
+        port=0, broker_address=secure.address, etcd_address=secure.etcd_url,
+        etcd_prefix=unique_prefix("/gazette-test-consumers"), etcd_lease=5,
+        tls=ServerTLS(str(pki.server_cert), str(pki.server_key), str(pki.ca)),
+        broker_tls=pki.client_tls(), auth_keys=keys, broker_auth=KeyedAuth(keys)), app)
+    task = asyncio.create_task(proc.run())
+    try:
+        async with asyncio.timeout(30):
+            await proc.ready.wait()
+        assert proc.endpoint.startswith("https://")
+
+        def shards(tok: str | None) -> Any:
+            ch = channel_for(proc.endpoint, insecure_channel, [], pki.client_tls(),
+                             BearerAuth(tok) if tok else None)
+            return ch, pc_grpc.ShardStub(ch)  # type: ignore[no-untyped-call]
+
+        mine, theirs = f"mine-{run}", f"theirs-{run}"
+        ch, stub = shards(token(auth.APPLY))
+        req = pc.ApplyRequest()
+        for sid in (mine, theirs):
+            change = req.changes.add(upsert=pc.ShardSpec(id=sid))
+            change.upsert.sources.add(journal=source)
+            change.upsert.max_txn_duration.seconds = 1
+        assert (await stub.Apply(req)).status == pc.Status.OK  # sources checked with the brokers
+        await ch.close()
+        # Each RPC needs its capability; tokens missing or wrong are refused.
+        for name, (need, call) in SHARD_CALLS.items():
+            for cap in CAPS.values():
+                ch, stub = shards(token(cap))
+                try:
+                    await call(stub, mine)
+                    code = "ok"
+                except grpc.aio.AioRpcError as err:
+                    code = err.code().name
+                finally:
+                    await ch.close()
+                assert code == ("ok" if cap & need else "PERMISSION_DENIED"), (name, cap, code)
+            ch, stub = shards(None)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call(stub, mine)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            await ch.close()
+        # A token scoped to mine-* sees only mine.
+        ch, stub = shards(token(auth.ALL, f"id:prefix=mine-{run}"))
+        listed = [s.spec.id for s in (await stub.List(pc.ListRequest())).shards]
+        assert listed == [mine]
+        assert (await stub.Stat(pc.StatRequest(shard=theirs))).status == pc.Status.SHARD_NOT_FOUND
+        assert (await stub.GetHints(pc.GetHintsRequest(shard=theirs))).status == pc.Status.SHARD_NOT_FOUND
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Unassign(pc.UnassignRequest(shards=[theirs]))
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        delete = pc.ApplyRequest()
+        delete.changes.add(delete=theirs, expect_mod_revision=-1)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Apply(delete)
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        # The shard reads the brokers over TLS with its own tokens: it counts what we append.
+        async with client(secure, pki, token(auth.APPEND)) as jc:
+            assert (await _append(jc.stub(), source, b'{"key": "k"}\n')).status == pb.OK
+        async with asyncio.timeout(60):
+            while True:
+                if app.counts["k"] == 2:  # both shards read the one source
+                    break
+                await asyncio.sleep(0.05)  # polling the app's counts, not synchronisation
+        await ch.close()
+    finally:
+        proc.stop()
+        async with asyncio.timeout(30):
+            await task
