@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import jwt
+import jwt.warnings
 
 from gazette.errors import GazetteError
 from gazette.protocol.labels import Label, LabelSelector, LabelSet
@@ -45,6 +48,8 @@ __all__ = [
     "BearerAuth", "Claims", "KeyedAuth", "NO_AUTH", "PermissionDenied", "Unauthenticated",
     "Verifier", "authorize_channel", "authorized", "capability_names", "method_capability", "token_of",
 ]
+
+log = logging.getLogger(__name__)
 
 LIST = 1 << 1
 APPLY = 1 << 2
@@ -212,11 +217,20 @@ def _parse_keys(text: str) -> tuple[list[bytes], bool]:
     return keys, allow_missing
 
 
+# PyJWT warns on every use of a key shorter than 32 bytes; Gazette's keys may be (its own tests'
+# are 5 bytes). KeyedAuth says so once, when it is made, instead of once per request.
+warnings.filterwarnings("ignore", category=jwt.warnings.InsecureKeyLengthWarning)
+
+
 class KeyedAuth:
     """Signs (first key) and verifies (every key) tokens with pre-shared HS256 keys."""
 
     def __init__(self, keys: str, *, clock: Callable[[], float] = time.time) -> None:
         self.keys, self.allow_missing = _parse_keys(keys)
+        short = [i for i, k in enumerate(self.keys) if len(k) < 32]
+        if short:
+            log.warning("auth keys shorter than 32 bytes (RFC 7518 recommends at least 32 for HS256)",
+                        extra={"keys": short})
         self._clock = clock
         self._verified: OrderedDict[str, Claims] = OrderedDict()
 
