@@ -28,6 +28,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -61,9 +62,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _http_ok(url: str) -> bool:
+def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=1.0) as resp:
+        with urllib.request.urlopen(url, timeout=1.0, context=context) as resp:
             return int(resp.status) == 200
     except (OSError, urllib.error.URLError):
         return False
@@ -95,11 +96,12 @@ class ChildProcess:
             return ""
         return data.decode("utf-8", "replace")
 
-    def wait_until(self, probe: str, timeout: float) -> None:
-        """Polls ``probe`` (a URL answering 200 when ready) until it does, or raises."""
+    def wait_until(self, probe: str, timeout: float, context: ssl.SSLContext | None = None) -> None:
+        """Polls ``probe`` (a URL answering 200 when ready; https with ``context``) until it
+        does, or raises."""
         deadline = time.monotonic() + timeout
         delay = 0.02
-        while not _http_ok(probe):
+        while not _http_ok(probe, context):
             code = self.proc.poll()
             if code is not None:
                 raise PeerStartError(
@@ -163,7 +165,8 @@ class Peers:
     def start_broker(self, etcd_url: str, *, profile_out: str | None = None,
                      timeout: float = 60.0, broker_id: str = "bench-broker",
                      zone: str | None = None,
-                     extra_args: Sequence[str] = ()) -> tuple[int, ChildProcess]:
+                     extra_args: Sequence[str] = (),
+                     ssl_context: ssl.SSLContext | None = None) -> tuple[int, ChildProcess]:
         """Starts ``gazette serve`` on a free loopback port; returns (port, process).
 
         With ``profile_out`` the broker runs under this module's ``profile-broker`` entry point:
@@ -196,7 +199,8 @@ class Peers:
         child.stop_signal = signal.SIGUSR2 if profile_out else signal.SIGTERM
         # Grace for SIGTERM is short: a lone broker holding journals never completes its drain.
         self._children.append((child, 60.0 if profile_out else 3.0))
-        child.wait_until(f"http://127.0.0.1:{port}/debug/ready", timeout)
+        scheme = "https" if ssl_context is not None else "http"
+        child.wait_until(f"{scheme}://127.0.0.1:{port}/debug/ready", timeout, ssl_context)
         return port, child
 
     @staticmethod

@@ -54,10 +54,12 @@ from _jetstream import JetStreamClient  # noqa: E402
 from _peers import NATS_SERVER, Peers  # noqa: E402
 
 from gazette import malloc  # noqa: E402
+from gazette.auth import Authorizer, authorize_channel  # noqa: E402
 from gazette.protocol import protocol_pb2 as pb  # noqa: E402
 from gazette.protocol import protocol_pb2_grpc as pb_grpc  # noqa: E402
 from gazette.rpc import use_grpcio  # noqa: E402
-from gazette.rpc.channel import insecure_channel  # noqa: E402
+from gazette.rpc.channel import insecure_channel, secure_channel  # noqa: E402
+from gazette.rpc.tls import ClientTLS  # noqa: E402
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -170,8 +172,11 @@ async def run_writers(op: Callable[[], Awaitable[None]], writers: int, size: int
 class GazetteSide:
     """A JournalStub client of one broker: one channel, every RPC multiplexed on it."""
 
-    def __init__(self, target: str, http_base: str | None = None) -> None:
-        self.channel = insecure_channel(target, options=CHANNEL_OPTIONS)
+    def __init__(self, target: str, http_base: str | None = None, *,
+                 tls: ClientTLS | None = None, auth: Authorizer | None = None) -> None:
+        channel = (secure_channel(target, CHANNEL_OPTIONS, tls) if tls is not None
+                   else insecure_channel(target, options=CHANNEL_OPTIONS))
+        self.channel = authorize_channel(channel, auth)
         self.stub = pb_grpc.JournalStub(self.channel)  # type: ignore[no-untyped-call]
         self.heads: dict[str, int] = {}
         self.http_base = http_base
