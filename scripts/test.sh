@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh dev
 .venv/bin/python -m gazette.protocol.generate --check
 .venv/bin/python -m examples.word_count.generate --check
-.venv/bin/ruff check gazette examples tests bench
+.venv/bin/ruff check gazette examples tests bench fuzz
 .venv/bin/mypy
 .venv/bin/lint-imports
 .venv/bin/python scripts/import_cycles.py
