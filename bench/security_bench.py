@@ -53,9 +53,10 @@ def write_pki(d: Path) -> tuple[Path, Path, Path]:
     return ca_path, cert_path, key_path
 
 
-async def drive(sides: dict[str, GazetteSide], plan: Plan, rounds: int) -> dict[tuple[int, int, str], list[float]]:
+async def drive(sides: dict[str, GazetteSide], plan: Plan, rounds: int,
+                workloads: list[tuple[int, int]]) -> dict[tuple[int, int, str], list[float]]:
     out: dict[tuple[int, int, str], list[float]] = {}
-    for size, writers in WORKLOADS:
+    for size, writers in workloads:
         payload = make_payload(size)
         journal = f"sec/{size_name(size).replace(' ', '').lower()}-x{writers}"
         for side in sides.values():
@@ -75,7 +76,11 @@ async def drive(sides: dict[str, GazetteSide], plan: Plan, rounds: int) -> dict[
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--workloads", default="",
+                    help="SIZExWRITERS,... (default: " + ",".join(f"{s}x{w}" for s, w in WORKLOADS) + ")")
     args = ap.parse_args(argv)
+    workloads = [(int(a), int(b)) for a, b in (w.split("x") for w in args.workloads.split(","))] \
+        if args.workloads else WORKLOADS
     plan = Plan(1.0 if args.quick else 3.0, 200_000, 256 << 20, 1.0, sizes=())
     rounds = 1 if args.quick else 3
     with tempfile.TemporaryDirectory(prefix="security-bench-") as tmp, Peers() as peers:
@@ -105,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tls+auth": GazetteSide(f"127.0.0.1:{port_auth}", tls=tls, auth=KeyedAuth(KEY)),
             }
             try:
-                await drive(sides, plan, rounds)
+                await drive(sides, plan, rounds, workloads)
             finally:
                 for side in sides.values():
                     await side.close()
