@@ -137,7 +137,9 @@ def _selector_of(obj: Any) -> LabelSelector:
 
     def labels(key: str) -> LabelSet:
         part = obj.get(key) or {}
-        items = part.get("labels") or [] if isinstance(part, dict) else None
+        if not isinstance(part, dict):
+            raise ValueError(f"sel.{key} is not an object")
+        items = part.get("labels") or []
         if not isinstance(items, list):
             raise ValueError(f"sel.{key}.labels is not a list")
         out = []
