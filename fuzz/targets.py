@@ -230,22 +230,28 @@ def fixed_frames(data: bytes) -> None:
 
 
 def recovery_log(data: bytes) -> None:
-    """A recovery log's content: fixed frames of RecordedOps, applied to a fresh FSM in turn
-    (the player's path)."""
-    framing = FixedFraming()
-    try:
-        frames = framing.unpack(data, True)
-    except MessageError:
-        return
+    """Recorded ops into the FSM, as the player applies them. The input is a sequence of (length
+    byte, that many bytes of RecordedOp); each op that parses gets the seq_no and chained
+    CRC32-C checksum the FSM expects (which no fuzzer forges), is framed as the recorder frames
+    it and read back through the fixed framing, then applied."""
     fsm = FSM("log")
-    for message in frames.frames:
-        if not isinstance(message, bytes | memoryview):
-            return  # a span that is not a frame: the player stops there
+    framing = FixedFraming()
+    i = 0
+    while i < len(data):
+        n = data[i]
+        raw, i = data[i + 1:i + 1 + n], i + 1 + n
         try:
-            op = ops.decode_op(message)
-            fsm.apply(op, message)
-        except (ValueError, RecoveryLogError):
+            op = ops.decode_op(raw)
+        except ValueError:
+            continue
+        op.seq_no, op.checksum = fsm.next_seq_no, fsm.next_checksum
+        if fsm._hinted_segments:  # noqa: SLF001 - never set here: no hints
             return
+        frame, message = ops.encode_op(op)
+        unpacked = framing.unpack(frame, True)
+        assert unpacked.frames == [message], "a recorded op's frame reads back as itself"
+        with contextlib.suppress(RecoveryLogError):
+            fsm.apply(op, message)
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {

@@ -132,7 +132,7 @@ class ClientConnection(Connection):
             if status != "200":
                 self.reset_stream(stream, f.CANCEL, _rpc_error(
                     _http_status_code(status), f"HTTP status {status or 'missing'} from {self.channel.target}"))
-            stream.initial = tuple((k, v) for k, v in headers if k[0] != ":")
+            stream.initial = tuple((k, v) for k, v in headers if not k.startswith(":"))
             return
         # Trailers (or a trailers-only response).
         code: grpc.StatusCode | None = None
@@ -143,7 +143,7 @@ class ClientConnection(Connection):
                 code = f.status_code(int(v)) if v.isdigit() else grpc.StatusCode.UNKNOWN
             elif k == "grpc-message":
                 details = f.decode_message_text(v)
-            elif k[0] != ":" and k != "content-type":
+            elif not k.startswith(":") and k != "content-type":
                 md.append((k, v))
         if code is None:
             status = next((v for k, v in headers if k == ":status"), "")

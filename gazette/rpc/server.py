@@ -279,6 +279,11 @@ class ServerConnection(Connection):
         deadline: float | None = None
         metadata: list[tuple[str, str]] = []
         for name, value in headers:
+            if not name or name != name.lower():
+                # RFC 9113 8.2.1: a field name must be non-empty lowercase; a malformed
+                # request is a stream error (found by fuzzing: an empty name).
+                self.write(f.rst_stream(sid, f.PROTOCOL_ERROR))
+                return
             if name == ":path":
                 path = value
             elif name == "grpc-timeout":
