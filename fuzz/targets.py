@@ -200,11 +200,38 @@ def gateway_request(data: bytes) -> None:
             parse(req)
 
 
+_KEYED = auth.KeyedAuth("c2VjcmV0 AA==", clock=lambda: 1_800_000_000.0)
+
+
 def auth_token(data: bytes) -> None:
-    ka = auth.KeyedAuth("c2VjcmV0 AA==")
-    text = data.decode("utf-8", "replace")
+    """A bearer value as given (odd first byte), or claims built from the input and signed with
+    the verifier's key (even), so that the claims' parsing is reached: ``cap`` and times from
+    the first bytes, then labels ``name=value`` (include) or ``!name=value`` (exclude)."""
+    if not data:
+        return
+    if data[0] & 1:
+        text = data[1:].decode("utf-8", "replace")
+        with contextlib.suppress(auth.AuthError):
+            _KEYED.verify(text, auth.READ)
+        return
+    head, text = data[1:13].ljust(12, b"\0"), data[13:].decode("utf-8", "replace")
+    cap = int.from_bytes(head[:4], "big") - (1 << 31) * (head[0] >> 7)
+    iat = 1_800_000_000 + int.from_bytes(head[4:8], "big", signed=True) % 7200 - 3600
+    exp = iat + int.from_bytes(head[8:12], "big", signed=True) % 7200 - 60
+    sets: dict[str, list[dict[str, Any]]] = {"include": [], "exclude": []}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        which = "exclude" if name.startswith("!") else "include"
+        sets[which].append({"name": name.lstrip("!").removesuffix(":prefix"), "value": value,
+                            "prefix": name.endswith(":prefix")})
+    body: dict[str, Any] = {"cap": cap, "iat": iat, "exp": exp,
+                            "sel": {k: {"labels": v or None} for k, v in sets.items()}}
+    import jwt
+
+    token = jwt.encode(body, b"secret", algorithm="HS256")
     with contextlib.suppress(auth.AuthError):
-        ka.verify(text if text.startswith("Bearer ") else f"Bearer {text}", auth.READ)
+        claims = _KEYED.verify(f"Bearer {token}", auth.READ)
+        assert claims.capability & auth.READ and 0 <= claims.capability <= auth.ALL
 
 
 # -- message framings and recovery logs ----------------------------------------------------
