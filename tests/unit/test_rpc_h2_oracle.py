@@ -146,3 +146,12 @@ def _lax_in_h2(frames_: bytes) -> bool:
         elif ftype in (f.RST_STREAM, f.WINDOW_UPDATE, f.DATA) and sid and sid not in opened:
             return True
     return False
+
+
+def test_a_malformed_field_name_is_a_stream_error() -> None:
+    """RFC 9113 8.2.1: field names are non-empty lowercase; a request with another is
+    malformed, a stream error (fuzzing found an empty name raising out of data_received)."""
+    for name in ("", "X-Upper"):
+        block = _HEADERS + f.literal(name, "v")
+        data = f.settings_frame({}) + f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, block)
+        assert _ours(f.PREFACE + data) == "stream-error"
