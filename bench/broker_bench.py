@@ -24,12 +24,14 @@ Every process it starts is stopped by PID on every exit path, Ctrl-C included.
     python bench/broker_bench.py --quick    # about 30 seconds
     python bench/broker_bench.py --codec SNAPPY --systems gazette
     python bench/broker_bench.py --systems gazette --profile-broker broker.prof
+    python bench/broker_bench.py --tls --auth      # the broker with TLS and bearer tokens
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import cProfile
 import io
 import os
@@ -42,6 +44,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import grpc
@@ -321,8 +324,9 @@ class JetStreamSide(JetStreamClient):
 
 
 async def bench(report: Report, plan: Plan, codecs: list[str], gazette_target: str | None,
-                nats_port: int | None, null_port: int | None, http_base: str | None = None) -> None:
-    gz = GazetteSide(gazette_target, http_base) if gazette_target else None
+                nats_port: int | None, null_port: int | None, http_base: str | None = None,
+                tls: ClientTLS | None = None, auth: Authorizer | None = None) -> None:
+    gz = GazetteSide(gazette_target, http_base, tls=tls, auth=auth) if gazette_target else None
     js = JetStreamSide() if nats_port else None
     null = GazetteSide(f"127.0.0.1:{null_port}") if null_port else None
     try:
@@ -469,6 +473,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="also append through the broker's HTTP gateway (PUT, aiohttp client, "
                          "keep-alive): rows marked [http], beside the same JetStream figure")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
+    ap.add_argument("--tls", action="store_true",
+                    help="the broker serves TLS (a trustme certificate); the client dials it")
+    ap.add_argument("--auth", action="store_true",
+                    help="the broker verifies bearer tokens (--auth-keys); the client signs them")
     return ap.parse_args(argv)
 
 
@@ -478,6 +486,35 @@ def _interrupt_on_signals() -> None:
     # asyncio.run turns it into a cancellation of the run.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+
+
+def _security(args: argparse.Namespace, root: Path) -> tuple[list[str], Any, ClientTLS | None, Authorizer | None]:
+    """The broker's TLS/auth flags, the readiness probe's SSL context, and the client's TLS
+    and authorizer, for ``--tls`` and ``--auth`` (``bench/security_bench.py`` runs all three
+    side by side)."""
+    flags: list[str] = []
+    ssl_context = tls = auth = None
+    if args.tls:
+        import ssl
+
+        import trustme
+
+        ca = trustme.CA()
+        cert = ca.issue_cert("127.0.0.1", "localhost")
+        ca.cert_pem.write_to_path(str(root / "ca.pem"))
+        (root / "server.pem").write_bytes(b"".join(b.bytes() for b in cert.cert_chain_pems))
+        cert.private_key_pem.write_to_path(str(root / "server.key"))
+        flags += ["--broker.server-cert-file", str(root / "server.pem"),
+                  "--broker.server-cert-key-file", str(root / "server.key")]
+        ssl_context = ssl.create_default_context(cafile=str(root / "ca.pem"))
+        tls = ClientTLS(ca_file=str(root / "ca.pem"))
+    if args.auth:
+        from gazette.auth import KeyedAuth
+
+        key = base64.b64encode(b"broker_bench signing key, 32 bytes long").decode()
+        flags += ["--auth-keys", key]
+        auth = KeyedAuth(key)
+    return flags, ssl_context, tls, auth
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -513,10 +550,14 @@ def main(argv: list[str] | None = None) -> int:
         http_base: str | None = None
         broker = None
         nats_port: int | None = None
+        tls: ClientTLS | None = None
+        auth: Authorizer | None = None
         if run_gz:
             etcd_url = peers.start_etcd()
+            security, ssl_context, tls, auth = _security(args, peers.root)
             port, broker = peers.start_broker(
-                etcd_url, profile_out=os.path.abspath(args.profile_broker) if args.profile_broker else None)
+                etcd_url, profile_out=os.path.abspath(args.profile_broker) if args.profile_broker else None,
+                extra_args=security, ssl_context=ssl_context)
             target = f"127.0.0.1:{port}"
             if args.http:
                 http_base = f"http://127.0.0.1:{port}"
@@ -528,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
         if run_js:
             nats_port = peers.start_nats()
         null_port = peers.start_null_journal() if baseline else None
+        if args.tls or args.auth:
+            print(f"gazette security: tls {'on' if args.tls else 'off'}, auth {'on' if args.auth else 'off'}")
         print(f"peers ready in {time.monotonic() - started:.1f} s (gazette via "
               f"{'its private grpc socket' if args.direct else 'its public port'})\n")
         header = HEADER + (NULL_HEADER if baseline else "")
@@ -539,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
             peers.start_profiling(broker)
         try:
             malloc.tune()  # as the broker does: large messages reuse heap buffers
-            asyncio.run(bench(report, plan, codecs, target, nats_port, null_port, http_base))
+            asyncio.run(bench(report, plan, codecs, target, nats_port, null_port, http_base, tls, auth))
         finally:
             if client_prof is not None:
                 client_prof.disable()
