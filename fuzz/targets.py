@@ -39,14 +39,16 @@ from gazette.recoverylog.fsm import FSM
 from gazette.rpc import frames as f
 from gazette.rpc.server import RpcServer, ServerConnection
 
-__all__ = ["TARGETS"]
+__all__ = ["TARGETS", "RecordingTransport"]
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
 # -- HTTP/2, HPACK and gRPC framing: one server connection ---------------------------------
 
-class _Transport(asyncio.Transport):
+class RecordingTransport(asyncio.Transport):
+    """A transport that keeps what is written (``out``) and whether it was closed."""
+
     def __init__(self) -> None:
         super().__init__()
         self.out = bytearray()
@@ -99,7 +101,7 @@ def h2_connection(data: bytes) -> None:
             "Echo": grpc.unary_unary_rpc_method_handler(_echo),
             "Sum": grpc.stream_unary_rpc_method_handler(_sum)})])
         conn = ServerConnection(server)
-        transport = _Transport()
+        transport = RecordingTransport()
         conn.connection_made(transport)
         cut = data[0] % (len(data) + 1) if data else 0
         for chunk in (PREFACE + data[:cut], data[cut:]):

@@ -15,35 +15,11 @@ import h2.exceptions
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fuzz.targets import RecordingTransport
 from gazette.rpc import frames as f
 from gazette.rpc.server import RpcServer, ServerConnection
 
 ECHO = "/test.Echo/Echo"
-
-
-class _Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.out = bytearray()
-        self.closed = False
-
-    def write(self, data: Any) -> None:
-        self.out += bytes(data)
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
-
-    def get_write_buffer_size(self) -> int:
-        return 0
 
 
 async def _echo(request: bytes, context: Any) -> bytes:
@@ -58,7 +34,7 @@ def _ours(data: bytes) -> str:
         server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
             "test.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(_echo)})])
         conn = ServerConnection(server)
-        transport = _Transport()
+        transport = RecordingTransport()
         conn.connection_made(transport)
         conn.data_received(data)
         conn.flush()
