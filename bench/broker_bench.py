@@ -120,6 +120,22 @@ class Row:
     null: Result | None = None  # the null-Append ceiling of the transport, when measured
     is_append: bool = True
     size: int = 0
+    writers: int = 0
+    host_seconds: float = 0.0  # measured SHA-1s and pwrite per append of this size (see host_cost)
+
+    @property
+    def ceiling(self) -> float | None:
+        """Appends/s this design could reach here: the null Append's time per append (the
+        transport and one RPC) plus the per-byte work no broker of this design avoids (the
+        commit's and the fragment's SHA-1 and the spool's pwrite), all measured in this run."""
+        if self.null is None or self.null.rate == 0:
+            return None
+        return 1.0 / (1.0 / self.null.rate + self.host_seconds)
+
+    @property
+    def of_ceiling(self) -> float | None:
+        c = self.ceiling
+        return self.gazette.rate / c if c and self.gazette is not None else None
 
 
 @dataclass
@@ -133,6 +149,31 @@ def size_name(size: int) -> str:
     if size >= KiB and size % KiB == 0:
         return f"{size // KiB} KiB"
     return f"{size} B"
+
+
+def host_cost(size: int, scratch: Path, rounds: int = 3) -> float:
+    """Seconds per append of the broker's unavoidable per-byte work on ``size`` bytes, measured
+    here: two SHA-1s (the commit's running sum and the fragment's) and one ``pwrite`` into a
+    spool file in the broker's scratch file system. The best of ``rounds`` runs."""
+    import hashlib
+    import tempfile
+
+    payload = make_payload(size)
+    n = max(20, min(5000, (64 * MiB) // size))
+    best = float("inf")
+    with tempfile.TemporaryFile(dir=scratch) as f:
+        fd = f.fileno()
+        for _ in range(rounds):
+            os.ftruncate(fd, 0)
+            start = time.perf_counter()
+            offset = 0
+            for _ in range(n):
+                hashlib.sha1(payload).digest()
+                hashlib.sha1(payload).digest()
+                os.pwrite(fd, payload, offset)
+                offset += size
+            best = min(best, (time.perf_counter() - start) / n)
+    return best
 
 
 def make_payload(size: int) -> bytes:
@@ -325,7 +366,9 @@ class JetStreamSide(JetStreamClient):
 
 async def bench(report: Report, plan: Plan, codecs: list[str], gazette_target: str | None,
                 nats_port: int | None, null_port: int | None, http_base: str | None = None,
-                tls: ClientTLS | None = None, auth: Authorizer | None = None) -> None:
+                tls: ClientTLS | None = None, auth: Authorizer | None = None,
+                scratch: Path | None = None) -> None:
+    scratch = scratch or Path(os.getcwd())
     gz = GazetteSide(gazette_target, http_base, tls=tls, auth=auth) if gazette_target else None
     js = JetStreamSide() if nats_port else None
     null = GazetteSide(f"127.0.0.1:{null_port}") if null_port else None
@@ -348,8 +391,10 @@ async def bench(report: Report, plan: Plan, codecs: list[str], gazette_target: s
                 if with_js and js is not None:
                     await js.create(stream, subject)
                     await js.publish_op(subject, payload)()
+                host = host_cost(size, scratch) if null is not None else 0.0
                 for writers in plan.writers:
-                    row = Row(f"append {sname:>7} x{writers:<2}{tag}", size=size)
+                    row = Row(f"append {sname:>7} x{writers:<2}{tag}", size=size,
+                              writers=writers, host_seconds=host)
                     if gz is not None:
                         row.gazette = await run_writers(gz.append_op(journal, payload),
                                                         writers, size, plan)
@@ -404,15 +449,42 @@ def ratio(row: Row) -> float | None:
 
 
 HEADER = f"{'workload':<30} | {'gazette':>22} | {'jetstream':>22} | gazette/jetstream"
-NULL_HEADER = f" | {'null Append':>22}"
+NULL_HEADER = f" | {'null Append':>22} | {'ceiling':>22} | of ceiling"
 
 
 def print_row(row: Row, with_null: bool, flush: bool = False) -> None:
     r = ratio(row)
     rs = f"{r:6.2f}x" if r is not None else "      -"
-    tail = f"{'':9} | {cell(row.null, row.is_append):>22}" if with_null else ""
+    tail = ""
+    if with_null:
+        tail = f"{'':9} | {cell(row.null, row.is_append):>22}"
+        c, f = row.ceiling, row.of_ceiling
+        if c is not None and row.is_append:
+            ceiling = Result(int(c * 1000), int(c * 1000) * row.size, 1000.0)
+            tail += f" | {cell(ceiling, True):>22} | {f:6.2f}" if f is not None else f" | {cell(ceiling, True):>22} |"
     print(f"{row.workload:<30} | {cell(row.gazette, row.is_append):>22} | "
           f"{cell(row.jetstream, row.is_append):>22} | {rs}{tail}", flush=flush)
+
+
+def acceptance(report: Report) -> str:
+    """The append-path issue's bar, row by row: every append >= 0.7 of its ceiling; 64 KiB and
+    1 MiB >= 1.5x JetStream with 16 writers and >= 1.0x with one; 100 B and 4 KiB >= 0.8x
+    JetStream with 16 writers."""
+    lines = []
+    for row in report.rows:
+        if not row.is_append or "[" in row.workload:
+            continue
+        checks = []
+        f = row.of_ceiling
+        if f is not None:
+            checks.append(f"{f:.2f} of ceiling ({'ok' if f >= 0.7 else 'below 0.7'})")
+        r = ratio(row)
+        want = (1.5 if row.writers > 1 else 1.0) if row.size >= 64 * KiB else (0.8 if row.writers > 1 else None)
+        if r is not None and want is not None:
+            checks.append(f"{r:.2f}x JetStream ({'ok' if r >= want else f'below {want}x'})")
+        if checks:
+            lines.append(f"  {row.workload.strip():<22} " + "; ".join(checks))
+    return "acceptance (append path):\n" + "\n".join(lines) if lines else ""
 
 
 def summary(report: Report) -> str:
@@ -582,7 +654,8 @@ def main(argv: list[str] | None = None) -> int:
             peers.start_profiling(broker)
         try:
             malloc.tune()  # as the broker does: large messages reuse heap buffers
-            asyncio.run(bench(report, plan, codecs, target, nats_port, null_port, http_base, tls, auth))
+            asyncio.run(bench(report, plan, codecs, target, nats_port, null_port, http_base, tls, auth,
+                              scratch=peers.root))
         finally:
             if client_prof is not None:
                 client_prof.disable()
@@ -590,6 +663,8 @@ def main(argv: list[str] | None = None) -> int:
                 peers.stop(broker)  # writes the broker's profile
     print()
     print(summary(report))
+    if baseline:
+        print(acceptance(report))
     print(f"total {time.monotonic() - started:.0f} s")
     if client_prof is not None:
         client_prof.dump_stats(args.profile_client)

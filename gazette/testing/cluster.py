@@ -21,6 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -95,11 +96,11 @@ def console_script(name: str) -> str:
     return found
 
 
-def _log_tail(path: Path) -> str:
+def _log_tail(path: Path, size: int = _LOG_TAIL_BYTES) -> str:
     try:
         with path.open("rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - _LOG_TAIL_BYTES))
+            f.seek(max(0, f.tell() - size))
             return f.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
@@ -258,8 +259,13 @@ class BrokerProcess:
         try:
             code = self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            # What is it waiting on: its tasks' stacks (SIGUSR1), then the log's tail.
+            self._proc.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(2.0)
             raise TimeoutError(
-                f"broker {self.broker_id} still running {timeout}s after SIGTERM"
+                f"broker {self.broker_id} still running {timeout}s after SIGTERM; log tail:\n"
+                f"{_log_tail(self.log_path, 40_000)}"
             ) from None
         self._close_log()
         return code
