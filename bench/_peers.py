@@ -11,7 +11,7 @@ Invariants:
   ``/debug/ready``; nats-server: ``/healthz?js-enabled-only=true`` on its monitoring port), or
   raises `PeerStartError` carrying the tail of the process's log.
 * A profiled broker (`start_broker(profile_out=...)`) runs under this module's
-  ``profile-broker`` entry point: SIGUSR1 starts cProfile, SIGUSR2 writes the profile and exits
+  ``profile-broker`` entry point: SIGRTMIN starts cProfile (SIGUSR1 dumps the broker's tasks), SIGUSR2 writes the profile and exits
   at once. (A lone broker holding journals does not finish a SIGTERM drain: it waits for a hand-off
   no other broker can take; so neither ``python -m cProfile`` nor a graceful stop would write one.)
 * ``null-journal`` is a grpcio server whose Append consumes the request stream and answers OK
@@ -206,7 +206,7 @@ class Peers:
     @staticmethod
     def start_profiling(child: ChildProcess) -> None:
         """Begins the profile of a broker started with ``profile_out``."""
-        os.kill(child.pid, signal.SIGUSR1)
+        os.kill(child.pid, signal.SIGRTMIN)
 
     def broker_grpc_socket(self) -> str | None:
         """The broker's private grpcio Unix socket (bypassing the public port's splice)."""
@@ -323,7 +323,7 @@ class Peers:
 
 
 def _profile_broker(out: str, serve_args: list[str]) -> int:
-    """Runs ``gazette serve`` in this process; SIGUSR1 starts cProfile, SIGUSR2 dumps and exits."""
+    """Runs ``gazette serve`` in this process; SIGRTMIN starts cProfile, SIGUSR2 dumps and exits."""
     import cProfile
 
     from gazette.cli import serve
@@ -338,7 +338,7 @@ def _profile_broker(out: str, serve_args: list[str]) -> int:
         prof.dump_stats(out)
         os._exit(0)  # no drain: see the module docstring
 
-    signal.signal(signal.SIGUSR1, begin)
+    signal.signal(signal.SIGRTMIN, begin)
     signal.signal(signal.SIGUSR2, finish)
     return serve.main(serve_args)
 

@@ -193,8 +193,15 @@ class Authorizer(Protocol):
 class NoAuth:
     """Authorization off: every request passes with the capability it needs on everything."""
 
+    def __init__(self) -> None:
+        self._claims: dict[int, Claims] = {}
+
     def verify(self, authorization: str | None, require: int) -> Claims:
-        return Claims(require)
+        # One (frozen) Claims per capability, not one per request.
+        claims = self._claims.get(require)
+        if claims is None:
+            claims = self._claims[require] = Claims(require)
+        return claims
 
     def authorization(self, claims: Claims, ttl: float) -> str:
         return ""

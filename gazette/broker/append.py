@@ -48,13 +48,13 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gazette.allocator import desired_replication
 from gazette.auth import Claims
 from gazette.broker import metrics
 from gazette.broker.context import BrokerContext
-from gazette.broker.flow import AppendFlowControl, flow_controlled
+from gazette.broker.flow import AppendFlowControl, flow_controlled, min_rate_policed
 from gazette.broker.pipeline import Pipeline, ReplicationError
 from gazette.broker.replica import acquire_unless, wait_unless
 from gazette.broker.wire import AppendChunk, ContentChunk
@@ -450,10 +450,12 @@ class AppendFSM:
         if cfg.max_append_rate and (max_rate == 0 or cfg.max_append_rate < max_rate):
             max_rate = cfg.max_append_rate
         policed: AsyncGenerator[AppendChunk, None] | None = None
-        if max_rate or cfg.min_append_rate:
+        if max_rate:
             fc = self.replica.flow if self.replica is not None else AppendFlowControl()
             rest = policed = flow_controlled(rest, fc, _content_length, max_rate=max_rate,
                                              min_rate=cfg.min_append_rate)
+        elif cfg.min_append_rate:  # the min rate alone: policed for a fraction of the cost
+            rest = min_rate_policed(rest, _content_length, cfg.min_append_rate)
         try:
             async for req in rest:
                 if req.journal:
@@ -485,7 +487,7 @@ class AppendFSM:
 
         regs = self.registers
         if err is None and status == pb.OK and not pln.broken:
-            proposal_pb = spool.next()
+            final = spool.next_fragment()
             if self.req.HasField("subtract_registers") or self.req.HasField("union_registers"):
                 ls = labels.LabelSet.from_proto(regs)
                 if self.req.HasField("subtract_registers"):
@@ -495,13 +497,12 @@ class AppendFSM:
                 regs = ls.to_proto()
             commit = True
         else:
-            proposal_pb = spool.fragment.to_proto()  # roll back the pending content
+            final = spool.fragment  # roll back the pending content
             commit = False
-        final = pb.ReplicateRequest(proposal=proposal_pb, registers=regs, acknowledge=True)
 
         # Sent from this task, with no await since the last content chunk: when the whole
         # append arrived at once, its content and commit leave for each peer in one write.
-        acks = self._send_final(final)
+        acks = self._send_final(final, regs)
         if local_only:
             await self._finish(*acks)
         else:
@@ -521,20 +522,19 @@ class AppendFSM:
         if status != pb.OK:
             return _response(status, res.header)
         assert commit
-        metrics.APPEND_BYTES.inc(delta)
-        metrics.COMMIT_SECONDS.observe(time.monotonic() - started)
+        metrics.APPENDS_TALLY.committed(delta, time.monotonic() - started)
         resp = _response(pb.OK, res.header)
         c = resp.commit
         c.journal = spool.journal
         c.begin = begin
         c.end = begin + delta
         c.sum.CopyFrom(sum_to_proto(summer.digest()))
-        c.compression_codec = proposal_pb.compression_codec
+        c.compression_codec = final.codec
         resp.registers.CopyFrom(regs)
         resp.total_chunks = chunks
         return resp
 
-    def _send_final(self, final: pb.ReplicateRequest) -> _Acks:
+    def _send_final(self, final: Fragment, registers: pb.LabelSet) -> _Acks:
         """Scatters the commit (or rollback), takes the read barrier and hands the send side
         on; returns what :meth:`_finish` needs. Never awaits: it cannot be interrupted
         between the send and the hand-off."""
@@ -545,7 +545,7 @@ class AppendFSM:
         # A peer over MAX_QUEUED is not waited for here: the next scatter of content waits.
         sent = not pln.broken
         if sent:
-            pln.scatter_nowait(final)
+            pln.propose_nowait(final, registers)
         send_err = pln.send_err()
         wait_for, close_after = pln.barrier()
         if send_err is not None or not sent:
@@ -619,16 +619,8 @@ async def append(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIter
         resp = await fsm.stream(rest)
     finally:
         fsm.release()
-    counter = _APPENDS_BY_STATUS.get(resp.status)
-    if counter is None:
-        counter = _APPENDS_BY_STATUS[resp.status] = metrics.APPENDS.labels(pb.Status.Name(resp.status))
-    counter.inc()
+    metrics.APPENDS_TALLY.answered(resp.status)
     return resp
-
-
-_APPENDS_BY_STATUS: dict[int, Any] = {}
-"""Each status's child of the appends counter (a label lookup per append costs more than the
-increment)."""
 
 
 async def pulse(broker: BrokerContext, replica: Replica) -> None:

@@ -19,6 +19,13 @@ clocks, so it is property-tested); :func:`flow_controlled` applies it to a reque
 timer per append (no per-chunk tasks): the timer fires at the moment ``spent`` would run dry and
 re-arms itself if chunks arrived meanwhile.
 
+Without a max rate (the default) only the min-rate check remains, and :func:`min_rate_policed`
+applies it for a fraction of the cost (the small-append path pays it on every append): the same
+``spent`` budget, drained only while the append waits on its client, kept as one deadline per
+wait; one :class:`StallWatch` per event loop looks at the deadlines of the appends waiting
+every ``QUANTUM`` (Gazette's flow-control quantum), instead of a timer armed and cancelled
+per append. A stall is thus noticed at most ``QUANTUM`` late.
+
 Invariants: ``0 <= spent <= min_rate`` after every debit; ``0 <= balance <= bank_factor *
 max_rate`` when a max rate is set; a chunk is released only once its whole length was debited.
 """
@@ -27,15 +34,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from gazette.errors import GazetteError
 
 __all__ = [
     "AppendFlowControl",
     "FlowControlUnderflow",
+    "StallWatch",
     "flow_controlled",
+    "min_rate_policed",
     "DEFAULT_MIN_APPEND_RATE",
     "BANK_FACTOR",
     "QUANTUM",
@@ -223,3 +233,104 @@ async def flow_controlled(
     finally:
         if handle is not None:
             handle.cancel()
+
+
+class StallWatch:
+    """The waits on clients of one event loop's appends, each with the moment it underflows;
+    one timer, ticking every ``QUANTUM`` while any append waits, cancels those past theirs.
+
+    Invariant: ``_handle`` is armed exactly when ``_waits`` is not empty (or was at the last
+    tick); a task is in ``_underflowed`` only between its cancellation here and its
+    :meth:`underflowed` check."""
+
+    __slots__ = ("_waits", "_underflowed", "_handle", "_loop", "_clock")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, clock: Callable[[], float] = time.monotonic) -> None:
+        self._loop = loop
+        self._clock = clock
+        self._waits: dict[asyncio.Task[object], float] = {}
+        self._underflowed: set[asyncio.Task[object]] = set()
+        self._handle: asyncio.TimerHandle | None = None
+
+    def begin(self, task: asyncio.Task[object], deadline: float) -> None:
+        """``task`` waits on its client, which underflows at ``deadline`` (clock seconds)."""
+        self._waits[task] = deadline
+        if self._handle is None:
+            self._handle = self._loop.call_later(QUANTUM, self._tick)
+
+    def end(self, task: asyncio.Task[object]) -> None:
+        self._waits.pop(task, None)
+
+    def underflowed(self, task: asyncio.Task[object]) -> bool:
+        """Whether the watch cancelled ``task`` (once: the mark is taken)."""
+        if task in self._underflowed:
+            self._underflowed.discard(task)
+            return True
+        return False
+
+    def check(self, now: float) -> None:
+        """Cancels every waiting task whose deadline is past ``now``."""
+        for task, deadline in list(self._waits.items()):
+            if deadline <= now:
+                del self._waits[task]
+                self._underflowed.add(task)
+                task.cancel()
+
+    def _tick(self) -> None:
+        self.check(self._clock())
+        self._handle = self._loop.call_later(QUANTUM, self._tick) if self._waits else None
+
+    @staticmethod
+    def of(loop: asyncio.AbstractEventLoop) -> StallWatch:
+        """The watch of ``loop`` (made on first use)."""
+        watch = _WATCHES.get(loop)
+        if watch is None:
+            watch = _WATCHES[loop] = StallWatch(loop)
+        return watch
+
+
+_WATCHES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, StallWatch] = weakref.WeakKeyDictionary()
+
+
+class min_rate_policed(Generic[T]):  # noqa: N801 - used as flow_controlled is, a function's name
+    """Yields the items of ``it``; raises FlowControlUnderflow once the client, while waited
+    on, falls below ``min_rate`` bytes per second (see the module docstring: the budget is
+    :class:`AppendFlowControl`'s ``spent`` without a max rate)."""
+
+    __slots__ = ("_it", "_length", "_min_rate", "_spent", "_watch", "_task", "_clock")
+
+    def __init__(self, it: AsyncIterator[T], content_length: Callable[[T], int], min_rate: int,
+                 watch: StallWatch | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._it = it
+        self._length = content_length
+        self._min_rate = min_rate
+        self._spent = float(min_rate * BURST_SECONDS)  # bytes of budget left
+        self._watch = watch or StallWatch.of(task.get_loop())
+        self._task: asyncio.Task[object] = task
+        self._clock = clock
+
+    def __aiter__(self) -> min_rate_policed[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        watch, task, clock = self._watch, self._task, self._clock
+        began = clock()
+        watch.begin(task, began + self._spent / self._min_rate)
+        try:
+            item = await self._it.__anext__()
+        except asyncio.CancelledError:
+            if watch.underflowed(task):
+                task.uncancel()
+                raise FlowControlUnderflow() from None
+            raise
+        finally:
+            watch.end(task)
+        # Drained while waited on; refilled by the chunk, up to one second's worth.
+        spent = self._spent - (clock() - began) * self._min_rate
+        self._spent = min(max(spent, 0.0) + self._length(item), float(self._min_rate * BURST_SECONDS))
+        return item
+
+    async def aclose(self) -> None:
+        """Nothing to release (the watch holds a task only while it waits)."""

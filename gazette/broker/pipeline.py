@@ -43,6 +43,7 @@ import grpc
 
 from gazette.broker.fragment import Spool
 from gazette.errors import GazetteError
+from gazette.fragment import Fragment
 from gazette.protocol import protocol_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -247,6 +248,25 @@ class Pipeline:
         self._local(local)
         if refused:
             raise AssertionError(f"local spool refused its own proposal {req.proposal}: {refused[0]}")
+        return full
+
+    def propose_nowait(self, proposal: Fragment, registers: pb.LabelSet) -> bool:
+        """:meth:`scatter_nowait` of an acknowledged proposal the primary made of its own spool
+        (a commit, :meth:`Spool.next_fragment`, or a rollback to :attr:`Spool.fragment`): the
+        local spool takes the fragment itself, and only peers get the wire form."""
+        full = False
+        if self.peers:
+            req = pb.ReplicateRequest(proposal=proposal.to_proto(), registers=registers, acknowledge=True)
+            full = self._queue(req.SerializeToString())
+        i = self.route.primary
+        if self.send_errs[i] is None:
+            try:
+                refused = self.spool.apply_proposal(proposal, registers, primary=True)
+            except Exception as err:  # noqa: BLE001 - e.g. a full disk: the append fails
+                self._fail_send(i, err)
+            else:
+                if refused is not None:
+                    raise AssertionError(f"local spool refused its own proposal {proposal}: {refused}")
         return full
 
     def send_err(self) -> ReplicationError | None:

@@ -256,6 +256,14 @@ class BrokerProcess:
             raise RuntimeError(f"broker {self.broker_id} was never started")
         if self._proc.poll() is None:
             self._proc.send_signal(signal.SIGTERM)
+        return self.wait_exit(timeout)
+
+    def wait_exit(self, timeout: float) -> int:
+        """Waits for the process to exit (after a SIGTERM sent by someone) and returns its
+        status. Raises TimeoutError, leaving the process running, if it outlives `timeout`;
+        the error carries the process's asyncio tasks (dumped on SIGUSR1) and its log tail."""
+        if self._proc is None:
+            raise RuntimeError(f"broker {self.broker_id} was never started")
         try:
             code = self._proc.wait(timeout)
         except subprocess.TimeoutExpired:

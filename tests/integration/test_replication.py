@@ -27,7 +27,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,13 +182,9 @@ def stop_all(brokers: list[BrokerProcess], timeout: float = DEADLINE) -> None:
     for b in running:
         assert b.pid is not None
         os.kill(b.pid, signal.SIGTERM)  # a second SIGTERM (as `stop` would send) means "now"
+    deadline = time.monotonic() + timeout
     for b in running:
-        wait_until(_exited(b), timeout, message=f"{b.broker_id} exits")
-        assert b.returncode() == 0, b.log_text()[-4000:]
-
-
-def _exited(b: BrokerProcess) -> Callable[[], bool]:
-    return lambda: not b.is_running()
+        assert b.wait_exit(max(0.0, deadline - time.monotonic())) == 0, b.log_text()[-4000:]
 
 
 def stored_fragments(cluster: Cluster, name: str) -> list[tuple[int, int, bytes]]:

@@ -13,7 +13,9 @@ from gazette.broker.flow import (
     BANK_FACTOR,
     AppendFlowControl,
     FlowControlUnderflow,
+    StallWatch,
     flow_controlled,
+    min_rate_policed,
 )
 
 steps = st.lists(
@@ -143,3 +145,107 @@ async def test_outside_cancellation_is_not_an_underflow() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+# -- min_rate_policed: the min rate alone, one StallWatch per loop ---------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_min_rate_policed_aborts_a_stalled_client_once_its_budget_is_spent() -> None:
+    clock = _Clock()
+    watch = StallWatch(asyncio.get_running_loop(), clock)
+    stalled = asyncio.Event()
+    got: list[int] = []
+
+    async def consume() -> None:
+        async for item in min_rate_policed(_chunks([300, 200], asyncio.Event(), stalled), len, 1000,
+                                           watch, clock):
+            got.append(len(item))
+
+    task = asyncio.create_task(consume())
+    await stalled.wait()
+    # The budget: one second's worth (1000 bytes), refilled by each chunk and capped: 1000.
+    clock.now += 0.999
+    watch.check(clock.now)
+    assert not task.done()
+    clock.now += 0.002
+    watch.check(clock.now)
+    with pytest.raises(FlowControlUnderflow):
+        await task
+    assert got == [300, 200]
+    assert task.cancelling() == 0  # the abort left no pending cancellation
+
+
+async def test_min_rate_policed_drains_only_while_waiting_on_the_client() -> None:
+    clock = _Clock()
+    watch = StallWatch(asyncio.get_running_loop(), clock)
+    release = asyncio.Event()
+    waiting = asyncio.Event()
+
+    async def slow_client() -> AsyncIterator[bytes]:
+        yield b"x" * 100
+        waiting.set()
+        await release.wait()  # the client takes 0.6 s for its next chunk
+        yield b"x" * 100
+        waiting.set()
+        await asyncio.Event().wait()
+
+    got = []
+
+    async def consume() -> None:
+        async for item in min_rate_policed(slow_client(), len, 1000, watch, clock):
+            got.append(len(item))
+            clock.now += 5.0  # the broker's own work on the chunk: not the client's time
+
+    task = asyncio.create_task(consume())
+    await waiting.wait()
+    waiting.clear()
+    clock.now += 0.6
+    watch.check(clock.now)
+    release.set()
+    await waiting.wait()
+    # 1000 - 600 drained + 100 refilled = 500 bytes: half a second of silence left.
+    clock.now += 0.499
+    watch.check(clock.now)
+    assert not task.done()
+    clock.now += 0.002
+    watch.check(clock.now)
+    with pytest.raises(FlowControlUnderflow):
+        await task
+    assert got == [100, 100]
+
+
+async def test_min_rate_policed_passes_a_brisk_stream_and_outside_cancellation() -> None:
+    sizes = [1 << 16] * 32
+    assert [len(x) async for x in min_rate_policed(_chunks(sizes), len, 1 << 16)] == sizes
+
+    stalled = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in min_rate_policed(_chunks([1], asyncio.Event(), stalled), len, 1 << 16):
+            pass
+
+    task = asyncio.create_task(consume())
+    await stalled.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_stall_watch_ticks_only_while_appends_wait() -> None:
+    loop = asyncio.get_running_loop()
+    watch = StallWatch(loop)
+    task = asyncio.current_task()
+    assert task is not None
+    watch.begin(task, loop.time() + 3600)
+    assert watch._handle is not None
+    watch.end(task)
+    watch._tick()  # the next tick finds nobody waiting: the timer is not re-armed
+    assert watch._handle is None

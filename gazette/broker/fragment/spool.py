@@ -336,10 +336,19 @@ class Spool:
         completed spools this call may produce as the primary's (persisted right away).
         """
         if req.HasField("proposal"):
-            assert self._inflight is None, "spool changed while a content write is in flight"
-            return self._apply_proposal(req, primary)
+            registers = req.registers if req.HasField("registers") else pb.LabelSet()
+            mismatch = self.apply_proposal(Fragment.from_proto(req.proposal), registers, primary)
+            return pb.ReplicateResponse(status=pb.OK) if mismatch is None else mismatch
         self._apply_content(req.content, req.content_delta)
         return pb.ReplicateResponse()
+
+    def apply_proposal(self, proposal: Fragment, registers: pb.LabelSet,
+                       primary: bool = False) -> pb.ReplicateResponse | None:
+        """The proposal transition, given the proposed fragment itself (the primary's own
+        commit, :meth:`next_fragment`, skips the wire form's round trip): None if the spool
+        took it, else the PROPOSAL_MISMATCH answer."""
+        assert self._inflight is None, "spool changed while a content write is in flight"
+        return self._apply_proposal(proposal, registers, primary)
 
     def must_apply(self, req: pb.ReplicateRequest, primary: bool = False) -> None:
         """Apply a request that cannot fail (e.g. a rollback derived from this spool)."""
@@ -389,9 +398,9 @@ class Spool:
             self._delta += w.length
             self._next = None
 
-    def _apply_proposal(self, req: pb.ReplicateRequest, primary: bool) -> pb.ReplicateResponse:
-        proposal = Fragment.from_proto(req.proposal)
-        registers = req.registers if req.HasField("registers") else pb.LabelSet()
+    def _apply_proposal(self, proposal: Fragment, registers: pb.LabelSet,
+                        primary: bool) -> pb.ReplicateResponse | None:
+        """Applies a proposal; None if it was taken, else the PROPOSAL_MISMATCH answer."""
         f = self._fragment
 
         if proposal.end > f.end + self._delta or (
@@ -408,9 +417,10 @@ class Spool:
                 self._delta = 0
                 self._next = None
                 self._summer = self._committed_summer.copy()
-            return pb.ReplicateResponse(status=pb.OK)
+            return None
 
-        if self._delta != 0 and end == f.end + self._delta and proposal == self.next_fragment():
+        if self._delta != 0 and end == f.end + self._delta and (
+                proposal is self._next or proposal == self.next_fragment()):
             self._fragment = proposal
             self._view = None
             self._next = None
@@ -421,7 +431,7 @@ class Spool:
             self._committed_summer = self._summer.copy()
             if self._on_commit is not None:
                 self._on_commit(self.fragment)
-            return pb.ReplicateResponse(status=pb.OK)
+            return None
 
         return pb.ReplicateResponse(
             status=pb.PROPOSAL_MISMATCH,
