@@ -241,8 +241,13 @@ class CoverSet:
         if last.end < fragment.end and last.begin < fragment.begin:
             s.append(fragment)  # Fast path: the common case of a next, later fragment.
             return True
-        # (Gazette also fast-paths a fragment replacing the last entry, but that way misses
-        # earlier entries the fragment covers too; the general path below handles it.)
+        if last.begin == fragment.begin and last.end <= fragment.end:
+            # Fast path: a spool's commit extending the last entry. Every earlier entry begins
+            # and ends before the last one does, so none covers the fragment or is covered.
+            s[-1] = fragment
+            return True
+        # (Gazette also fast-paths a fragment replacing the last entry whatever its begin, but
+        # that way misses earlier entries the fragment covers too; the general path does not.)
 
         # First entry whose end is beyond fragment.begin.
         lo = bisect.bisect_right(s, fragment.begin, key=_end_of)

@@ -182,6 +182,8 @@ def validate_path_component(s: str, min_len: int, max_len: int, field: str = "")
 
 def validate_journal(name: str, field: str = "") -> None:
     """A journal name, optionally followed by a ``;metadata`` path segment."""
+    if name in _VALID_JOURNALS:  # every append names its journal: check each name once
+        return
     base, sep, meta = name.partition(";")
     validate_path_component(base, MIN_JOURNAL_NAME_LEN, MAX_JOURNAL_NAME_LEN, field)
     if sep:
@@ -189,6 +191,14 @@ def validate_journal(name: str, field: str = "") -> None:
             validate_path_component(meta, 1, MAX_JOURNAL_NAME_LEN)
         except ValidationError as err:
             raise ValidationError(field, f"metadata path segment: {err.rule}") from None
+    if len(_VALID_JOURNALS) >= _VALID_JOURNALS_MAX:
+        _VALID_JOURNALS.clear()
+    _VALID_JOURNALS[name] = None
+
+
+_VALID_JOURNALS: dict[str, None] = {}
+"""Journal names found valid (bounded: cleared when full)."""
+_VALID_JOURNALS_MAX = 8192
 
 
 
