@@ -143,6 +143,7 @@ class Peers:
         self._keep = keep_dir
         self._children: list[tuple[ChildProcess, float]] = []
         self._etcd: EtcdProcess | None = None
+        self.null_child: ChildProcess | None = None  # the null-journal server, once started
 
     def __enter__(self) -> Peers:
         return self
@@ -220,6 +221,7 @@ class Peers:
                                               "null-journal", str(port)],
                              self.root / "null-journal.log")
         self._children.append((child, 3.0))
+        self.null_child = child
         deadline = time.monotonic() + timeout
         delay = 0.02
         while True:  # ready when it accepts connections on its port

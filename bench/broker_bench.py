@@ -122,6 +122,8 @@ class Row:
     size: int = 0
     writers: int = 0
     host_seconds: float = 0.0  # measured SHA-1s and pwrite per append of this size (see host_cost)
+    gazette_cpu: float = 0.0  # the broker's CPU seconds per append (user + system), if known
+    null_cpu: float = 0.0  # the null Append server's, likewise
 
     @property
     def ceiling(self) -> float | None:
@@ -149,6 +151,26 @@ def size_name(size: int) -> str:
     if size >= KiB and size % KiB == 0:
         return f"{size // KiB} KiB"
     return f"{size} B"
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User plus system CPU seconds of process ``pid`` so far (0 if unknown): per-append CPU
+    is a steadier figure than throughput on a shared machine."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def timed(pid: int | None, run: Awaitable[Result]) -> tuple[Result, float]:
+    """Runs ``run``; returns its result and ``pid``'s CPU seconds per operation meanwhile."""
+    before = cpu_seconds(pid)
+    result = await run
+    return result, (cpu_seconds(pid) - before) / max(1, result.count)
 
 
 def host_cost(size: int, scratch: Path, rounds: int = 3) -> float:
@@ -367,7 +389,8 @@ class JetStreamSide(JetStreamClient):
 async def bench(report: Report, plan: Plan, codecs: list[str], gazette_target: str | None,
                 nats_port: int | None, null_port: int | None, http_base: str | None = None,
                 tls: ClientTLS | None = None, auth: Authorizer | None = None,
-                scratch: Path | None = None) -> None:
+                scratch: Path | None = None, pids: tuple[int | None, int | None] = (None, None)) -> None:
+    gz_pid, null_pid = pids
     scratch = scratch or Path(os.getcwd())
     gz = GazetteSide(gazette_target, http_base, tls=tls, auth=auth) if gazette_target else None
     js = JetStreamSide() if nats_port else None
@@ -396,14 +419,14 @@ async def bench(report: Report, plan: Plan, codecs: list[str], gazette_target: s
                     row = Row(f"append {sname:>7} x{writers:<2}{tag}", size=size,
                               writers=writers, host_seconds=host)
                     if gz is not None:
-                        row.gazette = await run_writers(gz.append_op(journal, payload),
-                                                        writers, size, plan)
+                        row.gazette, row.gazette_cpu = await timed(gz_pid, run_writers(
+                            gz.append_op(journal, payload), writers, size, plan))
                     if with_js and js is not None:
                         row.jetstream = await run_writers(js.publish_op(subject, payload),
                                                           writers, size, plan)
                     if null is not None and codec_name == codecs[0]:
-                        row.null = await run_writers(null.append_op(journal, payload),
-                                                     writers, size, plan)
+                        row.null, row.null_cpu = await timed(null_pid, run_writers(
+                            null.append_op(journal, payload), writers, size, plan))
                     report.rows.append(row)
                     print_row(row, null is not None, flush=True)
                     if gz is not None and http_base is not None:
@@ -449,7 +472,8 @@ def ratio(row: Row) -> float | None:
 
 
 HEADER = f"{'workload':<30} | {'gazette':>22} | {'jetstream':>22} | gazette/jetstream"
-NULL_HEADER = f" | {'null Append':>22} | {'ceiling':>22} | of ceiling"
+NULL_HEADER = (f" | {'null Append':>22} | {'ceiling':>22} | of ceiling"
+               f" | CPU µs/append (broker, null)")
 
 
 def print_row(row: Row, with_null: bool, flush: bool = False) -> None:
@@ -462,6 +486,8 @@ def print_row(row: Row, with_null: bool, flush: bool = False) -> None:
         if c is not None and row.is_append:
             ceiling = Result(int(c * 1000), int(c * 1000) * row.size, 1000.0)
             tail += f" | {cell(ceiling, True):>22} | {f:6.2f}" if f is not None else f" | {cell(ceiling, True):>22} |"
+            if row.gazette_cpu and row.null_cpu:
+                tail += f"     | {row.gazette_cpu * 1e6:7.0f} {row.null_cpu * 1e6:7.0f}"
     print(f"{row.workload:<30} | {cell(row.gazette, row.is_append):>22} | "
           f"{cell(row.jetstream, row.is_append):>22} | {rs}{tail}", flush=flush)
 
@@ -654,8 +680,10 @@ def main(argv: list[str] | None = None) -> int:
             peers.start_profiling(broker)
         try:
             malloc.tune()  # as the broker does: large messages reuse heap buffers
+            null_pid = peers.null_child.proc.pid if peers.null_child is not None else None
+            broker_pid = broker.proc.pid if broker is not None else None
             asyncio.run(bench(report, plan, codecs, target, nats_port, null_port, http_base, tls, auth,
-                              scratch=peers.root))
+                              scratch=peers.root, pids=(broker_pid, null_pid)))
         finally:
             if client_prof is not None:
                 client_prof.disable()
