@@ -297,16 +297,20 @@ class min_rate_policed(Generic[T]):  # noqa: N801 - used as flow_controlled is, 
     on, falls below ``min_rate`` bytes per second (see the module docstring: the budget is
     :class:`AppendFlowControl`'s ``spent`` without a max rate)."""
 
-    __slots__ = ("_it", "_length", "_min_rate", "_spent", "_watch", "_task", "_clock")
+    __slots__ = ("_it", "_ready", "_length", "_min_rate", "_spent", "_cap", "_watch", "_task", "_clock")
 
     def __init__(self, it: AsyncIterator[T], content_length: Callable[[T], int], min_rate: int,
                  watch: StallWatch | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._it = it
+        # A stream that can tell its next item is already here (our transport's requests)
+        # spares the watch: taking it cannot stall.
+        self._ready: Callable[[], bool] | None = getattr(it, "ready", None)
         self._length = content_length
         self._min_rate = min_rate
-        self._spent = float(min_rate * BURST_SECONDS)  # bytes of budget left
+        self._cap = float(min_rate * BURST_SECONDS)
+        self._spent = self._cap  # bytes of budget left
         self._watch = watch or StallWatch.of(task.get_loop())
         self._task: asyncio.Task[object] = task
         self._clock = clock
@@ -315,6 +319,11 @@ class min_rate_policed(Generic[T]):  # noqa: N801 - used as flow_controlled is, 
         return self
 
     async def __anext__(self) -> T:
+        ready = self._ready
+        if ready is not None and ready():
+            item = await self._it.__anext__()
+            self._spent = min(self._spent + self._length(item), self._cap)
+            return item
         watch, task, clock = self._watch, self._task, self._clock
         began = clock()
         watch.begin(task, began + self._spent / self._min_rate)
@@ -329,7 +338,7 @@ class min_rate_policed(Generic[T]):  # noqa: N801 - used as flow_controlled is, 
             watch.end(task)
         # Drained while waited on; refilled by the chunk, up to one second's worth.
         spent = self._spent - (clock() - began) * self._min_rate
-        self._spent = min(max(spent, 0.0) + self._length(item), float(self._min_rate * BURST_SECONDS))
+        self._spent = min(max(spent, 0.0) + self._length(item), self._cap)
         return item
 
     async def aclose(self) -> None:

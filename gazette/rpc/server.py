@@ -130,6 +130,12 @@ class _Requests:
             raise StopAsyncIteration
         return msg
 
+    def ready(self) -> bool:
+        """Whether the next request (or the stream's end) is already here: taking it will not
+        wait on the client."""
+        s = self._stream
+        return bool(s.messages) or s.remote_closed or s.error is not None
+
 
 class ServerStream(Stream):
     __slots__ = ("handler", "task", "headers_sent", "deserialize", "serialize", "deadline_handle", "expired")

@@ -249,3 +249,30 @@ async def test_stall_watch_ticks_only_while_appends_wait() -> None:
     watch.end(task)
     watch._tick()  # the next tick finds nobody waiting: the timer is not re-armed
     assert watch._handle is None
+
+
+async def test_min_rate_policed_spares_the_watch_when_the_next_item_is_already_here() -> None:
+    class Buffered:
+        """A stream whose items are all here (as our transport's requests tell by ready())."""
+
+        def __init__(self, items: list[bytes]) -> None:
+            self.items = items
+
+        def ready(self) -> bool:
+            return True
+
+        def __aiter__(self) -> Buffered:
+            return self
+
+        async def __anext__(self) -> bytes:
+            if not self.items:
+                raise StopAsyncIteration
+            return self.items.pop(0)
+
+    class Untouchable(StallWatch):
+        def begin(self, task: asyncio.Task[object], deadline: float) -> None:
+            raise AssertionError("a ready stream registered a wait")
+
+    watch = Untouchable(asyncio.get_running_loop())
+    got = [len(x) async for x in min_rate_policed(Buffered([b"ab", b"c", b""]), len, 1000, watch)]
+    assert got == [2, 1, 0]

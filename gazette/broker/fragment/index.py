@@ -53,6 +53,7 @@ class Index:
         self._signer = signer
         self._clock = clock
         self._changed = asyncio.Event()
+        self._waited = False  # whether _changed was handed to a waiter since it was made
         self._first_refresh = asyncio.Event()
         self._closed = False
 
@@ -88,8 +89,11 @@ class Index:
 
     def _wake(self) -> None:
         # Waiters hold the old event: setting it wakes exactly them, the new one waits anew.
-        self._changed.set()
-        self._changed = asyncio.Event()
+        # An event nobody took is kept (a commit with no reader waiting makes no new one).
+        if self._waited:
+            self._changed.set()
+            self._changed = asyncio.Event()
+            self._waited = False
 
     # -- Observation.
 
@@ -126,6 +130,7 @@ class Index:
     async def _wait(self) -> None:
         if self._closed:
             raise IndexClosedError("index of journal is closed")
+        self._waited = True
         await self._changed.wait()
         if self._closed:
             raise IndexClosedError("index of journal was closed while waiting")
