@@ -90,7 +90,8 @@ async def measure(size: int, appends: int, rounds: int, replication: int = 3,
                 profile.disable()
             b.replica.cancel()
             assert b.replica.retired is not None
-            await asyncio.wait_for(b.replica.retired, 5)
+            async with asyncio.timeout(5):
+                await b.replica.retired
             return out
 
 

@@ -273,7 +273,8 @@ class JetStreamSide(JetStreamClient):
         with Timer() as t:
             for i, doc in enumerate(docs):
                 await publish(subjects[i % n], encode(doc).encode())
-            await asyncio.wait_for(self.js.publish_async_completed(), timeout=120)
+            async with asyncio.timeout(120):
+                await self.js.publish_async_completed()
         return t.result(len(docs))
 
     async def read(self, stream: str, subject: str) -> Result:

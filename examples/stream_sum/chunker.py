@@ -119,7 +119,8 @@ async def run_chunker(client: JournalClient, *, streams: int, chunks: int, worke
         started = time.monotonic()
         for warn_at in (*_WARN_AT, sla):
             try:
-                await asyncio.wait_for(asyncio.shield(fut), max(0.0, started + warn_at - time.monotonic()))
+                async with asyncio.timeout(max(0.0, started + warn_at - time.monotonic())):
+                    await asyncio.shield(fut)
                 break
             except TimeoutError:
                 if warn_at >= sla:

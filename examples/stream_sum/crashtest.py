@@ -322,7 +322,8 @@ class CrashTest:
             # A dying, or frozen-then-resumed, process may not answer: the next that does, will.
             with contextlib.suppress(GazetteError, grpc.RpcError, OSError, TimeoutError):
                 async with ShardClient(endpoint) as sc:
-                    resp = await asyncio.wait_for(sc.list(), 10)
+                    async with asyncio.timeout(10):
+                        resp = await sc.list()
                     failed = []
                     for s in resp.shards:
                         for st in s.status:

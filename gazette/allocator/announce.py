@@ -68,7 +68,11 @@ class Announcement:
         unreachable_since: float | None = None
         while True:
             try:
-                reply = await asyncio.wait_for(self.client.refresh_lease(self.lease_id), max(interval, 1.0))
+                # Not asyncio.wait_for: on Python 3.11 a cancellation arriving as the refresh
+                # completes is swallowed by it (the refresh's result is returned instead), and
+                # this loop then outlived its task group's cancellation: a draining process hung.
+                async with asyncio.timeout(max(interval, 1.0)):
+                    reply = await self.client.refresh_lease(self.lease_id)
             except (TimeoutError, aetcd.exceptions.ConnectionFailedError,
                     aetcd.exceptions.ConnectionTimeoutError) as err:
                 now = time.monotonic()

@@ -384,7 +384,8 @@ class Helper:
             with contextlib.suppress(OSError):
                 self._ctl.shutdown(socket.SHUT_WR)
         try:
-            await asyncio.wait_for(asyncio.to_thread(self.proc.wait), within)
+            async with asyncio.timeout(within):  # not wait_for: see gazette.allocator.announce
+                await asyncio.to_thread(self.proc.wait)
         except TimeoutError:
             log.error("gRPC splice helper (pid %d) did not exit; killing it", self.proc.pid)
             self.proc.kill()
