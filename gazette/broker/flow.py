@@ -301,8 +301,6 @@ class min_rate_policed(Generic[T]):  # noqa: N801 - used as flow_controlled is, 
 
     def __init__(self, it: AsyncIterator[T], content_length: Callable[[T], int], min_rate: int,
                  watch: StallWatch | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        task = asyncio.current_task()
-        assert task is not None
         self._it = it
         # A stream that can tell its next item is already here (our transport's requests)
         # spares the watch: taking it cannot stall.
@@ -311,8 +309,10 @@ class min_rate_policed(Generic[T]):  # noqa: N801 - used as flow_controlled is, 
         self._min_rate = min_rate
         self._cap = float(min_rate * BURST_SECONDS)
         self._spent = self._cap  # bytes of budget left
-        self._watch = watch or StallWatch.of(task.get_loop())
-        self._task: asyncio.Task[object] = task
+        # The watch and the task it would cancel are looked up at the first wait (most
+        # appends arrive whole and never wait).
+        self._watch = watch
+        self._task: asyncio.Task[object] | None = None
         self._clock = clock
 
     def __aiter__(self) -> min_rate_policed[T]:
@@ -324,7 +324,15 @@ class min_rate_policed(Generic[T]):  # noqa: N801 - used as flow_controlled is, 
             item = await self._it.__anext__()
             self._spent = min(self._spent + self._length(item), self._cap)
             return item
-        watch, task, clock = self._watch, self._task, self._clock
+        task = self._task
+        if task is None:
+            current = asyncio.current_task()
+            assert current is not None, "min_rate_policed outside a task"
+            task = self._task = current
+        watch = self._watch
+        if watch is None:
+            watch = self._watch = StallWatch.of(task.get_loop())
+        clock = self._clock
         began = clock()
         watch.begin(task, began + self._spent / self._min_rate)
         try:

@@ -136,7 +136,8 @@ class Pipeline:
         self.send_errs: list[BaseException | None] = [None] * n
         self.recv_errs: list[BaseException | None] = [None] * n
         self.recv_resp: list[pb.ReplicateResponse | None] = [None] * n
-        self._barrier: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        self._barrier: asyncio.Future[None] = self._loop.create_future()
         self._barrier.set_result(None)
         self._closed = False
         self._cancelled: set[int] = set()  # peers whose stream we aborted: nothing to read
@@ -304,7 +305,7 @@ class Pipeline:
         its sends and before releasing the send side, takes the barrier; then waits for
         ``wait_for``, reads its responses, and resolves ``close_after``."""
         wait_for = self._barrier
-        self._barrier = close_after = asyncio.get_running_loop().create_future()
+        self._barrier = close_after = self._loop.create_future()
         return wait_for, close_after
 
     async def _read(self, i: int) -> pb.ReplicateResponse | None:

@@ -316,7 +316,8 @@ class Spool:
             f = self._fragment
             end = f.end + self._delta
             digest = ZERO_SUM if end == f.begin else self._summer.digest()
-            nxt = self._next = Fragment(f.journal, f.begin, end, digest, f.codec)
+            # With the spool file: once committed it is the fragment's view as is.
+            nxt = self._next = Fragment(f.journal, f.begin, end, digest, f.codec, file=self._file)
         return nxt
 
     def next(self) -> pb.Fragment:
@@ -422,7 +423,8 @@ class Spool:
         if self._delta != 0 and end == f.end + self._delta and (
                 proposal is self._next or proposal == self.next_fragment()):
             self._fragment = proposal
-            self._view = None
+            # The primary's own proposal already carries the spool file (next_fragment).
+            self._view = proposal if proposal.file is self._file else None
             self._next = None
             if self._first_append_time is None:
                 self._first_append_time = self._clock()
