@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import struct
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from functools import partial
@@ -59,7 +60,7 @@ from gazette.broker.pipeline import Pipeline, ReplicationError
 from gazette.broker.replica import acquire_unless, wait_unless
 from gazette.broker.wire import AppendChunk, ContentChunk
 from gazette.errors import GazetteError
-from gazette.fragment import Fragment, sum_to_proto
+from gazette.fragment import Fragment
 from gazette.protocol import labels
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol.specs import may_write
@@ -334,15 +335,18 @@ class AppendFSM:
         res, replica, pln = self.res, self.replica, self.pln
         assert res is not None and res.spec is not None and replica is not None and pln is not None
         # Before the first-refresh wait: a store that cannot be listed never completes one.
-        status, self.store_health_error = await self.broker.store_health.await_append_status(res.spec)
-        if status != pb.OK:
-            self.status = status
-            self.state = ERROR
-            return
-        if not await wait_unless(replica.index.first_refresh, res.signal):
+        # (Each wait is skipped, not awaited, when already satisfied: the steady state.)
+        health = self.broker.store_health
+        if not health.healthy_for_append(res.spec):
+            status, self.store_health_error = await health.await_append_status(res.spec)
+            if status != pb.OK:
+                self.status = status
+                self.state = ERROR
+                return
+        if not replica.index.first_refresh.is_set() and not await wait_unless(replica.index.first_refresh, res.signal):
             self.state = RESOLVE
             return
-        if not await wait_unless(replica.primary_refreshed, res.signal):
+        if not replica.primary_refreshed.is_set() and not await wait_unless(replica.primary_refreshed, res.signal):
             self.state = RESOLVE
             return
         req, spec, spool = self.req, res.spec, pln.spool
@@ -528,7 +532,7 @@ class AppendFSM:
         c.journal = spool.journal
         c.begin = begin
         c.end = begin + delta
-        c.sum.CopyFrom(sum_to_proto(summer.digest()))
+        c.sum.part1, c.sum.part2, c.sum.part3 = _SUM_PARTS.unpack(summer.digest())
         c.compression_codec = final.codec
         resp.registers.CopyFrom(regs)
         resp.total_chunks = chunks
@@ -572,6 +576,9 @@ class AppendFSM:
         if self.err is not None:
             replica.request_pulse()  # the pipeline is broken: rebuild it without waiting
 
+
+_SUM_PARTS = struct.Struct(">QQI")
+"""A SHA-1 digest as the wire SHA1Sum's parts (see ``gazette.fragment.sum_to_proto``)."""
 
 _STEPS = {
     RESOLVE: AppendFSM._on_resolve,

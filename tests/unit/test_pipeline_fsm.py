@@ -57,6 +57,9 @@ class FSMBroker:
         self.config = SimpleNamespace(max_append_rate=0, min_append_rate=0)  # no flow control
         self.store_health = self
 
+    def healthy_for_append(self, spec: pb.JournalSpec) -> bool:
+        return True  # the store is healthy
+
     async def await_append_status(self, spec: pb.JournalSpec) -> tuple[int, str]:
         return pb.OK, ""  # the store is healthy
 

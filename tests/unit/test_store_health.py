@@ -114,6 +114,19 @@ async def test_failures_retry_on_schedule_then_recover() -> None:
         assert await health.await_append_status(spec(URL)) == (pb.OK, "")
         assert fake.calls == 4
         assert health.status(URL) == (True, "")
+        assert health.healthy_for_append(spec(URL))  # the append's no-wait check agrees
+
+
+async def test_healthy_for_append_only_once_a_check_passed() -> None:
+    fake = FakeStore([False], default=True)
+    health = monitor(FakeStores({URL: fake}), retry_intervals=(0.0, 0.01))
+    assert not health.healthy_for_append(spec(URL))  # never checked: the append must wait
+    assert health.healthy_for_append(pb.JournalSpec(name="no/stores"))  # nothing to check
+    async with running(health):
+        assert await health.await_status(URL) == (False, "check 1 failed")
+        assert not health.healthy_for_append(spec(URL)) or health.status(URL)[0]
+        assert await health.await_append_status(spec(URL)) == (pb.OK, "")
+        assert health.healthy_for_append(spec(URL))
 
 
 def test_interval_schedule_and_jitter() -> None:

@@ -166,6 +166,18 @@ class StoreHealth:
 
     # -- Waiting.
 
+    def healthy_for_append(self, spec: pb.JournalSpec) -> bool:
+        """Whether :meth:`await_append_status` would answer OK at once (no wait): the
+        journal has no store, or its primary store's last check succeeded."""
+        stores = spec.fragment.stores
+        if not stores:
+            return True
+        e = self._entries.get(stores[0])
+        if e is None or not e.ok:
+            return False
+        e.marked = True
+        return True
+
     async def await_append_status(self, spec: pb.JournalSpec) -> tuple[int, str]:
         """Gazette's append precondition: ``(pb.OK, "")`` once the primary store is healthy,
         or ``(pb.FRAGMENT_STORE_UNHEALTHY, error)`` after ``append_retries + 2`` further
