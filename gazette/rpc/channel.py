@@ -447,8 +447,16 @@ class _Call:
         try:
             await stream.conn.send_message(stream, data, end_stream)
         except StreamReset:
-            self._raise_status(stream)
+            self._lost(stream)
             raise
+
+    def _lost(self, stream: ClientStream) -> None:
+        """A stream that ended without a status (its connection lost, or reset) answers
+        UNAVAILABLE; raises the call's error."""
+        self._finished()
+        if stream.status is None:
+            stream.set_status(_UNAVAILABLE, str(stream.error or "the connection was lost"))
+        self._raise_status(stream)
 
     # -- grpc.aio.Call -----------------------------------------------------------------
 
@@ -523,10 +531,7 @@ class UnaryUnaryCall(_Call):
             self._raise_status(stream)
             return msg
         except StreamReset:
-            self._finished()
-            if stream.status is None:
-                stream.set_status(_UNAVAILABLE, str(stream.error))
-            self._raise_status(stream)
+            self._lost(stream)
             raise
         except asyncio.CancelledError:
             self.cancel()
@@ -559,7 +564,13 @@ class UnaryStreamCall(_ResponseStream):
     async def _start_on(self, conn: ClientConnection) -> ClientStream:
         data = self._ser(self._request) if self._ser is not None else self._request
         stream = self._open(conn)
-        await conn.send_message(stream, data, end_stream=True)
+        try:
+            await conn.send_message(stream, data, end_stream=True)
+        except StreamReset:
+            # The connection went away as the request left (e.g. a TLS server refusing the
+            # client's certificate after the handshake): UNAVAILABLE, as any lost connection.
+            self._lost(stream)
+            raise
         return stream
 
 
