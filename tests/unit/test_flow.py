@@ -158,6 +158,19 @@ class _Clock:
         return self.now
 
 
+async def _aborted_after(task: asyncio.Task[None], watch: StallWatch, clock: _Clock, silence: float) -> None:
+    """The stalled ``task`` lives through ``silence`` seconds (less a millisecond) and is
+    aborted for underflow a millisecond after, with no cancellation left pending."""
+    clock.now += silence - 0.001
+    watch.check(clock.now)
+    assert not task.done()
+    clock.now += 0.002
+    watch.check(clock.now)
+    with pytest.raises(FlowControlUnderflow):
+        await task
+    assert task.cancelling() == 0
+
+
 async def test_min_rate_policed_aborts_a_stalled_client_once_its_budget_is_spent() -> None:
     clock = _Clock()
     watch = StallWatch(asyncio.get_running_loop(), clock)
@@ -172,15 +185,8 @@ async def test_min_rate_policed_aborts_a_stalled_client_once_its_budget_is_spent
     task = asyncio.create_task(consume())
     await stalled.wait()
     # The budget: one second's worth (1000 bytes), refilled by each chunk and capped: 1000.
-    clock.now += 0.999
-    watch.check(clock.now)
-    assert not task.done()
-    clock.now += 0.002
-    watch.check(clock.now)
-    with pytest.raises(FlowControlUnderflow):
-        await task
+    await _aborted_after(task, watch, clock, 1.0)
     assert got == [300, 200]
-    assert task.cancelling() == 0  # the abort left no pending cancellation
 
 
 async def test_min_rate_policed_drains_only_while_waiting_on_the_client() -> None:
@@ -212,13 +218,7 @@ async def test_min_rate_policed_drains_only_while_waiting_on_the_client() -> Non
     release.set()
     await waiting.wait()
     # 1000 - 600 drained + 100 refilled = 500 bytes: half a second of silence left.
-    clock.now += 0.499
-    watch.check(clock.now)
-    assert not task.done()
-    clock.now += 0.002
-    watch.check(clock.now)
-    with pytest.raises(FlowControlUnderflow):
-        await task
+    await _aborted_after(task, watch, clock, 0.5)
     assert got == [100, 100]
 
 
