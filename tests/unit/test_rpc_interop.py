@@ -533,14 +533,18 @@ async def test_stop_lets_running_calls_finish_within_grace(rig: Rig) -> None:
 
 
 @pytest.mark.parametrize("server_kind", BOTH_SERVERS)
-async def test_stop_past_grace_ends_calls_with_unavailable(rig: Rig) -> None:
+async def test_stop_past_grace_ends_calls_with_unavailable(rig: Rig, server_kind: str) -> None:
     svc, stub = rig.svc, rig.stub
     reading = stub.Read(pb.ReadRequest(journal="block:read"))
     assert (await within(reading.read())).offset == -1
     await within(rig.served.stop(0))
-    await within(svc.gate("read").cancelled.wait())
     err = await rpc_error(reading.read())
     assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+    if server_kind == "ours":
+        # Our server cancels the handler it gave up on. (grpcio's own server, on a loaded
+        # machine, sometimes leaves it running past stop(0): about 1 run in 8 here; its
+        # clients still see UNAVAILABLE, which is what this compares.)
+        await within(svc.gate("read").cancelled.wait())
 
 
 class Proxy:
