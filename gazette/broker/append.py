@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import struct
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from functools import partial
@@ -60,7 +59,7 @@ from gazette.broker.pipeline import Pipeline, ReplicationError
 from gazette.broker.replica import acquire_unless, wait_unless
 from gazette.broker.wire import AppendChunk, ContentChunk
 from gazette.errors import GazetteError
-from gazette.fragment import Fragment
+from gazette.fragment import Fragment, set_sum
 from gazette.protocol import labels
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol.specs import may_write
@@ -532,7 +531,7 @@ class AppendFSM:
         c.journal = spool.journal
         c.begin = begin
         c.end = begin + delta
-        c.sum.part1, c.sum.part2, c.sum.part3 = _SUM_PARTS.unpack(summer.digest())
+        set_sum(c.sum, summer.digest())
         c.compression_codec = final.codec
         resp.registers.CopyFrom(regs)
         resp.total_chunks = chunks
@@ -576,9 +575,6 @@ class AppendFSM:
         if self.err is not None:
             replica.request_pulse()  # the pipeline is broken: rebuild it without waiting
 
-
-_SUM_PARTS = struct.Struct(">QQI")
-"""A SHA-1 digest as the wire SHA1Sum's parts (see ``gazette.fragment.sum_to_proto``)."""
 
 _STEPS = {
     RESOLVE: AppendFSM._on_resolve,

@@ -348,6 +348,3 @@ class min_rate_policed(Generic[T]):  # noqa: N801 - used as flow_controlled is, 
         spent = self._spent - (clock() - began) * self._min_rate
         self._spent = min(max(spent, 0.0) + self._length(item), self._cap)
         return item
-
-    async def aclose(self) -> None:
-        """Nothing to release (the watch holds a task only while it waits)."""

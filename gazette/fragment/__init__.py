@@ -36,6 +36,7 @@ from gazette.fragment.fragment import (
     File,
     Fragment,
     parse_content_name,
+    set_sum,
     sum_from_proto,
     sum_to_proto,
 )
@@ -64,5 +65,6 @@ __all__ = [
     "new_decompressor",
     "parse_content_name",
     "sum_from_proto",
+    "set_sum",
     "sum_to_proto",
 ]

@@ -36,6 +36,7 @@ __all__ = [
     "Fragment",
     "ZERO_SUM",
     "parse_content_name",
+    "set_sum",
     "sum_from_proto",
     "sum_to_proto",
 ]
@@ -53,6 +54,11 @@ def sum_to_proto(digest: bytes) -> pb.SHA1Sum:
         raise ValueError(f"a SHA1 digest has 20 bytes, not {len(digest)}")
     p1, p2, p3 = _SUM_PARTS.unpack(digest)
     return pb.SHA1Sum(part1=p1, part2=p2, part3=p3)
+
+
+def set_sum(target: pb.SHA1Sum, digest: bytes) -> None:
+    """Sets ``target`` to the wire form of a 20-byte SHA1 digest in place (no new message)."""
+    target.part1, target.part2, target.part3 = _SUM_PARTS.unpack(digest)
 
 
 def sum_from_proto(s: pb.SHA1Sum) -> bytes:

@@ -343,14 +343,6 @@ class Spool:
         self._apply_content(req.content, req.content_delta)
         return pb.ReplicateResponse()
 
-    def apply_proposal(self, proposal: Fragment, registers: pb.LabelSet,
-                       primary: bool = False) -> pb.ReplicateResponse | None:
-        """The proposal transition, given the proposed fragment itself (the primary's own
-        commit, :meth:`next_fragment`, skips the wire form's round trip): None if the spool
-        took it, else the PROPOSAL_MISMATCH answer."""
-        assert self._inflight is None, "spool changed while a content write is in flight"
-        return self._apply_proposal(proposal, registers, primary)
-
     def must_apply(self, req: pb.ReplicateRequest, primary: bool = False) -> None:
         """Apply a request that cannot fail (e.g. a rollback derived from this spool)."""
         resp = self.apply(req, primary)
@@ -399,9 +391,12 @@ class Spool:
             self._delta += w.length
             self._next = None
 
-    def _apply_proposal(self, proposal: Fragment, registers: pb.LabelSet,
-                        primary: bool) -> pb.ReplicateResponse | None:
-        """Applies a proposal; None if it was taken, else the PROPOSAL_MISMATCH answer."""
+    def apply_proposal(self, proposal: Fragment, registers: pb.LabelSet,
+                       primary: bool = False) -> pb.ReplicateResponse | None:
+        """The proposal transition, given the proposed fragment itself (the primary's own
+        commit, :meth:`next_fragment`, skips the wire form's round trip): None if the spool
+        took it, else the PROPOSAL_MISMATCH answer."""
+        assert self._inflight is None, "spool changed while a content write is in flight"
         f = self._fragment
 
         if proposal.end > f.end + self._delta or (
