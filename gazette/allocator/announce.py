@@ -26,6 +26,7 @@ from types import TracebackType
 
 import aetcd
 
+from gazette.etcd.client import TRANSIENT_ERRORS
 from gazette.etcd.txn import Cmp, Put, commit
 
 from .errors import AnnounceConflictError, AnnouncementLostError
@@ -73,8 +74,7 @@ class Announcement:
                 # this loop then outlived its task group's cancellation: a draining process hung.
                 async with asyncio.timeout(max(interval, 1.0)):
                     reply = await self.client.refresh_lease(self.lease_id)
-            except (TimeoutError, aetcd.exceptions.ConnectionFailedError,
-                    aetcd.exceptions.ConnectionTimeoutError) as err:
+            except (TimeoutError, *TRANSIENT_ERRORS) as err:
                 now = time.monotonic()
                 unreachable_since = unreachable_since or now
                 log.warning("lease %x of %s: etcd unreachable for %.1fs (%s); retrying", self.lease_id,

@@ -10,8 +10,19 @@ Invariants:
 from __future__ import annotations
 
 import aetcd
+import aetcd.exceptions
 
-__all__ = ["CHANNEL_OPTIONS", "connect", "parse_endpoint"]
+__all__ = ["CHANNEL_OPTIONS", "TRANSIENT_ERRORS", "connect", "parse_endpoint"]
+
+# What a call fails with while etcd is down, restarting or unreachable: worth retrying. gRPC's
+# core reports a stream torn down by a server going away as INTERNAL ("Internal error from
+# Core"), which aetcd maps to InternalError; a real internal error of etcd's is retried too,
+# and a caller that retries forever logs each failure.
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    aetcd.exceptions.ConnectionFailedError,
+    aetcd.exceptions.ConnectionTimeoutError,
+    aetcd.exceptions.InternalError,
+)
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:

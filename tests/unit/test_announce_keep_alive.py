@@ -55,3 +55,43 @@ async def test_cancelled_while_refreshing_the_loop_ends() -> None:
         async with asyncio.timeout(5):
             await task
     assert client.pending is not None and client.pending.cancelled()
+
+
+class _FlakyClient:
+    """refresh_lease fails with each of `errors` in turn, then answers with a live lease."""
+
+    def __init__(self, errors: list[Exception]) -> None:
+        self.errors = errors
+        self.calls = 0
+        self.answered = asyncio.Event()
+
+    async def refresh_lease(self, lease_id: int) -> Any:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        self.answered.set()
+        return SimpleNamespace(TTL=3)
+
+
+async def test_an_etcd_going_away_mid_refresh_is_retried() -> None:
+    # A restarting etcd tears the keep-alive stream down; gRPC's core reports that as INTERNAL
+    # ("Internal error from Core"), not UNAVAILABLE. The member must ride it out (seen once in
+    # the allocator's etcd-restart test, where the keep-alive ended with InternalError).
+    import aetcd.exceptions
+
+    client = _FlakyClient([
+        aetcd.exceptions.InternalError("Internal error from Core"),
+        aetcd.exceptions.ConnectionFailedError("failed to connect"),
+        aetcd.exceptions.ConnectionTimeoutError("deadline exceeded"),
+    ])
+    ann = Announcement(client, "/members/a#b", lease_id=7, ttl=1, revision=1)  # type: ignore[arg-type]
+    task = asyncio.create_task(ann.keep_alive())
+    try:
+        async with asyncio.timeout(10):
+            await client.answered.wait()
+        assert not task.done()
+        assert client.calls == 4
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
