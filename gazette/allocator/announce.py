@@ -33,6 +33,9 @@ from .errors import AnnounceConflictError, AnnouncementLostError
 
 log = logging.getLogger(__name__)
 
+# A refresh failing with one of these (or timing out) is retried: etcd is unreachable.
+_RETRIED: tuple[type[Exception], ...] = (TimeoutError, *TRANSIENT_ERRORS)
+
 
 class Announcement:
     """A live member key; build one with `announce`."""
@@ -74,7 +77,7 @@ class Announcement:
                 # this loop then outlived its task group's cancellation: a draining process hung.
                 async with asyncio.timeout(max(interval, 1.0)):
                     reply = await self.client.refresh_lease(self.lease_id)
-            except (TimeoutError, *TRANSIENT_ERRORS) as err:
+            except _RETRIED as err:
                 now = time.monotonic()
                 unreachable_since = unreachable_since or now
                 log.warning("lease %x of %s: etcd unreachable for %.1fs (%s); retrying", self.lease_id,
