@@ -12,7 +12,8 @@ Invariants:
 
 * ``apply`` changes nothing when it raises, except ``FnodeNotTracked``: the op was consistent
   and the sequence advanced, but it concerns a file the hints say is dead, so the player
-  skips its effect on disk.
+  skips its effect on disk. Every file created within the hinted segments that the hints do
+  not list is such a file.
 * ``links`` indexes exactly the paths of ``live_nodes``; a node with no path left is dead.
 * Hints are a function of the applied ops: two FSMs that applied the same ops (from the same
   hints) build the same hints.
@@ -122,10 +123,15 @@ class FSM:
         if path in self.properties:
             raise PropertyExists(f"create of {path}: a property has that path")
         fnode = op.seq_no
-        if self._hinted_fnodes:
-            if self._hinted_fnodes[0] != fnode:
-                return FnodeNotTracked(f"fnode {fnode} ({path}) is dead in the hints")
+        if self._hinted_fnodes and self._hinted_fnodes[0] == fnode:
             del self._hinted_fnodes[0]
+        elif self._hinted_fnodes or self._hinted_segments:
+            # Within the hinted segments, a file the hints do not list was dead when they were
+            # taken, even once every hinted file has been created: a segment of a live file can
+            # span its creation (one author's consecutive ops), while the op that killed it lies
+            # in no hinted segment. Gazette's FSM tracks such a file once the hinted fnodes run
+            # out, and then fails on a later link to its path (LinkExists).
+            return FnodeNotTracked(f"fnode {fnode} ({path}) is dead in the hints")
         node = Node(links={path})
         self._extend(node, op)
         self.live_nodes[fnode] = node
