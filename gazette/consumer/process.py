@@ -33,7 +33,7 @@ from aiohttp import web
 from gazette.allocator import desired_replication, shard_is_consistent
 from gazette.allocator.keys import assignments_prefix, items_key, parse_assignment_key
 from gazette.auth import NO_AUTH, Authorizer, KeyedAuth, Verifier
-from gazette.client import AppendService, JournalClient
+from gazette.client import JournalClient
 from gazette.consumer import metrics
 from gazette.consumer.client import ShardClient
 from gazette.consumer.initialize import InitArgs, Initializer
@@ -44,7 +44,6 @@ from gazette.consumer.resolver import Resolver
 from gazette.consumer.service import ShardService
 from gazette.consumer.shard import ShardRuntime
 from gazette.consumer.standby import StandbyReplica
-from gazette.errors import GazetteError
 from gazette.etcd import txn
 from gazette.etcd.keyspace import KeySpace
 from gazette.protocol import consumer_pb2 as pc
@@ -99,7 +98,6 @@ class ConsumerProcess(MemberProcess):
         self.auth = KeyedAuth(config.auth_keys) if config.auth_keys else None
         self.verifier: Verifier = self.auth if self.auth is not None else NO_AUTH
         self.client = JournalClient(config.broker_address, tls=config.broker_tls, auth=config.broker_auth)
-        self.service = AppendService(self.client)
         self.shards: dict[str, tuple[ShardRuntime, asyncio.Task[None]]] = {}
         self.standbys: dict[str, tuple[StandbyReplica, asyncio.Task[None]]] = {}
         self._shard_tasks = Supervisor("consumer shards", "log")
@@ -154,10 +152,6 @@ class ConsumerProcess(MemberProcess):
     async def closed(self) -> None:
         await self._shard_tasks.aclose()
         await self.peers.close()
-        try:
-            await self.service.close()
-        except GazetteError as err:  # each failed append already failed the transaction it served
-            log.warning("appends failed as the consumer closed", extra={"err": str(err)})
         await self.client.close()
 
     # -- shards -----------------------------------------------------------------------
@@ -222,7 +216,7 @@ class ConsumerProcess(MemberProcess):
             log.info("shard assigned as primary", extra={
                 "shard": shard_id, "sources": ",".join(s.journal for s in spec.sources),
                 "from_standby": shard_id in promoted})
-            rt = ShardRuntime(item.key, spec, self.app, self.client, self.service, self.write_status,
+            rt = ShardRuntime(item.key, spec, self.app, self.client, self.write_status,
                               hints=hints, player=promoted.pop(shard_id, None),
                               hint_interval=self.config.hint_interval)
             rt.assignment = kv

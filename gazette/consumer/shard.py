@@ -9,6 +9,10 @@ inputs is written as a FAILED status with its text, and ends this shard alone.
 
 Invariants:
 
+* Each shard has its own ``AppendService`` (as Gazette's): a journal failed for the life of a
+  service by one shard's failed append (a fenced recovery log fails the ACKs that depend on
+  it) fails no other shard. It is closed as the shard ends (5 s for queued appends, then
+  aborted).
 * The store is destroyed and the readers stopped on every ending.
 * ``progress()`` is the read-through and publish-at offsets of the last completed
   transaction (what Stat's read-your-writes waits on).
@@ -33,6 +37,7 @@ from gazette.consumer.interfaces import Application, MessageProducer, OpFuture
 from gazette.consumer.recovery import HintsStore, new_player, recover, remove_dir
 from gazette.consumer.source import ShardSource
 from gazette.consumer.transaction import TransactionLoop, Txn, TxnConfig
+from gazette.errors import GazetteError
 from gazette.message import Publisher
 from gazette.message.publisher import AckIntent
 from gazette.protocol import consumer_pb2 as pc
@@ -50,14 +55,17 @@ class ShardRuntime:
     """A shard assigned to this process as primary (implements the ``Shard`` role)."""
 
     def __init__(self, fqn: str, spec: pc.ShardSpec, app: Application, client: JournalClient,
-                 service: AppendService, write_status: StatusWriter, *,
+                 write_status: StatusWriter, *,
                  hints: HintsStore | None = None, player: Player | None = None,
                  hint_interval: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.fqn = fqn
         self.spec = spec
         self.app = app
         self.journal_client = client
-        self.service = service
+        # The shard's own appends (its publishes, ACKs): a journal that an append of this shard
+        # failed for good (a fenced recovery log failed its dependants) fails only this shard's
+        # later appends, never another shard's of this process.
+        self.service = AppendService(client)
         self.stopping = asyncio.Event()
         self.ready = asyncio.Event()  # set once the checkpoint is restored and the loop runs
         self.store: Any = None
@@ -140,7 +148,26 @@ class ShardRuntime:
             await self._write_status(self.spec.id, pc.ReplicaStatus(
                 code=pc.ReplicaStatus.FAILED, errors=[f"{type(err).__name__}: {err}"]))
         finally:
+            await self._close_appends()
             self.stopping.set()
+
+    async def _close_appends(self) -> None:
+        """Lets the shard's queued appends (ACKs of committed transactions) finish for up to
+        5 s, then aborts the rest: a next primary re-publishes the checkpoint's ACK intents."""
+        closed = False
+        try:
+            async with asyncio.timeout(5.0):
+                await self.service.close()
+            closed = True
+        except TimeoutError:
+            log.warning("shard's appends did not finish within 5 s of its end; aborted",
+                        extra={"shard": self.spec.id})
+        except GazetteError as err:  # close() stopped the service; the failure failed its txn
+            closed = True
+            log.info("appends failed as the shard ended", extra={"shard": self.spec.id, "err": str(err)})
+        finally:
+            if not closed:
+                await self.service.abort()
 
     async def _recover(self) -> Recorder | None:
         if not self.spec.recovery_log_prefix or self.hints is None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import rocksdict
-from consumer_support import journals_yaml, shards_yaml
+from consumer_support import derived_docs, journal_tree, journals_yaml, shards_yaml
 
 from gazette.client import JournalClient, append
 from gazette.consumer.stores.json_file import JSONFileStore
@@ -318,3 +318,63 @@ async def test_a_corrupt_log_fails_the_shard_naming_the_offset(gazette_consumer:
                 await asyncio.sleep(0.1)  # polling the shard's status through the Shard API
         assert f"recovery log recovery/count-000 at offset {bad.begin}: not a RecordedOp" in status.errors[0]
         assert h.runtime("count-000") is None  # nothing serves
+
+
+class PublishingCountingApp(StoreCountingApp):
+    """StoreCountingApp that also publishes each input's key to one journal all shards share."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, list[str]] = {}
+
+    def consume_message(self, shard: Any, store: Any, env: Envelope, pub: Any) -> None:
+        super().consume_message(shard, store, env, pub)
+        if get_flags(env.message.get_uuid()) != ACK_TXN:
+            self.pending.setdefault(shard.spec.id, []).append(env.message.doc["key"])
+
+    async def finalize_txn(self, shard: Any, store: Any, pub: Any) -> None:  # type: ignore[override]
+        keys = self.pending.pop(shard.spec.id, [])
+        if keys:
+            await pub.publish_uncommitted_many(lambda m: ("out/all", "application/x-ndjson"),
+                                               [JSONMessage(key=k) for k in keys])
+
+
+@pytest.mark.timeout(120)
+async def test_a_fenced_shard_fails_alone(gazette_consumer: Any, tmp_path: Path) -> None:
+    """Two shards of one process publish to one journal; one shard's recovery log is taken over
+    by another owner (as a new primary's hand-off does). Its next commit is fenced and the shard
+    goes FAILED; the other shard goes on committing and publishing to the shared journal (its
+    appends do not inherit the fenced shard's failed ones)."""
+    journals = (journals_yaml("part-000", "part-001") + "\n---\n" + recovery_yaml("count-000", "count-001")
+                + "\n---\n" + journal_tree("out/", "application/x-ndjson", "all"))
+    shards = shards_yaml("part-000", "part-001", common="  recovery_log_prefix: recovery\n"
+                                                        f"  hint_prefix: {unique_prefix('/hints')}\n")
+    async with gazette_consumer(PublishingCountingApp(), journals=journals, shards=shards) as h:
+        assert h.client is not None and h.shards is not None
+        await h.append_lines("in/part-000", [{"key": "a"}] * 5)
+        await h.append_lines("in/part-001", [{"key": "x"}] * 5)
+        await h.read_through()
+        # Another owner takes the log of count-000 over: the running shard is now a zombie.
+        usurper = await take_over(Player(h.client, FSMHints(log="recovery/count-000"), str(tmp_path / "usurper")))
+        for round_ in range(1, 4):
+            await h.append_lines("in/part-000", [{"key": "a"}] * 5)
+            await h.append_lines("in/part-001", [{"key": "x"}] * 5)
+            await h.read_through(["count-001"])
+            assert counts_of(h.store("count-001")) == {"x": 5 + 5 * round_}
+
+        async def status(sid: str) -> pc.ReplicaStatus:
+            (sh,) = [s for s in (await h.shards.list()).shards if s.spec.id == sid]  # type: ignore[union-attr]
+            return sh.status[0]
+
+        async with asyncio.timeout(60):
+            while True:
+                if (await status("count-000")).code == pc.ReplicaStatus.FAILED:
+                    break
+                await asyncio.sleep(0.1)  # polling the shard's status through the Shard API
+        assert "fenced by another author" in (await status("count-000")).errors[0]
+        assert (await status("count-001")).code == pc.ReplicaStatus.PRIMARY
+        await h.append_lines("in/part-001", [{"key": "x"}] * 5)
+        await h.read_through(["count-001"])
+        assert counts_of(h.store("count-001")) == {"x": 25}
+        keys = [d["key"] for d in await derived_docs(h.client)]
+        assert keys.count("x") == 25 and keys.count("a") == 5
+        usurper.fsm  # noqa: B018 - held until here: the log stays taken over
