@@ -17,8 +17,9 @@ Invariants:
 * Once an append fails (fenced: REGISTER_MISMATCH; or any other error), the FSM has diverged
   from the log: the recorder is *failed* and every later call raises. The owner's recourse is
   to drop the store and recover it from the log.
-* ``build_hints`` describes only committed ops: it refuses while a batch is buffered or after
-  a failure.
+* ``build_hints`` describes only committed ops: it refuses while a batch is buffered, taken
+  by a flush and not yet appended, or after a failure. (Hints naming ops of a batch still in
+  flight sent a standby reading them to the write head with hints left.)
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Recorder:
         self.appends = 0
         self._chunks: list[bytes | memoryview] = []
         self._pending = 0
+        self._unsettled = 0  # batches taken by flush and not yet appended
         self._lock = asyncio.Lock()
 
     # -- recording ------------------------------------------------------------------------
@@ -138,13 +140,24 @@ class Recorder:
         when another process holds the log, and fails the recorder on any error."""
         self._check()
         batch = self.take_batch()
-        async with self._lock:
-            for f in wait_for:
-                await f
-            self._check()
-            if not batch:
+        if not batch:
+            async with self._lock:  # still ordered after the flushes before it
+                for f in wait_for:
+                    await f
+                self._check()
                 return None
-            return await self.append_batch(batch)
+        # The batch's ops are in the FSM but not in the log until its append commits: hints
+        # must not be built meanwhile, including the instant between the previous flush
+        # releasing the lock and this one taking it (the lock then looks free).
+        self._unsettled += 1
+        try:
+            async with self._lock:
+                for f in wait_for:
+                    await f
+                self._check()
+                return await self.append_batch(batch)
+        finally:
+            self._unsettled -= 1
 
     async def append_batch(self, batch: Sequence[bytes | memoryview]) -> pb.AppendResponse:
         try:
@@ -169,7 +182,7 @@ class Recorder:
     def build_hints(self) -> FSMHints:
         """Hints of everything this recorder has committed (see the module docstring)."""
         self._check()
-        if self._chunks or self._lock.locked():
+        if self._chunks or self._unsettled or self._lock.locked():
             raise RecoveryLogError("hints are built between batches, not while one is pending")
         return self.fsm.build_hints(self.log)
 

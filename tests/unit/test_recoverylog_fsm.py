@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from gazette.protocol import recoverylog_pb2 as rl
 from gazette.recoverylog import FSM, FSMHints, Recorder
-from gazette.recoverylog.errors import PlaybackError
+from gazette.recoverylog.errors import PlaybackError, RecoveryLogError
 from gazette.recoverylog.ops import (
     HEADER_LENGTH,
     decode_header,
@@ -304,3 +304,39 @@ def test_coalesce_keeps_the_bytes_in_order_in_bounded_messages(chunks: list[byte
     assert b"".join(bytes(c) for c in out) == b"".join(chunks)
     # every message is within the limit, or is one chunk that alone exceeds it
     assert all(len(c) <= limit or any(c is x for x in chunks) for c in out)
+
+
+async def test_hints_are_refused_while_a_taken_batch_waits_for_the_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pipelined shard's next flush takes its batch, then waits for the previous flush's lock.
+    # As that lock is released the next flush has not yet taken it, so the lock looks free:
+    # hints built then named ops not yet in the log, and a standby playing them reached the
+    # write head "with hints left" (seen in the stream-sum crash test).
+    import asyncio
+
+    from gazette.protocol import protocol_pb2 as pb
+    from gazette.recoverylog import recorder as recorder_module
+
+    appended: list[int] = []
+
+    async def fake_append(client: object, journal: str, content: list[bytes], **kw: object) -> pb.AppendResponse:
+        n = sum(len(c) for c in content)
+        begin = sum(appended)
+        appended.append(n)
+        return pb.AppendResponse(commit=pb.Fragment(journal=journal, begin=begin, end=begin + n))
+
+    monkeypatch.setattr(recorder_module, "append", fake_append)
+    rec = Recorder(None, LOG, FSM(LOG), 1, "/store")  # type: ignore[arg-type]
+    rec.create("/a")
+    await rec.flush()
+    assert rec.build_hints().live_nodes  # between batches: hints of what committed
+
+    await rec._lock.acquire()  # noqa: SLF001 - stands in for the previous flush in flight
+    rec.create("/b")
+    flush = asyncio.ensure_future(rec.flush())
+    await asyncio.sleep(0)  # the flush takes its batch and waits for the lock
+    assert not rec.pending_bytes
+    rec._lock.release()  # noqa: SLF001 - the previous flush ends; this one has not resumed
+    with pytest.raises(RecoveryLogError, match="between batches"):
+        rec.build_hints()
+    await flush
+    assert [n.fnode for n in rec.build_hints().live_nodes] == [1, 2]
