@@ -61,7 +61,7 @@ class Appender:
                  subtract_registers: pb.LabelSet | None = None,
                  offset: int = 0,
                  suspend: int = pb.AppendRequest.SUSPEND_RESUME,
-                 do_not_proxy: bool = False) -> None:
+                 do_not_proxy: bool = False, eager: bool = False) -> None:
         if not journal:
             raise ValidationError("journal", "an append needs a journal name")
         self.client = client
@@ -78,6 +78,11 @@ class Appender:
         self.written = 0  # Content bytes handed to the stream.
         self._call: Any = None
         self._finished = False
+        # Send the request as it commits rather than with whatever else this turn of the event
+        # loop writes: a lone append (a recovery-log commit) then does not wait behind its
+        # caller's next stretch of work; many appends in one turn (an AppendService's journals)
+        # are better left to share one send.
+        self._eager = eager
 
     @property
     def journal(self) -> str:
@@ -110,6 +115,8 @@ class Appender:
         try:
             await self._call.write(pb.AppendRequest())
             await self._call.done_writing()
+            if self._eager and (flush := getattr(self._call, "flush", None)) is not None:
+                flush()  # our transport's calls; grpcio's send as they go
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
             pass  # The outcome is read just below.
         return await self._finish()
@@ -185,7 +192,7 @@ async def append(client: JournalClient, journal: str,
 
     Retries (with back-off, up to ``max_attempts`` if > 0) on UNAVAILABLE and routing
     statuses while the content can be replayed; raises ``AppendError`` or
-    ``TransportError`` otherwise."""
+    ``TransportError`` otherwise. The request is sent as it commits (``eager``)."""
     replayable: Sequence[Content] | None
     source: Iterable[Content] | AsyncIterable[Content] | None = None
     if data is None:
@@ -202,7 +209,7 @@ async def append(client: JournalClient, journal: str,
     while True:
         app = Appender(client, journal, check_registers=check_registers,
                        union_registers=union_registers, subtract_registers=subtract_registers,
-                       offset=offset, suspend=suspend)
+                       offset=offset, suspend=suspend, eager=True)
         try:
             if replayable is not None:
                 for chunk in replayable:

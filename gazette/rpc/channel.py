@@ -614,6 +614,11 @@ class StreamUnaryCall(_Call):
         stream = await self._started()
         stream.conn.write_end(stream)
 
+    def flush(self) -> None:
+        """Sends what this call has written now, not at the end of the event loop's turn."""
+        if self._stream is not None:
+            self._stream.conn.flush()
+
     def __await__(self) -> Any:
         return self._response().__await__()
 
