@@ -39,6 +39,10 @@ from gazette.protocol import protocol_pb2 as pb
 # overhead negligible, well under the 16 MiB message limit.
 MAX_CHUNK = 1 << 20
 
+ONE_SHOT_BYTES = 8 << 20
+"""``append`` sends content up to this size as one batch of request messages (a copy of it
+in messages at once); larger content streams a message at a time."""
+
 Content = bytes | bytearray | memoryview
 
 
@@ -119,6 +123,31 @@ class Appender:
                 flush()  # our transport's calls; grpcio's send as they go
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
             pass  # The outcome is read just below.
+        return await self._finish()
+
+    async def commit_all(self, chunks: Sequence[Content]) -> pb.AppendResponse:
+        """Writes ``chunks`` and commits, as one call whose request messages are all at hand:
+        connected, they leave at once, without an await (and a task switch) per message."""
+        if self._finished or self._call is not None:
+            raise ClientError(f"append to {self.journal!r} has already started")
+        reqs = [self.request]
+        total = 0
+        for data in chunks:
+            n = len(data)
+            if n <= MAX_CHUNK and isinstance(data, bytes):
+                if n:
+                    reqs.append(pb.AppendRequest(content=data))
+            else:
+                view = memoryview(data)
+                for start in range(0, n, MAX_CHUNK):
+                    reqs.append(pb.AppendRequest(content=bytes(view[start:start + MAX_CHUNK])))
+            total += n
+        reqs.append(pb.AppendRequest())
+        self.endpoint = self.client.endpoint_for(self.journal, require_primary=True)
+        self._call = self.client.stub(self.endpoint).Append(iter(reqs))
+        self.written = total
+        if self._eager and (flush := getattr(self._call, "flush", None)) is not None:
+            flush()
         return await self._finish()
 
     async def abort(self) -> None:
@@ -211,6 +240,8 @@ async def append(client: JournalClient, journal: str,
                        union_registers=union_registers, subtract_registers=subtract_registers,
                        offset=offset, suspend=suspend, eager=True)
         try:
+            if replayable is not None and sum(len(c) for c in replayable) <= ONE_SHOT_BYTES:
+                return await app.commit_all(replayable)
             if replayable is not None:
                 for chunk in replayable:
                     await app.write(chunk)
