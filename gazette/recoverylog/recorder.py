@@ -19,7 +19,7 @@ Invariants:
   to drop the store and recover it from the log.
 * ``build_hints`` describes only committed ops: it refuses while a batch is buffered, taken
   by a flush and not yet appended, or after a failure. (Hints naming ops of a batch still in
-  flight sent a standby reading them to the write head with hints left.)
+  flight would send a standby reading them to the write head with hints left.)
 """
 
 from __future__ import annotations

@@ -307,10 +307,10 @@ def test_coalesce_keeps_the_bytes_in_order_in_bounded_messages(chunks: list[byte
 
 
 async def test_hints_are_refused_while_a_taken_batch_waits_for_the_lock(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A pipelined shard's next flush takes its batch, then waits for the previous flush's lock.
-    # As that lock is released the next flush has not yet taken it, so the lock looks free:
-    # hints built then named ops not yet in the log, and a standby playing them reached the
-    # write head "with hints left" (seen in the stream-sum crash test).
+    # A second flush takes its batch, then waits for the first flush's lock. As that lock is
+    # released the second has not yet taken it, so the lock looks free: hints built then named
+    # ops not yet in the log, and a standby playing them would reach the write head "with
+    # hints left".
     import asyncio
 
     from gazette.protocol import protocol_pb2 as pb
