@@ -14,8 +14,9 @@ Invariants:
   known when it was buffered plus its position in the batch), ``last_offset`` is left unknown
   (0), as Gazette's recorder does.
 * Flushes are serialised (one in flight): batch N+1 is appended only after batch N committed.
-* Once an append fails (fenced: REGISTER_MISMATCH; or any other error), the FSM has diverged
-  from the log: the recorder is *failed* and every later call raises. The owner's recourse is
+* Once an append fails (fenced: REGISTER_MISMATCH; or any other error), or a flush that took a
+  batch fails before appending it (a dependency in ``wait_for`` failed, or it was cancelled),
+  the FSM has diverged from the log: the recorder is *failed* and every later call raises. The owner's recourse is
   to drop the store and recover it from the log.
 * ``build_hints`` describes only committed ops: it refuses while a batch is buffered, taken
   by a flush and not yet appended, or after a failure. (Hints naming ops of a batch still in
@@ -156,6 +157,12 @@ class Recorder:
                     await f
                 self._check()
                 return await self.append_batch(batch)
+        except BaseException as err:
+            # The batch's ops are in the FSM and will never be in the log (a dependency failed,
+            # the flush was cancelled): hints built from it now would name ops no player finds.
+            if self.failed is None:
+                self.failed = err
+            raise
         finally:
             self._unsettled -= 1
 

@@ -340,3 +340,22 @@ async def test_hints_are_refused_while_a_taken_batch_waits_for_the_lock(monkeypa
         rec.build_hints()
     await flush
     assert [n.fnode for n in rec.build_hints().live_nodes] == [1, 2]
+
+
+async def test_a_flush_whose_dependency_failed_fails_the_recorder() -> None:
+    # The batch's ops are in the FSM but never reach the log. A recorder that went on (and
+    # wrote hints as its shard left) named ops no player finds: standbys picking those hints
+    # reached the write head "with hints left" (the stream-sum crash test, where a failed
+    # publish to a shared output journal failed the commits of every shard of a process).
+    import asyncio
+
+    rec = Recorder(None, LOG, FSM(LOG), 1, "/store")  # type: ignore[arg-type]
+    rec.create("/a")
+    failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    failed.set_exception(RuntimeError("publish failed"))
+    with pytest.raises(RuntimeError, match="publish failed"):
+        await rec.flush([failed])
+    with pytest.raises(RecoveryLogError, match="failed: publish failed"):
+        rec.build_hints()
+    with pytest.raises(RecoveryLogError):
+        rec.create("/b")
