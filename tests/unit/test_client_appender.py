@@ -149,3 +149,20 @@ def test_route_cache_expiry_and_pick() -> None:
     assert rc.route("k") is None
     rc.update("l", pb.Route())
     assert rc.route("l") is None
+
+
+@pytest.mark.parametrize("one_shot", [True, False])
+async def test_append_of_content_at_hand_commits_it_in_order(broker: FakeBroker, client: JournalClient,
+                                                            monkeypatch: pytest.MonkeyPatch, one_shot: bool) -> None:
+    # Content up to ONE_SHOT_BYTES goes as one batch of request messages (Appender.commit_all);
+    # larger content streams a message at a time. Both commit the same bytes, in order, with
+    # chunks over MAX_CHUNK split and empty chunks skipped.
+    from gazette.client import appender
+
+    monkeypatch.setattr(appender, "MAX_CHUNK", 1000)
+    monkeypatch.setattr(appender, "ONE_SHOT_BYTES", 1 << 20 if one_shot else 10)
+    chunks = [b"a" * 2500, b"", bytearray(b"b" * 10), memoryview(b"c" * 1000), b"d"]
+    resp = await append(client, "a/journal", chunks)
+    want = b"".join(bytes(c) for c in chunks)
+    assert (resp.commit.begin, resp.commit.end) == (0, len(want))
+    assert bytes(broker.cluster.journals["a/journal"].fragments[0].content) == want
