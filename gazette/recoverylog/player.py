@@ -12,7 +12,9 @@ applied, so a recorder seeded from ``fsm`` continues the one linear history). Un
 a player at the head keeps tailing: that is a hot standby.
 
 States (one step each): BACKFILL → TAIL (at the head, blocking reads) → EXIT_AT_HEAD |
-INJECT_HANDOFF_AT_HEAD → READ_HANDOFF_BARRIER → COMPLETE.
+INJECT_HANDOFF_AT_HEAD → READ_HANDOFF_BARRIER → COMPLETE. Reads below the write head taken at
+the start (or the hand-off's end) block, so a range a broker cannot serve yet is waited for;
+only at that head does a non-blocking read find where the log ends.
 
 Invariants:
 
@@ -320,7 +322,10 @@ class Player:
                 self.state = (PlayerState.EXIT_AT_HEAD if self._handoff == 0
                               else PlayerState.INJECT_HANDOFF_AT_HEAD)
             self._maybe_report()
-            block = self.state is PlayerState.TAIL
+            # Below the write head, block: a broker that does not have the range yet (its index
+            # not yet refreshed after a failover, a replica catching up) is waited for, not
+            # taken for the log's end. At the head, a non-blocking read tells it (as Gazette).
+            block = self.state is PlayerState.TAIL or reader.offset < read_through
             try:
                 op_begin = reader.offset
                 op, message = await self._next_op(block)
