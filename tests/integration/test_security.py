@@ -165,10 +165,14 @@ async def _create(secure: Cluster, pki: PKI, names: dict[str, str]) -> None:
         resp = await jc.stub().Apply(req)
         assert resp.status == pb.OK
         for name in names.values():
-            for _ in range(100):  # the journal is assigned within a few allocator rounds
+            # The journal is assigned within a few allocator rounds: poll with a deadline (a
+            # count of attempts ran out in 0.1 s on a busy machine, before the first round).
+            deadline = time.monotonic() + 60
+            while True:
                 r = await _append(jc.stub(), name, b'{"hello": 1}\n')
-                if r.status == pb.OK:
+                if r.status == pb.OK or time.monotonic() > deadline:
                     break
+                await asyncio.sleep(0.05)  # polling the broker's assignment
             assert r.status == pb.OK, pb.Status.Name(r.status)
 
 
