@@ -119,8 +119,7 @@ class Appender:
         try:
             await self._call.write(pb.AppendRequest())
             await self._call.done_writing()
-            if self._eager and (flush := getattr(self._call, "flush", None)) is not None:
-                flush()  # our transport's calls; grpcio's send as they go
+            self._send_now()
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
             pass  # The outcome is read just below.
         return await self._finish()
@@ -146,9 +145,14 @@ class Appender:
         self.endpoint = self.client.endpoint_for(self.journal, require_primary=True)
         self._call = self.client.stub(self.endpoint).Append(iter(reqs))
         self.written = total
+        self._send_now()
+        return await self._finish()
+
+    def _send_now(self) -> None:
+        """With ``eager``, sends what the call has written at once (our transport's calls;
+        grpcio's send as they go)."""
         if self._eager and (flush := getattr(self._call, "flush", None)) is not None:
             flush()
-        return await self._finish()
 
     async def abort(self) -> None:
         """Roll back: nothing written commits."""

@@ -16,8 +16,8 @@ Invariants:
 * Flushes are serialised (one in flight): batch N+1 is appended only after batch N committed.
 * Once an append fails (fenced: REGISTER_MISMATCH; or any other error), or a flush that took a
   batch fails before appending it (a dependency in ``wait_for`` failed, or it was cancelled),
-  the FSM has diverged from the log: the recorder is *failed* and every later call raises. The owner's recourse is
-  to drop the store and recover it from the log.
+  the FSM has diverged from the log: the recorder is *failed* and every later call raises.
+  The owner's recourse is to drop the store and recover it from the log.
 * ``build_hints`` describes only committed ops: it refuses while a batch is buffered, taken
   by a flush and not yet appended, or after a failure. (Hints naming ops of a batch still in
   flight would send a standby reading them to the write head with hints left.)
@@ -141,30 +141,24 @@ class Recorder:
         when another process holds the log, and fails the recorder on any error."""
         self._check()
         batch = self.take_batch()
-        if not batch:
-            async with self._lock:  # still ordered after the flushes before it
-                for f in wait_for:
-                    await f
-                self._check()
-                return None
-        # The batch's ops are in the FSM but not in the log until its append commits: hints
-        # must not be built meanwhile, including the instant between the previous flush
-        # releasing the lock and this one taking it (the lock then looks free).
-        self._unsettled += 1
+        # Until its append commits, the batch's ops are in the FSM but not in the log: hints
+        # are refused meanwhile (``_unsettled``, which the lock alone does not show at the
+        # instant the previous flush releases it and this one has yet to take it).
+        self._unsettled += bool(batch)
         try:
-            async with self._lock:
+            async with self._lock:  # an empty flush is still ordered after the ones before it
                 for f in wait_for:
                     await f
                 self._check()
-                return await self.append_batch(batch)
+                return await self.append_batch(batch) if batch else None
         except BaseException as err:
-            # The batch's ops are in the FSM and will never be in the log (a dependency failed,
-            # the flush was cancelled): hints built from it now would name ops no player finds.
-            if self.failed is None:
+            # A batch that will never be in the log (a dependency failed, the flush was
+            # cancelled): hints built from the FSM now would name ops no player finds.
+            if batch and self.failed is None:
                 self.failed = err
             raise
         finally:
-            self._unsettled -= 1
+            self._unsettled -= bool(batch)
 
     async def append_batch(self, batch: Sequence[bytes | memoryview]) -> pb.AppendResponse:
         try:
@@ -189,7 +183,7 @@ class Recorder:
     def build_hints(self) -> FSMHints:
         """Hints of everything this recorder has committed (see the module docstring)."""
         self._check()
-        if self._chunks or self._unsettled or self._lock.locked():
+        if self._chunks or self._unsettled:
             raise RecoveryLogError("hints are built between batches, not while one is pending")
         return self.fsm.build_hints(self.log)
 
