@@ -10,6 +10,15 @@ names and that MANIFEST's size), the scan repeats until a whole round saw ``stab
 a MANIFEST that did not grow during a round describes a version whose every file the round saw
 complete (background compactions cannot have added or deleted any of them).
 
+Where Linux's inotify is at hand, ``DirCapture`` watches the directory and skips the scan when
+the events since the last capture show only appends to files it already knows (a commit's WAL
+record; an SST a flush is still writing): it reads those files' new bytes and nothing else.
+Any other event (a file created, deleted or renamed; a MANIFEST or a small file changed; the
+event queue overflowed) means a full scan with the stable rule. This is sound because the
+kernel reports every change made through the file system (mmap writes, which it does not
+report, are pinned off), and a capture that records no MANIFEST change leaves the recorded
+version as the last full scan recorded it, stable, with every file it names.
+
 ``WalCapture`` records a SQLite database in WAL mode, with the store owning checkpoints: after
 each commit, the WAL's new frames up to the *last commit frame* (frames past it belong to a
 rolled-back transaction and are overwritten in place later); at a checkpoint, the database
@@ -30,6 +39,7 @@ Invariants:
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import sqlite3
@@ -39,6 +49,13 @@ from dataclasses import dataclass
 
 from gazette.recoverylog.errors import RecoveryLogError
 from gazette.recoverylog.recorder import Recorder
+
+try:  # Linux only; elsewhere every capture scans
+    import inotify_simple
+except ImportError:  # pragma: no cover
+    inotify_simple = None
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CaptureError", "DirCapture", "WalCapture", "rocksdb_stable"]
 
@@ -87,7 +104,9 @@ class DirCapture:
         self._stable = stable
         self._max_rounds = max_rounds
         self._known: dict[str, _Known] = {}
-        self.rounds = 0  # scan rounds of the last capture (1 when the directory was stable)
+        self.rounds = 0  # scan rounds of the last capture (0: only appends, read without a scan)
+        self.scans = 0  # captures that scanned the directory (the rest read appends only)
+        self._watch = _watch(self.dir)
         self._seed()
 
     def _seed(self) -> None:
@@ -109,8 +128,18 @@ class DirCapture:
             if name not in self._known:
                 self._known[name] = _Known(-1, -1, -1, b"", b"", None)
 
+    def close(self) -> None:
+        """Releases the directory's watch (captures after this scan)."""
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+
     def capture(self) -> None:
         """Records every change since the last capture (see the module docstring)."""
+        if self._only_appends():
+            self.rounds = 0
+            return
+        self.scans += 1
         for rounds in range(1, self._max_rounds + 1):
             before = self._stable(self.dir) if self._stable else None
             self._scan()
@@ -118,6 +147,41 @@ class DirCapture:
                 self.rounds = rounds
                 return
         raise CaptureError(f"{self.dir}: the directory did not settle in {self._max_rounds} scans")
+
+    def _only_appends(self) -> bool:
+        """Reads the watch's events; when they show only appends to known append-only files,
+        records those and returns True (no scan needed)."""
+        if self._watch is None:
+            return False
+        try:
+            events = self._watch.read(timeout=0)
+        except OSError:
+            self.close()
+            return False
+        grown: set[str] = set()
+        for ev in events:
+            if ev.mask & ~_MODIFY or not ev.name:  # created, deleted, moved; queue overflow
+                if ev.name and self._exclude.match(ev.name):
+                    continue
+                return False
+            if self._exclude.match(ev.name):
+                continue
+            k = self._known.get(ev.name)
+            if k is None or k.content is not None or ev.name.startswith("MANIFEST-"):
+                return False  # a new or small file, or a new version: the stable rule applies
+            grown.add(ev.name)
+        for name in sorted(grown):
+            full = os.path.join(self.dir, name)
+            try:
+                st = os.stat(full)
+            except FileNotFoundError:
+                return False
+            k = self._known[name]
+            if st.st_ino != k.ino or st.st_size < k.size:
+                return False
+            if st.st_size > k.size:
+                self._append_only_file(name, full, st, k)
+        return True
 
     def _scan(self) -> None:
         rec = self.recorder
@@ -183,6 +247,32 @@ class DirCapture:
         finally:
             os.close(fd)
         self._known[name] = _Known(st.st_ino, end, st.st_mtime_ns if end == st.st_size else -1, head, tail, None)
+
+
+_MODIFY = inotify_simple.flags.MODIFY if inotify_simple is not None else 0
+
+
+def _watch(directory: str) -> inotify_simple.INotify | None:
+    """An inotify watch of ``directory``'s entries and writes, or None where there is none
+    (not Linux; the user's limit of inotify instances reached: then every capture scans)."""
+    if inotify_simple is None:
+        return None
+    fl = inotify_simple.flags
+    try:
+        watch = inotify_simple.INotify(nonblocking=True)
+    except OSError as err:
+        log.warning("no inotify watch for a store directory: every capture scans it",
+                    extra={"dir": directory, "err": str(err)})
+        return None
+    try:
+        watch.add_watch(directory, fl.MODIFY | fl.CREATE | fl.DELETE | fl.MOVED_FROM | fl.MOVED_TO
+                        | fl.ATTRIB | fl.DELETE_SELF | fl.MOVE_SELF)
+    except OSError as err:
+        watch.close()
+        log.warning("no inotify watch for a store directory: every capture scans it",
+                    extra={"dir": directory, "err": str(err)})
+        return None
+    return watch
 
 
 def rocksdb_stable(directory: str) -> Hashable:

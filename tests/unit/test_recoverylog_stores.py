@@ -28,6 +28,7 @@ from gazette.consumer.stores.rocksdb import RocksDBStore
 from gazette.consumer.stores.sqlite import SQLiteStore
 from gazette.protocol import consumer_pb2 as pc
 from gazette.recoverylog import FSM, FSMHints, Recorder
+from gazette.recoverylog import capture as capture_module
 from gazette.recoverylog.player import apply_for_playback
 
 
@@ -69,10 +70,14 @@ def recorder(directory: Path) -> Recorder:
     return Recorder(None, LOG, FSM(LOG), 1, str(directory))  # type: ignore[arg-type]
 
 
-async def test_rocksdb_every_commit_point_replays(tmp_path: Path) -> None:
+@pytest.mark.parametrize("watched", [True, False], ids=["inotify", "scan-only"])
+async def test_rocksdb_every_commit_point_replays(tmp_path: Path, watched: bool,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     rnd = random.Random(7)
     rec = recorder(tmp_path / "db")
     os.makedirs(rec.dir)
+    if not watched:  # as where inotify is missing or its instances ran out: every capture scans
+        monkeypatch.setattr(capture_module, "_watch", lambda directory: None)
     store = RocksDBStore(rec, options={"write_buffer_size": 16 << 10, "level_zero_file_num_compaction_trigger": 2,
                                        "max_background_jobs": 4})
     log = MemLog()
@@ -105,6 +110,11 @@ async def test_rocksdb_every_commit_point_replays(tmp_path: Path) -> None:
         t.join()
     sst_unlinks = [e for e in log.entries if e.op.HasField("unlink") and e.op.unlink.path.endswith(".sst")]
     assert len(sst_unlinks) >= 3  # compactions replaced SSTs while commit points were taken
+    assert store.capture is not None
+    if watched:  # both paths ran: appends read without a scan, and scans on new versions
+        assert 0 < store.capture.scans < 150, store.capture.scans
+    else:
+        assert store.capture.scans == 151  # opening, then every commit
     for i, (upto, want) in enumerate(points):
         d = tmp_path / f"replay-{i}"
         replay(log, upto, d)

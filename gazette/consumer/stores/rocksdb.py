@@ -129,5 +129,7 @@ class RocksDBStore:
 
     def destroy(self) -> None:
         self.db.close()
+        if self.capture is not None:
+            self.capture.close()
         if self.recorder is not None:  # the recovery log holds it
             shutil.rmtree(self.dir, ignore_errors=True)
