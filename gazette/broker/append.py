@@ -104,6 +104,22 @@ def maybe_roll(cur: Fragment, first_append: float | None, roll_to: int,
     return Fragment(cur.journal, end, end, codec=spec.compression_codec)
 
 
+def registers_match(selector: pb.LabelSelector, registers: pb.LabelSet) -> bool:
+    """Whether ``registers`` match ``selector``; remembered per pair of encodings, since a
+    fenced writer checks the same selector against the same registers on every append."""
+    key = (selector.SerializeToString(), registers.SerializeToString())
+    hit = _REGISTER_MATCHES.get(key)
+    if hit is None:
+        hit = labels.LabelSelector.from_proto(selector).matches(labels.LabelSet.from_proto(registers))
+        if len(_REGISTER_MATCHES) >= 4096:
+            _REGISTER_MATCHES.clear()
+        _REGISTER_MATCHES[key] = hit
+    return hit
+
+
+_REGISTER_MATCHES: dict[tuple[bytes, bytes], bool] = {}
+
+
 def _response(status: int, header: pb.Header) -> pb.AppendResponse:
     resp = pb.AppendResponse(status=status)  # type: ignore[arg-type]
     resp.header.CopyFrom(header)
@@ -362,8 +378,7 @@ class AppendFSM:
         suspend = spec.suspend
 
         if req.HasField("check_registers") and len(self.registers.labels) != 0:
-            sel = labels.LabelSelector.from_proto(req.check_registers)
-            if not sel.matches(labels.LabelSet.from_proto(self.registers)):
+            if not registers_match(req.check_registers, self.registers):
                 self.status = pb.REGISTER_MISMATCH
                 self.state = ERROR
                 return

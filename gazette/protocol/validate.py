@@ -201,6 +201,26 @@ _VALID_JOURNALS: dict[str, None] = {}
 _VALID_JOURNALS_MAX = 8192
 
 
+def _validate_registers_once(msg: pb.LabelSelector | pb.LabelSet, field: str) -> None:
+    """``check_registers`` / ``union_registers`` of an append, validated once per distinct
+    encoding: a writer fencing its appends (a recorder, a transactional producer) repeats the
+    same selector on every one."""
+    key = (field, msg.SerializeToString())
+    if key in _VALID_REGISTERS:
+        return
+    with within(field):
+        if isinstance(msg, pb.LabelSelector):
+            validate_label_selector(msg)
+        else:
+            validate_label_set(msg)
+    if len(_VALID_REGISTERS) >= _VALID_JOURNALS_MAX:
+        _VALID_REGISTERS.clear()
+    _VALID_REGISTERS[key] = None
+
+
+_VALID_REGISTERS: dict[tuple[str, bytes], None] = {}
+"""Encoded register selectors and sets found valid (bounded: cleared when full)."""
+
 
 
 def validate_offsets(offsets: Mapping[str, int], field: str = "") -> None:
@@ -614,11 +634,9 @@ def validate_append_request(req: pb.AppendRequest) -> None:
         if req.content:
             raise ValidationError("content", "unexpected content")
         if req.HasField("check_registers"):
-            with within("check_registers"):
-                validate_label_selector(req.check_registers)
+            _validate_registers_once(req.check_registers, "check_registers")
         if req.HasField("union_registers"):
-            with within("union_registers"):
-                validate_label_set(req.union_registers)
+            _validate_registers_once(req.union_registers, "union_registers")
         if req.HasField("subtract_registers"):
             with within("subtract_registers"):
                 validate_label_set(req.subtract_registers)
