@@ -154,12 +154,14 @@ class DirCapture:
         if self._watch is None:
             return False
         try:
-            events = self._watch.read(timeout=0)
+            raw = os.read(self._watch.fileno(), _EVENTS_READ)
+        except BlockingIOError:
+            return True  # no event: nothing changed
         except OSError:
             self.close()
             return False
         grown: set[str] = set()
-        for ev in events:
+        for ev in inotify_simple.parse_events(raw):
             if ev.mask & ~_MODIFY or not ev.name:  # created, deleted, moved; queue overflow
                 if ev.name and self._exclude.match(ev.name):
                     continue
@@ -179,8 +181,34 @@ class DirCapture:
             k = self._known[name]
             if st.st_ino != k.ino or st.st_size < k.size:
                 return False
-            if st.st_size > k.size:
-                self._append_only_file(name, full, st, k)
+            if st.st_size > k.size and not self._appended(name, full, st, k):
+                return False
+        return True
+
+    def _appended(self, name: str, full: str, st: os.stat_result, k: _Known) -> bool:
+        """Records the bytes appended to a known file since ``k``, read with its recorded tail
+        in one read: False (nothing recorded) if that tail changed. (The head guard of a scan
+        is left to scans: with RocksDB's files append-only, a rewrite from the start that kept
+        the inode and the tail is not something the pinned options let happen.)"""
+        fnode = self.recorder.fnode_of(name)
+        if fnode is None or st.st_size - k.size > _READ_CHUNK:
+            return False
+        fd = os.open(full, os.O_RDONLY)
+        try:
+            at = k.size - len(k.tail)
+            data = os.pread(fd, st.st_size - at, at)
+        finally:
+            os.close(fd)
+        view = memoryview(data)
+        if view[:len(k.tail)] != k.tail or len(data) <= len(k.tail):
+            return False
+        added = view[len(k.tail):]
+        self.recorder.write_at(fnode, added, k.size)
+        if len(k.head) < _GUARD:
+            k.head = (k.head + bytes(added))[:_GUARD]
+        k.tail = data[-_GUARD:]
+        k.size = k.size + len(added)
+        k.mtime = st.st_mtime_ns if k.size == st.st_size else -1
         return True
 
     def _scan(self) -> None:
@@ -250,6 +278,7 @@ class DirCapture:
 
 
 _MODIFY = inotify_simple.flags.MODIFY if inotify_simple is not None else 0
+_EVENTS_READ = 64 << 10  # bytes of events read at once (a commit's are a few dozen)
 
 
 def _watch(directory: str) -> inotify_simple.INotify | None:

@@ -53,6 +53,7 @@ class Recorder:
         self.dir = os.path.abspath(directory)
         self.write_head = write_head  # end offset of the last batch known to have committed
         self.failed: BaseException | None = None
+        self._fence = fence_selector(author)  # the check_registers of every append
         self.appended_bytes = 0
         self.appends = 0
         self._chunks: list[bytes | memoryview] = []
@@ -164,7 +165,7 @@ class Recorder:
         try:
             # Retried while brokers fail over, however long (Gazette's recorder does the same);
             # a batch that landed twice is skipped by players as a duplicate.
-            resp = await append(self.client, self.log, coalesce(batch), check_registers=fence_selector(self.author))
+            resp = await append(self.client, self.log, coalesce(batch), check_registers=self._fence)
         except AppendError as err:
             if err.status == pb.REGISTER_MISMATCH:
                 self.failed = FencedError(f"recovery log {self.log} is fenced by another author "
