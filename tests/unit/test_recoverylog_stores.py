@@ -130,12 +130,13 @@ async def test_rocksdb_every_commit_point_replays(tmp_path: Path, watched: bool,
     store.destroy()
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-async def test_sqlite_every_commit_point_replays(tmp_path: Path, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "page_size"), [(1, None), (2, 1024)])
+async def test_sqlite_every_commit_point_replays(tmp_path: Path, seed: int, page_size: int | None) -> None:
     rnd = random.Random(seed)
     rec = recorder(tmp_path / "db")
     os.makedirs(rec.dir)
-    store = SQLiteStore(rec, checkpoint_bytes=64 << 10)
+    store = SQLiteStore(rec, checkpoint_bytes=64 << 10, page_size=page_size)
+    assert store.conn.execute("PRAGMA page_size").fetchone()[0] == (page_size or 4096)
     store.conn.execute("PRAGMA cache_size=10")
     store.conn.execute("CREATE TABLE kv (k INTEGER PRIMARY KEY, v BLOB, tag TEXT)")
     store.conn.execute("CREATE INDEX kv_tag ON kv (tag)")
@@ -183,6 +184,8 @@ def test_stores_refuse_options_that_break_capture(tmp_path: Path) -> None:
     os.makedirs(rec.dir)
     with pytest.raises(StoreOptionError, match="recycle_log_file_num=4 is refused: recycled WAL"):
         RocksDBStore(rec, options={"recycle_log_file_num": 4})
+    with pytest.raises(StoreOptionError, match="page_size 1000 is not a power of two"):
+        SQLiteStore(rec, page_size=1000)
     store = SQLiteStore(rec)
     store.conn.execute("PRAGMA wal_autocheckpoint=1000")
     with pytest.raises(StoreOptionError, match="PRAGMA wal_autocheckpoint is 1000, but recording needs 0"):
