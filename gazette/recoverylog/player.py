@@ -31,6 +31,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import logging
 import os
@@ -61,7 +62,6 @@ __all__ = ["STAGING_DIR", "PlaybackProgress", "Player", "PlayerState", "apply_fo
 log = logging.getLogger(__name__)
 
 STAGING_DIR = ".fnodes"
-_COMPACT_AT = 1 << 20
 
 
 class PlayerState(enum.Enum):
@@ -109,22 +109,28 @@ class _AtHead(Exception):
 
 
 class _LogReader:
-    """A byte-buffered reader of one journal at a time over ``RetryReader``."""
+    """A buffered reader of one journal at a time over ``RetryReader``.
+
+    The buffer is the chunks as read, not one growing byte string: an op's write data is
+    passed to its sink as views of the chunks it arrived in, and only a frame that straddles
+    chunks is joined (frames are small), so the log's bytes are copied once, to their file."""
 
     def __init__(self, client: JournalClient) -> None:
         self.client = client
         self.journal = ""
         self.offset = 0  # journal offset of the next unconsumed byte
         self.read_bytes = 0
-        self._buf = bytearray()
-        self._pos = 0
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._pos = 0  # consumed bytes of the first chunk
+        self._buffered = 0
         self._rr: RetryReader | None = None
         self._block = False
 
     async def seek(self, journal: str, offset: int) -> None:
         await self.close()
         self.journal, self.offset = journal, offset
-        self._buf, self._pos = bytearray(), 0
+        self._chunks.clear()
+        self._pos = self._buffered = 0
 
     async def close(self) -> None:
         if self._rr is not None:
@@ -133,7 +139,7 @@ class _LogReader:
 
     @property
     def buffered(self) -> int:
-        return len(self._buf) - self._pos
+        return self._buffered
 
     async def _next_chunk(self, block: bool, interrupt: asyncio.Event | None) -> bytes:
         end = self.offset + self.buffered
@@ -178,36 +184,45 @@ class _LogReader:
 
     async def need(self, n: int, block: bool, interrupt: asyncio.Event | None) -> memoryview:
         """``n`` buffered bytes at the read position (not consumed)."""
-        while self.buffered < n:
+        while self._buffered < n:
             chunk = await self._next_chunk(block, interrupt)
-            if self._pos >= _COMPACT_AT:
-                del self._buf[:self._pos]
-                self._pos = 0
-            self._buf += chunk
-        return memoryview(self._buf)[self._pos:self._pos + n]
+            if chunk:
+                self._chunks.append(chunk)
+                self._buffered += len(chunk)
+        chunks = self._chunks
+        if len(chunks[0]) - self._pos < n:  # straddles chunks: join just the ones it spans
+            parts = [memoryview(chunks.popleft())[self._pos:]]
+            size = len(parts[0])
+            while size < n:
+                parts.append(memoryview(chunks.popleft()))
+                size += len(parts[-1])
+            chunks.appendleft(b"".join(parts))
+            self._pos = 0
+        return memoryview(chunks[0])[self._pos:self._pos + n]
 
     def consume(self, n: int) -> None:
-        self._pos += n
         self.offset += n
-        if self._pos == len(self._buf):
-            self._buf, self._pos = bytearray(), 0
+        self._buffered -= n
+        chunks = self._chunks
+        n += self._pos
+        while chunks and n >= len(chunks[0]):
+            n -= len(chunks.popleft())
+        self._pos = n
 
     async def stream(self, n: int, sink: Callable[[memoryview, int], None]) -> None:
         """Passes the next ``n`` bytes to ``sink(data, position)`` and consumes them (blocking:
         the op's frame is in the log, so its data is too)."""
         done = 0
         while done < n:
-            if not self.buffered:
+            if not self._buffered:
                 chunk = await self._next_chunk(True, None)
-                if len(chunk) <= n - done:
-                    with memoryview(chunk) as mv:
-                        sink(mv, done)
-                    done += len(chunk)
-                    self.offset += len(chunk)
+                if not chunk:
                     continue
-                self._buf, self._pos = bytearray(chunk), 0
-            k = min(self.buffered, n - done)
-            with memoryview(self._buf) as mv, mv[self._pos:self._pos + k] as part:
+                self._chunks.append(chunk)
+                self._buffered += len(chunk)
+            first = self._chunks[0]
+            k = min(len(first) - self._pos, n - done)
+            with memoryview(first) as mv, mv[self._pos:self._pos + k] as part:
                 sink(part, done)
             done += k
             self.consume(k)
