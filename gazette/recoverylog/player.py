@@ -120,7 +120,7 @@ class _LogReader:
         self.journal = ""
         self.offset = 0  # journal offset of the next unconsumed byte
         self.read_bytes = 0
-        self._chunks: collections.deque[bytes] = collections.deque()
+        self._chunks: collections.deque[bytes | memoryview] = collections.deque()
         self._pos = 0  # consumed bytes of the first chunk
         self._buffered = 0
         self._rr: RetryReader | None = None
@@ -190,12 +190,16 @@ class _LogReader:
                 self._chunks.append(chunk)
                 self._buffered += len(chunk)
         chunks = self._chunks
-        if len(chunks[0]) - self._pos < n:  # straddles chunks: join just the ones it spans
+        if len(chunks[0]) - self._pos < n:  # straddles chunks: join just its n bytes
             parts = [memoryview(chunks.popleft())[self._pos:]]
             size = len(parts[0])
             while size < n:
-                parts.append(memoryview(chunks.popleft()))
-                size += len(parts[-1])
+                nxt = memoryview(chunks.popleft())
+                take = min(len(nxt), n - size)
+                parts.append(nxt[:take])
+                size += take
+                if take < len(nxt):
+                    chunks.appendleft(nxt[take:])  # the rest stays where it arrived
             chunks.appendleft(b"".join(parts))
             self._pos = 0
         return memoryview(chunks[0])[self._pos:self._pos + n]

@@ -3,15 +3,19 @@ taken at the start of playback, is waited for rather than taken for the log's en
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from gazette.client import JournalClient
 from gazette.protocol import protocol_pb2 as pb
 from gazette.recoverylog import FSMHints, Player, take_over
+from gazette.recoverylog.player import _LogReader
 from gazette.testing.fake_broker import FakeBroker, FakeCluster, start_broker
 
 LOG = "recovery/shard-1"
@@ -49,3 +53,52 @@ async def test_a_range_not_yet_available_below_the_head_is_waited_for(broker: Fa
         assert sorted(fsm.links) == ["/data"]
         assert (tmp_path / "two" / "data").read_bytes() == want
         assert not broker.read_failures  # both refusals were met, and waited out
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(min_size=1, max_size=2000), cuts=st.lists(st.integers(1, 64), max_size=60),
+       steps=st.lists(st.tuples(st.booleans(), st.integers(1, 100)), min_size=1, max_size=40))
+@example(data=bytes(range(200)), cuts=[10, 90], steps=[(False, 20), (False, 20)])  # a frame straddling two chunks
+def test_log_reader_gives_the_bytes_in_order_however_they_were_chunked(
+        data: bytes, cuts: list[int], steps: list[tuple[bool, int]]) -> None:
+    # The reader keeps the chunks as they arrived: frames straddling chunks are joined, write
+    # data passes as views. Whatever the chunking, need() and stream() give the log's bytes.
+    chunks, at = [], 0
+    for c in cuts:
+        if at >= len(data):
+            break
+        chunks.append(data[at:at + c])
+        at += c
+    if at < len(data):
+        chunks.append(data[at:])
+    reader = _LogReader(None)  # type: ignore[arg-type]
+    feed = iter(chunks)
+
+    async def next_chunk(block: bool, interrupt: object) -> bytes:
+        return next(feed)
+
+    reader._next_chunk = next_chunk  # type: ignore[assignment,method-assign]
+
+    async def run() -> None:
+        pos = 0
+        for use_stream, n in steps:
+            n = min(n, len(data) - pos)
+            if n == 0:
+                break
+            if use_stream:
+                got = bytearray()
+                await reader.stream(n, lambda view, done, got=got: got.extend(view))
+            else:
+                view = await reader.need(n, True, None)
+                got = bytearray(view)
+                view.release()
+                reader.consume(n)
+            assert bytes(got) == data[pos:pos + n]
+            pos += n
+            assert reader.offset == pos
+        rest = bytearray()  # and the rest, whatever the steps left
+        await reader.stream(len(data) - pos, lambda view, done: rest.extend(view))
+        assert bytes(rest) == data[pos:]
+        assert reader.buffered == 0
+
+    asyncio.run(run())
