@@ -111,7 +111,14 @@ async def test_consumer_runs_primaries_and_fails_one_alone(cluster: Cluster) -> 
             # Stat answers once a transaction read through what we appended.
             stat = await shards.Stat(pc.StatRequest(shard="ok-000", read_through={"in/part-000": 1}))
             assert stat.status == pc.Status.OK and stat.read_through["in/part-000"] > 0
-            # Unassign --failed frees only the failed shard.
+            # Unassign --failed frees only the failed shard. It reads the process's own view of
+            # etcd, which learns of the FAILED status (seen in etcd above) through its watch.
+            async with asyncio.timeout(30):
+                while True:
+                    listed = await shards.List(pc.ListRequest())
+                    if {sh.spec.id: sh for sh in listed.shards}["bad-000"].status[0].code == pc.ReplicaStatus.FAILED:
+                        break
+                    await asyncio.sleep(0.05)  # polling the process's listing, not synchronisation
             dry = await shards.Unassign(pc.UnassignRequest(shards=["ok-000", "bad-000"], only_failed=True, dry_run=True))
             assert list(dry.shards) == ["bad-000"]
             await channel.close()
