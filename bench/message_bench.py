@@ -14,6 +14,10 @@ figures exclude the client and broker. Prints messages/s for:
   by ``modulo_mapping`` on a key (stamp, map, frame);
 * ``publish_many/4``: ``publish_committed_many`` over slices of 1000, four journals.
 
+Each read and publish figure is printed for ``JSONMessage`` (dicts, the standard library's
+JSON scanner) and for a typed message (``TypedMessage``, a msgspec Struct decoded straight
+from the bytes and validated) over the same lines, with their ratio.
+
 Reports the best of several runs, by wall time and by CPU time of this process (the
 latter is steadier on a shared machine). Not a timed assertion: compare ratios within one
 run (see the design notes on noisy machines).
@@ -48,9 +52,34 @@ from gazette.message import (
     new_producer_id,
 )
 from gazette.message.mapping import MappingFunc
+from gazette.message.reading import batch_decoder, message_framing
+from gazette.message.typed import TypedMessage
 from gazette.protocol import protocol_pb2 as pb
 
 JOURNAL = "bench/journal"
+
+
+class Row(TypedMessage):
+    """The bench's message as a typed class: the same fields as the JSONMessage docs."""
+
+    key: str
+    n: int
+    pad: str
+
+
+class PubRow(TypedMessage):
+    key: str
+    n: int
+    ok: bool
+    pad: str
+
+
+def codec(typed: bool) -> tuple[Any, Any]:
+    """The framing and batch decoder of the bench's message, plain or typed."""
+    if not typed:
+        return JSONFraming(), JSONMessage.from_json_many
+    framing = message_framing(Row, JSONFraming())
+    return framing, batch_decoder(Row, framing)
 
 
 def journal_content(count: int, transactional: bool) -> bytes:
@@ -93,39 +122,41 @@ def no_replay(journal: str, begin: int, end: int) -> ChunkSource:
     raise AssertionError("the bench is sized to be served from the ring")
 
 
-async def run_framing(content: bytes, chunk: int) -> int:
-    framing = JSONFraming()
-    tail, n = b"", 0
-    for i in range(0, len(content), chunk):
-        buf = tail + content[i : i + chunk]
-        decoded = framing.decode(buf)
-        tail = buf[decoded.consumed :]
-        n += len(decoded.values)
-    return n
+def run_framing(typed: bool) -> Callable[[bytes, int], Coroutine[Any, Any, int]]:
+    async def run(content: bytes, chunk: int) -> int:
+        framing = codec(typed)[0]
+        tail, n = b"", 0
+        for i in range(0, len(content), chunk):
+            buf = tail + content[i : i + chunk]
+            decoded = framing.decode(buf)
+            tail = buf[decoded.consumed :]
+            n += len(decoded.values)
+        return n
+
+    return run
 
 
-async def run_uncommitted(content: bytes, chunk: int) -> int:
-    it = ReadUncommittedIter(
-        MemorySource(content, chunk), JSONFraming(), JSONMessage.from_json_many
-    )
-    n = 0
-    while batch := await it.next_batch():
-        n += len(batch)
-    return n
+def run_uncommitted(typed: bool) -> Callable[[bytes, int], Coroutine[Any, Any, int]]:
+    async def run(content: bytes, chunk: int) -> int:
+        it = ReadUncommittedIter(MemorySource(content, chunk), *codec(typed))
+        n = 0
+        while batch := await it.next_batch():
+            n += len(batch)
+        return n
+
+    return run
 
 
-async def run_committed(content: bytes, chunk: int) -> int:
-    it = ReadCommittedIter(
-        MemorySource(content, chunk),
-        JSONFraming(),
-        JSONMessage.from_json_many,
-        Sequencer(ring_size=4096),
-        no_replay,
-    )
-    n = 0
-    while batch := await it.next_batch():
-        n += len(batch)
-    return n
+def run_committed(typed: bool) -> Callable[[bytes, int], Coroutine[Any, Any, int]]:
+    async def run(content: bytes, chunk: int) -> int:
+        it = ReadCommittedIter(
+            MemorySource(content, chunk), *codec(typed), Sequencer(ring_size=4096), no_replay)
+        n = 0
+        while batch := await it.next_batch():
+            n += len(batch)
+        return n
+
+    return run
 
 
 class NullAppender:
@@ -157,8 +188,8 @@ def listing(count: int) -> pb.ListResponse:
     return resp
 
 
-def key_of(msg: JSONMessage) -> bytes:
-    key: str = msg.doc["key"]
+def key_of(msg: Any) -> bytes:
+    key: str = msg.doc["key"] if type(msg) is JSONMessage else msg.key
     return key.encode()
 
 
@@ -172,7 +203,7 @@ def four_journals() -> MappingFunc:
 
 
 def publisher(
-    mapping: MappingFunc, many: bool, msgs: list[JSONMessage]
+    mapping: MappingFunc, many: bool, msgs: list[Any]
 ) -> Callable[[bytes, int], Coroutine[Any, Any, int]]:
     """A publish run of ``msgs`` (built beforehand; publishing again re-stamps them)."""
 
@@ -197,7 +228,7 @@ def measure(
     chunk: int,
     runs: int,
     expect: int,
-) -> None:
+) -> float:
     rates, cpu_rates = [], []
     for _ in range(runs):
         start, start_cpu = time.perf_counter(), time.process_time()
@@ -208,9 +239,24 @@ def measure(
         cpu_rates.append(n / cpu)
     rate, cpu_rate = max(rates), max(cpu_rates)
     print(
-        f"{name:<18} {rate / 1e3:6.0f} k msgs/s wall ({1e6 / rate:5.2f} µs/msg), "
+        f"{name:<24} {rate / 1e3:6.0f} k msgs/s wall ({1e6 / rate:5.2f} µs/msg), "
         f"{cpu_rate / 1e3:6.0f} k msgs/CPU-s ({1e6 / cpu_rate:5.2f} µs/msg), best of {runs}"
     )
+    return cpu_rate
+
+
+def both(
+    name: str,
+    make: Callable[[bool], Callable[[bytes, int], Coroutine[Any, Any, int]]],
+    content: bytes,
+    chunk: int,
+    runs: int,
+    expect: int,
+) -> None:
+    """``name`` with JSONMessage, then typed, then the ratio (by CPU rate)."""
+    plain = measure(f"{name}", make(False), content, chunk, runs, expect)
+    typed = measure(f"{name} typed", make(True), content, chunk, runs, expect)
+    print(f"{'':<24} typed / JSONMessage: {typed / plain:.2f}x")
 
 
 def main() -> None:
@@ -227,14 +273,19 @@ def main() -> None:
         f"{args.chunk}-byte chunks"
     )
     n = args.messages
-    measure("framing", run_framing, outside, args.chunk, args.runs, n)
-    measure("uncommitted", run_uncommitted, outside, args.chunk, args.runs, n)
-    measure("committed/outside", run_committed, outside, args.chunk, args.runs, n)
-    measure("committed/txn", run_committed, txn, args.chunk, args.runs, _txn_expect(n))
-    msgs = [JSONMessage(d) for d in publish_docs(n)]
-    measure("publish/1", publisher(one_journal, False, msgs), b"", n, args.runs, n)
-    measure("publish/4", publisher(four_journals(), False, msgs), b"", n, args.runs, n)
-    measure("publish_many/4", publisher(four_journals(), True, msgs), b"", n, args.runs, n)
+    both("framing", run_framing, outside, args.chunk, args.runs, n)
+    both("uncommitted", run_uncommitted, outside, args.chunk, args.runs, n)
+    both("committed/outside", run_committed, outside, args.chunk, args.runs, n)
+    both("committed/txn", run_committed, txn, args.chunk, args.runs, _txn_expect(n))
+    for name, mapping, many in (("publish/1", one_journal, False),
+                                ("publish/4", four_journals(), False),
+                                ("publish_many/4", four_journals(), True)):
+        docs = publish_docs(n)  # afresh: publishing JSONMessages stamps UUIDs into them
+        rows = [PubRow(**d) for d in docs]
+        plain = measure(name, publisher(mapping, many, [JSONMessage(d) for d in docs]), b"", n,
+                        args.runs, n)
+        typed = measure(f"{name} typed", publisher(mapping, many, rows), b"", n, args.runs, n)
+        print(f"{'':<24} typed / JSONMessage: {typed / plain:.2f}x")
 
 
 def _txn_expect(n: int) -> int:

@@ -81,11 +81,14 @@ from .uuid import (
 if TYPE_CHECKING:
     from .reading import read_committed, read_uncommitted
     from .source import JournalSource, replay_opener
+    from .typed import StructJSONFraming, TypedMessage
 
 # Readers over journals need the client (grpc and all): loaded on first use, so that framing,
 # sequencing and publishing stay cheap to import.
 _LAZY = {"read_committed": ".reading", "read_uncommitted": ".reading",
-         "JournalSource": ".source", "replay_opener": ".source"}
+         "JournalSource": ".source", "replay_opener": ".source",
+         # msgspec, loaded when a typed message is first declared.
+         "TypedMessage": ".typed", "StructJSONFraming": ".typed"}
 
 
 def __getattr__(name: str) -> Any:
@@ -143,7 +146,9 @@ __all__ = [
     "ReplayError",
     "ReplayOpener",
     "Sequencer",
+    "StructJSONFraming",
     "UnexpectedEOFError",
+    "TypedMessage",
     "UnknownContentTypeError",
     "Unpacked",
     "build_checkpoint",

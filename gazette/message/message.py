@@ -116,7 +116,7 @@ _ZERO_TEXT: Final = "00000000-0000-0000-0000-000000000000"
 _HEX_DELETE: Final = b"-/"
 
 
-def _canonical_uuid_bytes(texts: list[Any]) -> bytes | None:
+def canonical_uuid_bytes(texts: list[Any]) -> bytes | None:
     """The 16-byte big-endian values of canonical UUID texts, concatenated, or None if any
     text is not one (the caller then redoes the batch text by text, to raise the error).
 
@@ -197,7 +197,7 @@ class JSONMessage:
     def from_json_many(cls: type[_JM], values: Iterable[Any]) -> MessageBatch[_JM]:
         """Messages of many decoded JSON values: the batch form of :meth:`from_json`.
 
-        The UUID texts are validated and parsed together (see :func:`_canonical_uuid_bytes`)
+        The UUID texts are validated and parsed together (see :func:`canonical_uuid_bytes`)
         and their fields returned as the batch's ``uuids``; should any value be invalid, the
         batch is redone value by value to raise the error naming it.
         """
@@ -210,7 +210,7 @@ class JSONMessage:
             return cls._from_json_each(values)  # A value that is not a dict.
         if None in texts:
             texts = [_ZERO_TEXT if t is None else t for t in texts]
-        raw = _canonical_uuid_bytes(texts)
+        raw = canonical_uuid_bytes(texts)
         if raw is None:
             return cls._from_json_each(values)
         new = object.__new__

@@ -40,7 +40,9 @@ from gazette.message.source import JournalSource, replay_opener
 from gazette.protocol import protocol_pb2 as pb
 from gazette.tasks import Supervisor
 
-__all__ = ["batch_decoder", "framing_of_spec", "read_committed", "read_uncommitted"]
+__all__ = [
+    "batch_decoder", "framing_of_spec", "message_framing", "read_committed", "read_uncommitted",
+]
 
 _BATCH_DECODERS = {JSONFraming: "from_json_many", CSVFraming: "from_csv_many"}
 
@@ -61,13 +63,25 @@ def batch_decoder(message_type: Any, framing: Framing, decode: Decoder | None = 
     """``decode``, or the batch decoder of ``message_type`` for ``framing`` (``from_json_many``, ...)."""
     if decode is not None:
         return decode
-    name = _BATCH_DECODERS.get(type(framing), "decode_many")
+    # By the framing's class or a base (StructJSONFraming is a JSONFraming).
+    name = next((_BATCH_DECODERS[c] for c in type(framing).__mro__ if c in _BATCH_DECODERS),
+                "decode_many")
     fn: Decoder | None = getattr(message_type, name, None)
     if fn is None:
         raise MessageError(
             f"{getattr(message_type, '__name__', message_type)!r} has no {name}() for "
             f"{type(framing).__name__}; pass decode=")
     return fn
+
+
+def message_framing(message_type: Any, framing: Framing, decode: Decoder | None = None) -> Framing:
+    """``framing``, or the message type's own when it decodes a journal of that framing
+    itself (a :class:`~gazette.message.typed.TypedMessage` from JSON lines, straight from the
+    bytes). With a ``decode`` of the caller's the framing stays as it is."""
+    if decode is not None or type(framing) is not JSONFraming:
+        return framing
+    hook: Callable[[], Framing] | None = getattr(message_type, "json_framing", None)
+    return framing if hook is None else hook()
 
 
 async def _specs(client: JournalClient, journal_or_selector: Selector) -> list[pb.JournalSpec]:
@@ -138,7 +152,7 @@ async def read_committed(
     specs = await _specs(client, journal_or_selector)
     iters = []
     for spec in specs:
-        framing = framing_of_spec(spec)
+        framing = message_framing(message_type, framing_of_spec(spec), decode)
         seq = new_sequencer() if new_sequencer is not None else Sequencer(ring_size=ring_size)
         iters.append(ReadCommittedIter(
             JournalSource(client, spec.name, offset, block=block), framing,
@@ -161,7 +175,7 @@ async def read_uncommitted(
     specs = await _specs(client, journal_or_selector)
     iters = []
     for spec in specs:
-        framing = framing_of_spec(spec)
+        framing = message_framing(message_type, framing_of_spec(spec), decode)
         iters.append(ReadUncommittedIter(
             JournalSource(client, spec.name, offset, block=block), framing,
             batch_decoder(message_type, framing, decode)).__aiter__())
