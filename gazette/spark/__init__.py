@@ -19,6 +19,7 @@ from gazette.spark.errors import (
     SetupError,
     SparkSourceError,
 )
+from gazette.spark.schema import schema_of
 from gazette.spark.session import Progress, check_java, local_session, register
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ __all__ = [
     "check_java",
     "local_session",
     "register",
+    "schema_of",
 ]
 
 

@@ -71,14 +71,14 @@ from gazette.spark.rows import (
     parse_block,
     uuid_bytes,
 )
+from gazette.spark.schema import META_DDL
 
 __all__ = ["GazetteDataSource", "read_slice"]
 
 log = logging.getLogger(__name__)
 
 RAW_SCHEMA: Final = "_journal string, _offset long, _value binary"
-_META_DDL: Final = ("_journal string, _offset long, _uuid string, _producer string, "
-                    "_publish_time timestamp")
+_META_DDL: Final = META_DDL
 _SAMPLE_BYTES: Final = 1 << 20
 
 
