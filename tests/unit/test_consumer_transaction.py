@@ -5,7 +5,7 @@ pipelining, failures, and a hypothesis model of random interleavings."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -13,11 +13,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gazette.consumer.errors import TransactionError
+from gazette.consumer.source import ShardSource
 from gazette.consumer.stores.memory import MemoryStore
 from gazette.consumer.transaction import TransactionLoop, TxnConfig, TxnState
-from gazette.message import Envelope, ProducerState, Publisher
+from gazette.message import (
+    ACK_TXN,
+    CONTENT_TYPE,
+    CONTENT_TYPE_JSON_LINES,
+    CONTINUE_TXN,
+    OUTSIDE_TXN,
+    Envelope,
+    JSONMessage,
+    ProducerID,
+    ProducerState,
+    Publisher,
+    build_uuid,
+)
 from gazette.message.publisher import AckIntent
 from gazette.protocol import consumer_pb2 as pc
+from gazette.protocol import protocol_pb2 as pb
+from gazette.tasks import cancel_and_wait
 
 
 class FakeClock:
@@ -70,6 +85,9 @@ class FakeSource:
 
     def has_pending(self) -> bool:
         return self.pending
+
+    def sequenced_through(self) -> Mapping[str, int]:
+        return dict(self.read_through)
 
     def checkpoint(self, prune_horizon_ns: int) -> tuple[Mapping[str, int], Sequence[ProducerState]]:
         return dict(self.read_through), []
@@ -131,8 +149,9 @@ class Pub:
 
 
 class Harness:
-    def __init__(self, cfg: TxnConfig, *, acks: bool = False) -> None:
-        self.clock, self.source, self.app, self.store, self.pub = FakeClock(), FakeSource(), App(), Store(), Pub()
+    def __init__(self, cfg: TxnConfig, *, acks: bool = False, source: Any = None) -> None:
+        self.clock, self.app, self.store, self.pub = FakeClock(), App(), Store(), Pub()
+        self.source = source if source is not None else FakeSource()
         self.acks: list[asyncio.Future[Any]] = []
         self.progress: list[Mapping[str, int]] = []
         self.with_acks = acks
@@ -327,3 +346,106 @@ def test_random_interleavings_commit_every_message_once_in_order(
         assert offsets == sorted(offsets) and (not n or offsets[-1] == n * 10)
         assert len(set(offsets)) == len(offsets)  # every transaction consumed something
     asyncio.run(main())
+
+
+# -- progress past input the sequencer discards, through the real ShardSource and Sequencer --
+
+JOURNAL = "in"
+PRODUCER = ProducerID(b"\x01\x00\x00\x00\x00\x0a")
+
+
+class Feed:
+    """Read-uncommitted batches handed to a real ``ShardSource`` (as an app's producer of
+    messages), so the real Sequencer decides what is discarded. Messages are 100 bytes apart."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[list[Envelope] | None] = asyncio.Queue()
+        self.offset = 0
+
+    def put(self, *msgs: tuple[int, int]) -> int:
+        """Appends messages of PRODUCER as (clock, flags); returns the new head."""
+        batch = []
+        for clock, flags in msgs:
+            doc = {"UUID": str(build_uuid(PRODUCER, clock, flags)), "n": clock}
+            batch.append(Envelope(JOURNAL, self.offset, self.offset + 100, JSONMessage(doc)))
+            self.offset += 100
+        self.queue.put_nowait(batch)
+        return self.offset
+
+    async def batches(self) -> AsyncIterator[list[Envelope]]:
+        while (batch := await self.queue.get()) is not None:
+            yield batch
+
+
+def _shard_source(feed: Feed) -> ShardSource:
+    spec = pc.ShardSpec(id="s")
+    spec.sources.add(journal=JOURNAL)
+    jspec = pb.JournalSpec(name=JOURNAL)
+    jspec.labels.labels.add(name=CONTENT_TYPE, value=CONTENT_TYPE_JSON_LINES)
+    source = ShardSource(None, spec, {JOURNAL: jspec}, lambda _: JSONMessage,  # type: ignore[arg-type]
+                         producer=feed.batches())
+    source.start()
+    return source
+
+
+def _consumed(h: Harness) -> list[int]:
+    return [m.doc["n"] for m in h.app.consumed]  # type: ignore[attr-defined]
+
+
+async def _discarded_tail(dups: Callable[[Feed], int]) -> None:
+    """A committed transaction, then input the sequencer discards, while idle: read-through
+    reaches the head with no transaction begun."""
+    feed = Feed()
+    source = _shard_source(feed)
+    h = Harness(TxnConfig(min_duration=0, max_duration=10), source=source)
+    h.start()
+    try:
+        feed.put((1, OUTSIDE_TXN), (2, CONTINUE_TXN), (3, ACK_TXN))
+        await h.until(lambda: len(h.store.commits) == 1)
+        h.store.resolve(0)
+        await h.until(lambda: h.progress[-1] == {JOURNAL: 300})
+        head = dups(feed)
+        await h.until(lambda: h.progress[-1] == {JOURNAL: head})
+        await h.quiet()
+        assert _consumed(h) == [1, 2, 3] and len(h.store.commits) == 1  # nothing began
+        assert h.loop.state is TxnState.IDLE
+        # The next real message commits as usual, its checkpoint past the discarded ones.
+        feed.put((9, OUTSIDE_TXN))
+        await h.until(lambda: len(h.store.commits) == 2)
+        assert _consumed(h) == [1, 2, 3, 9] and h.store.read_through(1) == head + 100
+    finally:
+        await cancel_and_wait(h.task)  # type: ignore[arg-type]
+        await source.aclose()
+
+
+async def test_read_through_passes_a_duplicate_re_append_while_idle() -> None:
+    # The same three messages appended again (a producer retrying an append that landed).
+    await _discarded_tail(lambda feed: feed.put((1, OUTSIDE_TXN), (2, CONTINUE_TXN), (3, ACK_TXN)))
+
+
+async def test_read_through_passes_a_rolled_back_transaction_while_idle() -> None:
+    # A transaction begun and rolled back (its ACK carries the last committed clock).
+    await _discarded_tail(lambda feed: feed.put((4, CONTINUE_TXN), (5, CONTINUE_TXN), (3, ACK_TXN)))
+
+
+async def test_discarded_input_during_a_commit_is_reported_with_its_progress() -> None:
+    """Discarded input read while the previous commit is pending: reported once it resolves,
+    and not written into the checkpoint already handed to the store."""
+    feed = Feed()
+    source = _shard_source(feed)
+    h = Harness(TxnConfig(min_duration=0, max_duration=10), source=source)
+    h.start()
+    try:
+        feed.put((1, OUTSIDE_TXN))
+        await h.until(lambda: len(h.store.commits) == 1)
+        head = feed.put((1, OUTSIDE_TXN), (1, OUTSIDE_TXN))
+        await h.until(lambda: source.sequenced_through() == {JOURNAL: head})
+        await h.quiet()
+        assert h.progress == [{}]  # the recovered checkpoint only: the commit is pending
+        h.store.resolve(0)
+        await h.until(lambda: len(h.progress) == 2)
+        assert h.progress[-1] == {JOURNAL: head} and h.store.read_through(0) == 100
+        assert len(h.store.commits) == 1
+    finally:
+        await cancel_and_wait(h.task)  # type: ignore[arg-type]
+        await source.aclose()
