@@ -8,6 +8,7 @@ shards (ShardSpecs) through the Shard service. See docs/consumers.md.
 """
 
 from gazette.consumer.client import ShardClient, ShardStatusError
+from gazette.consumer.envelopes import is_ack, uuid_flags
 from gazette.consumer.errors import ConsumerError, DeferredFirstMessage, TransactionError
 from gazette.consumer.interfaces import Application, BeginFinisher, OpFuture, Shard, Store
 from gazette.consumer.process import ConsumerConfig, ConsumerProcess
@@ -37,5 +38,7 @@ __all__ = [
     "TransactionLoop",
     "TxnConfig",
     "TxnState",
+    "is_ack",
     "run_consumer",
+    "uuid_flags",
 ]

@@ -34,6 +34,9 @@ Invariants:
   checkpoint handed to the store; reported read-through never goes backwards.
 * Time is read only from the injected ``Clock``: tests drive every close condition without
   sleeping.
+* Acknowledgement messages (ACK_TXN) reach ``consume_message`` as in Gazette, unless the
+  application's ``receive_acks`` attribute is false: then they are sequenced but not handed
+  over, and a batch of acknowledgements alone begins no transaction.
 * Any error of the application, store or ACKs ends ``run()`` with a ``TransactionError``
   naming the phase (the shard is then FAILED); nothing of the failed transaction commits.
 """
@@ -47,6 +50,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gazette.consumer.envelopes import is_ack
 from gazette.consumer.errors import TransactionError
 from gazette.consumer.interfaces import Application, BeginFinisher, OpFuture, Shard, Store
 from gazette.durations import ns_from_pb
@@ -184,6 +188,7 @@ class TransactionLoop:
         self._read_since: dict[str, int] = {}
         self._closed = False  # the source ended
         self._async_consume = inspect.iscoroutinefunction(app.consume_message)
+        self._receive_acks = bool(getattr(app, "receive_acks", True))
         self._begin_finisher = app if isinstance(app, BeginFinisher) else None
 
     async def run(self, recovered: pc.Checkpoint | None = None) -> None:
@@ -301,6 +306,10 @@ class TransactionLoop:
     async def _consume(self, txn: Txn, item: Any) -> None:
         app, shard, store, pub = self.app, self.shard, self.store, self.publisher
         batch = await self.source.sequence(item)
+        if not self._receive_acks:
+            # Acknowledgements are sequenced (they commit their producer's messages) but not
+            # handed over; alone, they begin no transaction (read-through still passes them).
+            batch = [env for env in batch if not is_ack(env)]
         if not batch:
             return
         if txn.consumed == 0:

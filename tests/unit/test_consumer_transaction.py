@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gazette.consumer.envelopes import is_ack, uuid_flags
 from gazette.consumer.errors import TransactionError
 from gazette.consumer.source import ShardSource
 from gazette.consumer.stores.memory import MemoryStore
@@ -149,8 +150,9 @@ class Pub:
 
 
 class Harness:
-    def __init__(self, cfg: TxnConfig, *, acks: bool = False, source: Any = None) -> None:
-        self.clock, self.app, self.store, self.pub = FakeClock(), App(), Store(), Pub()
+    def __init__(self, cfg: TxnConfig, *, acks: bool = False, source: Any = None, app: App | None = None) -> None:
+        self.clock, self.store, self.pub = FakeClock(), Store(), Pub()
+        self.app = app if app is not None else App()
         self.source = source if source is not None else FakeSource()
         self.acks: list[asyncio.Future[Any]] = []
         self.progress: list[Mapping[str, int]] = []
@@ -449,3 +451,52 @@ async def test_discarded_input_during_a_commit_is_reported_with_its_progress() -
     finally:
         await cancel_and_wait(h.task)  # type: ignore[arg-type]
         await source.aclose()
+
+
+class NoAcksApp(App):
+    receive_acks = False
+
+
+@pytest.mark.parametrize("receive", [True, False])
+async def test_receive_acks_false_keeps_acknowledgements_from_the_app(receive: bool) -> None:
+    feed = Feed()
+    source = _shard_source(feed)
+    h = Harness(TxnConfig(min_duration=0, max_duration=10), source=source,
+                app=App() if receive else NoAcksApp())
+    h.start()
+    try:
+        feed.put((1, OUTSIDE_TXN), (2, CONTINUE_TXN), (3, CONTINUE_TXN), (4, ACK_TXN))
+        await h.until(lambda: len(h.store.commits) == 1)
+        assert _consumed(h) == ([1, 2, 3, 4] if receive else [1, 2, 3])
+        h.store.resolve(0)
+        # An acknowledgement of nothing new (a re-published intent) is delivered alone: with
+        # receive_acks = False it begins no transaction, and read-through still passes it.
+        head = feed.put((5, ACK_TXN))
+        if receive:
+            await h.until(lambda: len(h.store.commits) == 2)
+            assert _consumed(h) == [1, 2, 3, 4, 5] and h.store.read_through(1) == head
+        else:
+            await h.until(lambda: h.progress[-1] == {JOURNAL: head})
+            await h.quiet()
+            assert _consumed(h) == [1, 2, 3] and len(h.store.commits) == 1
+    finally:
+        await cancel_and_wait(h.task)  # type: ignore[arg-type]
+        await source.aclose()
+
+
+def test_is_ack_reads_the_uuid_flags() -> None:
+    for flags, ack in ((OUTSIDE_TXN, False), (CONTINUE_TXN, False), (ACK_TXN, True)):
+        doc = {"UUID": str(build_uuid(PRODUCER, 12345, flags))}
+        env = Envelope(JOURNAL, 0, 1, JSONMessage(doc))
+        assert is_ack(env) is ack and uuid_flags(env) == flags
+        assert is_ack(Envelope(JOURNAL, 0, 1, _UUIDOnly(build_uuid(PRODUCER, 1, flags)))) is ack
+
+
+class _UUIDOnly:
+    """A message type offering ``get_uuid`` only (no ``uuid_int``)."""
+
+    def __init__(self, uuid: Any) -> None:
+        self.uuid = uuid
+
+    def get_uuid(self) -> Any:
+        return self.uuid
