@@ -213,12 +213,15 @@ class TransactionLoop:
                     return
                 self.prev = txn
         finally:
-            if self._read is not None:
-                await cancel_and_wait(self._read)
-            for t in (self.prev, txn):  # outcomes nobody will look at once the loop ended
+            # Outcomes nobody will look at once the loop ended (a fenced zombie's commit and
+            # the ACKs failing after it), marked seen before anything is awaited here: a
+            # cancelled loop's await below re-raises its cancellation and skips what follows.
+            for t in (self.prev, txn):
                 for f in (t.commit, *t.acks):
                     if f is not None:
                         f.add_done_callback(_retrieve)
+            if self._read is not None:
+                await cancel_and_wait(self._read)
 
     # -- steps ----------------------------------------------------------------------------
 

@@ -105,6 +105,13 @@ async def test_read_through_passes_discarded_tails(cluster: Cluster) -> None:
                         break
                     await asyncio.sleep(0.1)  # polling gazctl's listing, not synchronisation
             assert app.counts == Counter("abcdef")  # nothing discarded was consumed
+            # -o json carries the lag too.
+            rc, out, err = await asyncio.to_thread(cluster.gazctl, "shards", "list", "--lag", "-o", "json",
+                                                   "--consumer.address", addr)
+            assert rc == 0, err
+            listed = {sh["spec"]["id"]: sh for sh in json.loads(out)["shards"]}
+            assert {sid: sh["lag"] for sid, sh in listed.items()} == {
+                "count-000": {"in/part-000": 0}, "count-001": {"in/part-001": 0}}
     finally:
         proc.stop()
         async with asyncio.timeout(30):

@@ -5,6 +5,7 @@ pipelining, failures, and a hypothesis model of random interleavings."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gazette.client import DependencyFailed
 from gazette.consumer.envelopes import is_ack, uuid_flags
 from gazette.consumer.errors import TransactionError
 from gazette.consumer.source import ShardSource
@@ -500,3 +502,33 @@ class _UUIDOnly:
 
     def get_uuid(self) -> Any:
         return self.uuid
+
+
+async def _cancel_then_fail_pending() -> None:
+    h = Harness(TxnConfig(min_duration=0, max_duration=10), acks=True)
+    h.start()
+    h.source.put(1)
+    await h.until(lambda: len(h.store.commits) == 1 and len(h.acks) == 1)
+    assert h.task is not None
+    h.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await h.task
+    h.store.commits[0][1].set_exception(RuntimeError("fenced"))
+    h.acks[0].set_exception(DependencyFailed("append to 'out': dependency failed: fenced"))
+    await h.quiet()
+
+
+async def test_a_cancelled_loop_leaves_no_unretrieved_commit_or_ack_failure() -> None:
+    """A fenced zombie's shard is cancelled while its commit and ACK are pending; both fail
+    afterwards (the fence, then DependencyFailed). Nothing logs "exception was never
+    retrieved": the loop's ending owns those outcomes."""
+    loop = asyncio.get_running_loop()
+    reports: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, ctx: reports.append(ctx))
+    try:
+        await _cancel_then_fail_pending()
+        gc.collect()  # the futures are garbage now: unretrieved failures would be reported
+        assert not [r for r in reports if "never retrieved" in r.get("message", "")], reports
+    finally:
+        loop.set_exception_handler(previous)
