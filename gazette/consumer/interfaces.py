@@ -60,12 +60,8 @@ class Shard(Protocol):
 
     @property
     def stopping(self) -> asyncio.Event:
-        """Set when the shard leaves this process (its primary loop ends)."""
-        ...
-
-    @property
-    def done(self) -> asyncio.Event:
-        """The cancellation signal (the same event as ``stopping``)."""
+        """Set when the shard leaves this process (its primary loop ends): tasks the app
+        starts for a shard end on it. (``ShardRuntime.done`` is a deprecated alias.)"""
         ...
 
     @property

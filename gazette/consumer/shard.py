@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -87,7 +88,8 @@ class ShardRuntime:
 
     @property
     def done(self) -> asyncio.Event:
-        """The cancellation signal: set when the shard leaves this process (or fails)."""
+        """Deprecated alias of ``stopping`` (one event had two names)."""
+        warnings.warn("Shard.done is deprecated: use Shard.stopping", DeprecationWarning, stacklevel=2)
         return self.stopping
 
     def progress(self) -> tuple[Mapping[str, int], Mapping[str, int]]:
