@@ -46,11 +46,9 @@ from examples.bike_share.messages import (
     iso_ms,
 )
 from gazette.client import list_journals
-from gazette.consumer.initialize import InitArgs
-from gazette.consumer.stores.sql import CHECKPOINTS, SQLStore
-from gazette.consumer.stores.sqlite import SQLiteStore
+from gazette.consumer import InitArgs, SQLiteStore, SQLStore
+from gazette.consumer.stores.sql import CHECKPOINTS
 from gazette.message import CSVRecord, modulo_mapping
-from gazette.message.uuid import ACK_TXN, get_flags
 from gazette.protocol import consumer_pb2 as pc
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol.labels import LabelSet
@@ -90,6 +88,8 @@ def _cycle(bike: int, rows: Sequence[Sequence[Any]]) -> Cycle:
 
 
 class BikeShare:
+    receive_acks = False  # transaction acknowledgements are not rides: not handed over
+
     def __init__(self) -> None:
         self.engine: AsyncEngine | None = None
         self.args: InitArgs | None = None
@@ -149,8 +149,6 @@ class BikeShare:
 
     def consume_message(self, shard: Any, store: Any, env: Any, publisher: Any) -> None:
         rec = env.message
-        if get_flags(rec.get_uuid()) == ACK_TXN:
-            return
         try:
             ride = parse_ride(rec)
         except ValueError as err:

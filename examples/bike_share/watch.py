@@ -18,8 +18,8 @@ from typing import Any
 
 from examples.bike_share.messages import CYCLE_TYPE
 from gazette.client import JournalClient
+from gazette.consumer import is_ack
 from gazette.message import JSONMessage, read_committed
-from gazette.message.uuid import ACK_TXN, get_flags
 
 __all__ = ["describe", "main"]
 
@@ -40,7 +40,7 @@ async def watch(address: str, count: int, limit: float) -> int:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(limit if count else None):
                 async for env in read_committed(client, f"app.gazette.dev/message-type={CYCLE_TYPE}", JSONMessage):
-                    if get_flags(env.message.get_uuid()) == ACK_TXN:
+                    if is_ack(env):
                         continue
                     seen += 1
                     print(f"[{time.monotonic() - started:5.1f}s] {describe(env.message.doc)}", flush=True)

@@ -40,8 +40,8 @@ from examples.stream_sum.messages import (
 )
 from gazette.client import AppendService, AsyncAppend, JournalClient, list_journals
 from gazette.client.appender import append
+from gazette.consumer import is_ack
 from gazette.message import Publisher, modulo_mapping, read_committed
-from gazette.message.uuid import ACK_TXN, get_flags
 
 __all__ = ["Totals", "run_chunker"]
 
@@ -112,7 +112,7 @@ async def run_chunker(client: JournalClient, *, streams: int, chunks: int, worke
 
     async def read_sums() -> None:
         async for env in read_committed(client, SUMS_JOURNAL, Sum, offset=barrier.commit.end):
-            if get_flags(env.message.get_uuid()) != ACK_TXN:
+            if not is_ack(env):
                 verifier.observe(env.message.doc)
 
     async def wait_for_sum(stream: _Stream, fut: asyncio.Future[None]) -> None:

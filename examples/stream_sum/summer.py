@@ -20,10 +20,8 @@ import sqlite3
 from typing import Any
 
 from examples.stream_sum.messages import SUMS_JOURNAL, ZERO, Chunk, StreamSumError, Sum, update
-from gazette.consumer.stores.rocksdb import RocksDBStore
-from gazette.consumer.stores.sqlite import SQLiteStore
+from gazette.consumer import RocksDBStore, SQLiteStore
 from gazette.message import JSONMessage
-from gazette.message.uuid import ACK_TXN, get_flags
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol.labels import LabelSet
 
@@ -46,6 +44,8 @@ class _State:
 
 
 class Summer:
+    receive_acks = False  # transaction acknowledgements are not chunks: not handed over
+
     def __init__(self) -> None:
         self._cache: dict[str, dict[bytes, _State]] = {}  # shard id -> this transaction's streams
 
@@ -65,8 +65,6 @@ class Summer:
 
     def consume_message(self, shard: Any, store: Any, env: Any, publisher: Any) -> None:
         msg = env.message
-        if get_flags(msg.get_uuid()) == ACK_TXN:
-            return
         doc = msg.doc
         sid = bytes.fromhex(doc["id"])
         cache = self._cache.setdefault(shard.spec.id, {})

@@ -5,17 +5,47 @@ Write an :class:`Application` (``new_store``, ``new_message``, ``consume_message
 ``finalize_txn``; optionally ``begin_txn``/``finished_txn``), run it with
 ``gazette consume --app package.module:AppClass`` or :func:`run_consumer`, and declare its
 shards (ShardSpecs) through the Shard service. See docs/consumers.md.
+
+Everything an app needs is here: the roles, ``InitArgs`` (what ``init_application`` gets),
+the stores (``MemoryStore``, ``JSONFileStore``; ``SQLStore``, ``SQLiteStore`` and
+``RocksDBStore`` loaded on first use, so importing this package imports neither SQLAlchemy nor
+rocksdict) and envelope helpers (``is_ack``, ``uuid_flags``).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from gazette.consumer.client import ShardClient, ShardStatusError
+from gazette.consumer.envelopes import is_ack, uuid_flags
 from gazette.consumer.errors import ConsumerError, DeferredFirstMessage, TransactionError
-from gazette.consumer.interfaces import Application, BeginFinisher, OpFuture, Shard, Store
+from gazette.consumer.initialize import InitArgs
+from gazette.consumer.interfaces import (
+    Application,
+    BeginFinisher,
+    MessageProducer,
+    OpFuture,
+    Shard,
+    Store,
+)
 from gazette.consumer.process import ConsumerConfig, ConsumerProcess
 from gazette.consumer.resolver import Resolution, Resolver
 from gazette.consumer.run import run_consumer
 from gazette.consumer.stores.json_file import JSONFileStore
 from gazette.consumer.stores.memory import MemoryStore
 from gazette.consumer.transaction import TransactionLoop, TxnConfig, TxnState
+
+if TYPE_CHECKING:
+    from gazette.consumer.stores.rocksdb import RocksDBStore
+    from gazette.consumer.stores.sql import SQLStore
+    from gazette.consumer.stores.sqlite import SQLiteStore
+
+_LAZY = {
+    "RocksDBStore": "gazette.consumer.stores.rocksdb",
+    "SQLStore": "gazette.consumer.stores.sql",
+    "SQLiteStore": "gazette.consumer.stores.sqlite",
+}
 
 __all__ = [
     "Application",
@@ -24,11 +54,16 @@ __all__ = [
     "ConsumerError",
     "ConsumerProcess",
     "DeferredFirstMessage",
+    "InitArgs",
     "JSONFileStore",
     "MemoryStore",
+    "MessageProducer",
     "OpFuture",
     "Resolution",
     "Resolver",
+    "RocksDBStore",
+    "SQLStore",
+    "SQLiteStore",
     "Shard",
     "ShardClient",
     "ShardStatusError",
@@ -37,5 +72,20 @@ __all__ = [
     "TransactionLoop",
     "TxnConfig",
     "TxnState",
+    "is_ack",
     "run_consumer",
+    "uuid_flags",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _LAZY.get(name)
+    if home is None:
+        raise AttributeError(f"module 'gazette.consumer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # found once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -13,6 +13,11 @@ Invariants (what the framework guarantees the roles):
 * ``Store.start_commit`` is called with the transaction's checkpoint once the previous
   transaction's commit and ACKs resolved; the store must persist its state and the checkpoint
   atomically, after every future in ``wait_for`` (the transaction's own appends) resolved.
+* Transaction acknowledgements (messages whose UUID flags carry ACK_TXN; see
+  ``gazette.consumer.is_ack``) are committed messages too and reach ``consume_message``, as in
+  Gazette. An application that has no use for them sets the class attribute
+  ``receive_acks = False`` (read once, when a shard starts; absent means True): they are then
+  still sequenced (they commit their producers' messages) but never handed over.
 * A shard leaving this process (``Shard.stopping``) cancels its loops; a store is destroyed.
 """
 
@@ -55,12 +60,8 @@ class Shard(Protocol):
 
     @property
     def stopping(self) -> asyncio.Event:
-        """Set when the shard leaves this process (its primary loop ends)."""
-        ...
-
-    @property
-    def done(self) -> asyncio.Event:
-        """The cancellation signal (the same event as ``stopping``)."""
+        """Set when the shard leaves this process (its primary loop ends): tasks the app
+        starts for a shard end on it. (``ShardRuntime.done`` is a deprecated alias.)"""
         ...
 
     @property
@@ -102,7 +103,10 @@ class Store(Protocol):
 
 
 class Application(Protocol):
-    """What a user writes: see the module docstring."""
+    """What a user writes: see the module docstring.
+
+    Optional attributes, read when a shard starts: ``receive_acks`` (default True): False
+    keeps acknowledgement messages from ``consume_message``."""
 
     def new_store(self, shard: Shard, recorder: Any) -> MaybeAwaitable:
         """The shard's Store (``recorder`` records its files into the recovery log, if any)."""

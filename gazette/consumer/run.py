@@ -9,6 +9,8 @@ move to other consumers); a second signal exits at once.
 
 Invariants: a bad flag value, or an ``--app`` that does not name an importable class, exits
 with one line naming what is wrong; nothing is announced before the configuration is valid.
+A process ended by an expected error (a ``GazetteError``: its etcd lease lost, its member key
+taken) exits 1 with one line naming it; only bugs print a traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from collections.abc import Sequence
 from gazette.consumer.initialize import FlagsAdder
 from gazette.consumer.interfaces import Application
 from gazette.consumer.process import ConsumerConfig, ConsumerProcess
+from gazette.errors import GazetteError, ValidationError
+from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol.validate import validate_process_id
 from gazette.server.flags import (
     Flag,
     Flags,
@@ -74,7 +79,7 @@ def config_from_args(ns: argparse.Namespace) -> ConsumerConfig:
     get, integer = flags.get, flags.integer
     lease = flags.seconds("etcd.lease")
     flags.seconds("consumer.watch-delay")
-    zone, suffix = flags.process_id("consumer", random_suffix())
+    zone, suffix = _process_id(flags)
     config = ConsumerConfig(host=get("consumer.host"), port=integer("consumer.port"),
                           zone=zone, suffix=suffix, limit=integer("consumer.limit"),
                           max_hot_standbys=integer("consumer.max-hot-standbys"),
@@ -85,6 +90,18 @@ def config_from_args(ns: argparse.Namespace) -> ConsumerConfig:
                           broker_auth=flags.client_auth("broker"))
     flags.auth_keys()  # bad keys exit here, naming the flag
     return config
+
+
+def _process_id(flags: Flags) -> tuple[str, str]:
+    """(zone, suffix) of ``--consumer.zone`` and ``--consumer.id``; a bad one exits with one
+    line naming its flag and value (an empty id is a random suffix)."""
+    zone, suffix = flags.get("consumer.zone"), flags.get("consumer.id") or random_suffix()
+    try:
+        validate_process_id(pb.ProcessSpec.ID(zone=zone, suffix=suffix))
+    except ValidationError as err:
+        flag, value = ("--consumer.zone", zone) if err.field == "zone" else ("--consumer.id", suffix)
+        raise SystemExit(f"gazette: invalid {flag} {value!r}: {err.rule}") from None
+    return zone, suffix
 
 
 async def _consume(config: ConsumerConfig, app: Application) -> None:
@@ -102,7 +119,31 @@ def run(app: Application, ns: argparse.Namespace) -> int:
         logging.getLogger("gazette").error(f"gazette: cannot consume: {err}",
                                            extra={"host": config.host, "port": config.port})
         return 1
+    except Exception as err:
+        causes = _gazette_errors(err)
+        if causes is None:
+            raise  # a bug: its traceback is what to see
+        logging.getLogger("gazette").error(
+            "gazette: consumer stopped: " + "; ".join(f"{type(c).__name__}: {c}" for c in causes))
+        return 1
     return 0
+
+
+def _gazette_errors(err: BaseException) -> list[GazetteError] | None:
+    """The errors ``err`` is made of (unwrapping the process's task-group exception groups)
+    if every one is a ``GazetteError``, an ending the process expects (a lost etcd lease, a
+    member key taken over): reported as one line rather than a traceback. None otherwise."""
+    if isinstance(err, GazetteError):
+        return [err]
+    if isinstance(err, BaseExceptionGroup):
+        out: list[GazetteError] = []
+        for sub in err.exceptions:
+            got = _gazette_errors(sub)
+            if got is None:
+                return None
+            out.extend(got)
+        return out
+    return None
 
 
 def consumer_parser(app: Application | None, prog: str, *, app_flag: bool = False) -> argparse.ArgumentParser:

@@ -15,7 +15,8 @@ Invariants:
   aborted).
 * The store is destroyed and the readers stopped on every ending.
 * ``progress()`` is the read-through and publish-at offsets of the last completed
-  transaction (what Stat's read-your-writes waits on).
+  transaction, its read-through extended past input sequenced to nothing since (discarded
+  duplicates, rolled-back transactions): what Stat's read-your-writes and ``--lag`` use.
 * With a recovery log (``recovery_log_prefix``), the store is first recovered: the log is played
   from the shard's hints into a fresh directory (or a hot standby's player, already tailing, is
   taken over), a hand-off fences the previous primary, and ``new_store`` gets the ``Recorder``.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -86,7 +88,8 @@ class ShardRuntime:
 
     @property
     def done(self) -> asyncio.Event:
-        """The cancellation signal: set when the shard leaves this process (or fails)."""
+        """Deprecated alias of ``stopping`` (one event had two names)."""
+        warnings.warn("Shard.done is deprecated: use Shard.stopping", DeprecationWarning, stacklevel=2)
         return self.stopping
 
     def progress(self) -> tuple[Mapping[str, int], Mapping[str, int]]:

@@ -164,5 +164,8 @@ class ShardSource:
     def has_pending(self) -> bool:
         return self.sequencer.has_pending()
 
+    def sequenced_through(self) -> Mapping[str, int]:
+        return dict(self.sequencer.offsets)
+
     def checkpoint(self, prune_horizon_ns: int) -> tuple[Mapping[str, int], Sequence[ProducerState]]:
         return self.sequencer.checkpoint(prune_horizon_ns)

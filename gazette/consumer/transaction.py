@@ -26,8 +26,17 @@ Invariants:
 * The checkpoint of a transaction reflects exactly the messages it consumed: reading (I/O)
   may run one item ahead, but sequencing happens only as the transaction consumes
   (``MessageSource.read`` vs ``sequence``); the outstanding read is kept across transactions.
+* Progress (read-through, publish-at) is reported when a transaction's commit and ACKs
+  resolved, and also when input that began no transaction was sequenced while idle (messages
+  the sequencer discards: a duplicate re-append, a rolled-back transaction): read-through then
+  reaches the end of input even when its tail commits nothing, so a Stat waiting on it answers
+  (Gazette's ``txnRead``). Such idle progress is never persisted and never changes a
+  checkpoint handed to the store; reported read-through never goes backwards.
 * Time is read only from the injected ``Clock``: tests drive every close condition without
   sleeping.
+* Acknowledgement messages (ACK_TXN) reach ``consume_message`` as in Gazette, unless the
+  application's ``receive_acks`` attribute is false: then they are sequenced but not handed
+  over, and a batch of acknowledgements alone begins no transaction.
 * Any error of the application, store or ACKs ends ``run()`` with a ``TransactionError``
   naming the phase (the shard is then FAILED); nothing of the failed transaction commits.
 """
@@ -41,6 +50,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gazette.consumer.envelopes import is_ack
 from gazette.consumer.errors import TransactionError
 from gazette.consumer.interfaces import Application, BeginFinisher, OpFuture, Shard, Store
 from gazette.durations import ns_from_pb
@@ -97,6 +107,11 @@ class MessageSource(Protocol):
 
     def has_pending(self) -> bool:
         """Whether a transaction of some producer began but is not yet acknowledged."""
+        ...
+
+    def sequenced_through(self) -> Mapping[str, int]:
+        """Read-through offsets of everything sequenced so far (no side effect): what the
+        loop reports as progress when sequenced input made no message ready."""
         ...
 
     def checkpoint(self, prune_horizon_ns: int) -> tuple[Mapping[str, int], Sequence[ProducerState]]:
@@ -168,8 +183,12 @@ class TransactionLoop:
         self.state = TxnState.IDLE
         self.prev = Txn(done=True)
         self._read: asyncio.Future[Any | None] | None = None
+        # Read-through of input sequenced to nothing while the previous transaction was still
+        # resolving: reported with its progress (never persisted with its checkpoint).
+        self._read_since: dict[str, int] = {}
         self._closed = False  # the source ended
         self._async_consume = inspect.iscoroutinefunction(app.consume_message)
+        self._receive_acks = bool(getattr(app, "receive_acks", True))
         self._begin_finisher = app if isinstance(app, BeginFinisher) else None
 
     async def run(self, recovered: pc.Checkpoint | None = None) -> None:
@@ -194,12 +213,15 @@ class TransactionLoop:
                     return
                 self.prev = txn
         finally:
-            if self._read is not None:
-                await cancel_and_wait(self._read)
-            for t in (self.prev, txn):  # outcomes nobody will look at once the loop ended
+            # Outcomes nobody will look at once the loop ended (a fenced zombie's commit and
+            # the ACKs failing after it), marked seen before anything is awaited here: a
+            # cancelled loop's await below re-raises its cancellation and skips what follows.
+            for t in (self.prev, txn):
                 for f in (t.commit, *t.acks):
                     if f is not None:
                         f.add_done_callback(_retrieve)
+            if self._read is not None:
+                await cancel_and_wait(self._read)
 
     # -- steps ----------------------------------------------------------------------------
 
@@ -209,7 +231,10 @@ class TransactionLoop:
             item = self._take()
             if item is not None:
                 await self._consume(txn, item)
-                return TxnState.CONSUMING if txn.consumed else TxnState.IDLE
+                if txn.consumed:
+                    return TxnState.CONSUMING
+                self._progress_while_idle()
+                return TxnState.IDLE
         if self._closed:
             if self._barrier() is None:
                 return None  # nothing more will ever begin a transaction
@@ -284,6 +309,10 @@ class TransactionLoop:
     async def _consume(self, txn: Txn, item: Any) -> None:
         app, shard, store, pub = self.app, self.shard, self.store, self.publisher
         batch = await self.source.sequence(item)
+        if not self._receive_acks:
+            # Acknowledgements are sequenced (they commit their producer's messages) but not
+            # handed over; alone, they begin no transaction (read-through still passes them).
+            batch = [env for env in batch if not is_ack(env)]
         if not batch:
             return
         if txn.consumed == 0:
@@ -346,8 +375,11 @@ class TransactionLoop:
         if self._barrier() is not None:
             return
         prev.done = True
+        read_since, self._read_since = self._read_since, {}
         if self.on_progress is not None:
             read_through = {j: s.read_through for j, s in prev.checkpoint.sources.items()}
+            for j, o in read_since.items():
+                read_through[j] = max(o, read_through.get(j, 0))
             publish_at: dict[str, int] = {}
             for a in prev.acks:
                 resp = a.result()
@@ -357,6 +389,23 @@ class TransactionLoop:
             self.on_progress(read_through, publish_at)
         if self.on_txn is not None and prev.consumed:
             self.on_txn(prev)
+
+    def _progress_while_idle(self) -> None:
+        """Reports that input which began no transaction was read: messages the sequencer
+        discarded (a duplicate re-append, a rolled-back transaction, an ACK of nothing new), or
+        the first messages of a producer's still-open transaction. Without this, read-through
+        stops before a tail of such messages for good, and a Stat (or a resolution) waiting on
+        offsets past them, or a lag monitor, waits forever (Gazette's ``txnRead``). While the
+        previous transaction still resolves, the offsets wait for its progress report. Nothing
+        is persisted: the next checkpoint records them, with the sequencer's state."""
+        through = self.source.sequenced_through()
+        if not through:
+            return
+        if not self.prev.done:
+            for j, o in through.items():
+                self._read_since[j] = max(o, self._read_since.get(j, 0))
+        elif self.on_progress is not None:
+            self.on_progress(dict(through), {})
 
     async def _wait(self, txn: Txn, *, read: bool, deadline: float | None) -> None:
         """Waits for the first of: a batch (if ``read``), the deadline, the barrier."""

@@ -27,6 +27,9 @@ class Source:
     def has_pending(self) -> bool:
         return False
 
+    def sequenced_through(self) -> Mapping[str, int]:
+        return {"in": self.offset}
+
     def checkpoint(self, prune_horizon_ns: int) -> tuple[Mapping[str, int], Sequence[ProducerState]]:
         return {"in": self.offset}, []
 

@@ -5,19 +5,37 @@ pipelining, failures, and a hypothesis model of random interleavings."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import gc
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gazette.client import DependencyFailed
+from gazette.consumer.envelopes import is_ack, uuid_flags
 from gazette.consumer.errors import TransactionError
+from gazette.consumer.source import ShardSource
 from gazette.consumer.stores.memory import MemoryStore
 from gazette.consumer.transaction import TransactionLoop, TxnConfig, TxnState
-from gazette.message import Envelope, ProducerState, Publisher
+from gazette.message import (
+    ACK_TXN,
+    CONTENT_TYPE,
+    CONTENT_TYPE_JSON_LINES,
+    CONTINUE_TXN,
+    OUTSIDE_TXN,
+    Envelope,
+    JSONMessage,
+    ProducerID,
+    ProducerState,
+    Publisher,
+    build_uuid,
+)
 from gazette.message.publisher import AckIntent
 from gazette.protocol import consumer_pb2 as pc
+from gazette.protocol import protocol_pb2 as pb
+from gazette.tasks import cancel_and_wait
 
 
 class FakeClock:
@@ -70,6 +88,9 @@ class FakeSource:
 
     def has_pending(self) -> bool:
         return self.pending
+
+    def sequenced_through(self) -> Mapping[str, int]:
+        return dict(self.read_through)
 
     def checkpoint(self, prune_horizon_ns: int) -> tuple[Mapping[str, int], Sequence[ProducerState]]:
         return dict(self.read_through), []
@@ -131,8 +152,10 @@ class Pub:
 
 
 class Harness:
-    def __init__(self, cfg: TxnConfig, *, acks: bool = False) -> None:
-        self.clock, self.source, self.app, self.store, self.pub = FakeClock(), FakeSource(), App(), Store(), Pub()
+    def __init__(self, cfg: TxnConfig, *, acks: bool = False, source: Any = None, app: App | None = None) -> None:
+        self.clock, self.store, self.pub = FakeClock(), Store(), Pub()
+        self.app = app if app is not None else App()
+        self.source = source if source is not None else FakeSource()
         self.acks: list[asyncio.Future[Any]] = []
         self.progress: list[Mapping[str, int]] = []
         self.with_acks = acks
@@ -327,3 +350,185 @@ def test_random_interleavings_commit_every_message_once_in_order(
         assert offsets == sorted(offsets) and (not n or offsets[-1] == n * 10)
         assert len(set(offsets)) == len(offsets)  # every transaction consumed something
     asyncio.run(main())
+
+
+# -- progress past input the sequencer discards, through the real ShardSource and Sequencer --
+
+JOURNAL = "in"
+PRODUCER = ProducerID(b"\x01\x00\x00\x00\x00\x0a")
+
+
+class Feed:
+    """Read-uncommitted batches handed to a real ``ShardSource`` (as an app's producer of
+    messages), so the real Sequencer decides what is discarded. Messages are 100 bytes apart."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[list[Envelope] | None] = asyncio.Queue()
+        self.offset = 0
+
+    def put(self, *msgs: tuple[int, int]) -> int:
+        """Appends messages of PRODUCER as (clock, flags); returns the new head."""
+        batch = []
+        for clock, flags in msgs:
+            doc = {"UUID": str(build_uuid(PRODUCER, clock, flags)), "n": clock}
+            batch.append(Envelope(JOURNAL, self.offset, self.offset + 100, JSONMessage(doc)))
+            self.offset += 100
+        self.queue.put_nowait(batch)
+        return self.offset
+
+    async def batches(self) -> AsyncIterator[list[Envelope]]:
+        while (batch := await self.queue.get()) is not None:
+            yield batch
+
+
+def _shard_source(feed: Feed) -> ShardSource:
+    spec = pc.ShardSpec(id="s")
+    spec.sources.add(journal=JOURNAL)
+    jspec = pb.JournalSpec(name=JOURNAL)
+    jspec.labels.labels.add(name=CONTENT_TYPE, value=CONTENT_TYPE_JSON_LINES)
+    source = ShardSource(None, spec, {JOURNAL: jspec}, lambda _: JSONMessage,  # type: ignore[arg-type]
+                         producer=feed.batches())
+    source.start()
+    return source
+
+
+def _consumed(h: Harness) -> list[int]:
+    return [m.doc["n"] for m in h.app.consumed]  # type: ignore[attr-defined]
+
+
+async def _discarded_tail(dups: Callable[[Feed], int]) -> None:
+    """A committed transaction, then input the sequencer discards, while idle: read-through
+    reaches the head with no transaction begun."""
+    feed = Feed()
+    source = _shard_source(feed)
+    h = Harness(TxnConfig(min_duration=0, max_duration=10), source=source)
+    h.start()
+    try:
+        feed.put((1, OUTSIDE_TXN), (2, CONTINUE_TXN), (3, ACK_TXN))
+        await h.until(lambda: len(h.store.commits) == 1)
+        h.store.resolve(0)
+        await h.until(lambda: h.progress[-1] == {JOURNAL: 300})
+        head = dups(feed)
+        await h.until(lambda: h.progress[-1] == {JOURNAL: head})
+        await h.quiet()
+        assert _consumed(h) == [1, 2, 3] and len(h.store.commits) == 1  # nothing began
+        assert h.loop.state is TxnState.IDLE
+        # The next real message commits as usual, its checkpoint past the discarded ones.
+        feed.put((9, OUTSIDE_TXN))
+        await h.until(lambda: len(h.store.commits) == 2)
+        assert _consumed(h) == [1, 2, 3, 9] and h.store.read_through(1) == head + 100
+    finally:
+        await cancel_and_wait(h.task)  # type: ignore[arg-type]
+        await source.aclose()
+
+
+async def test_read_through_passes_a_duplicate_re_append_while_idle() -> None:
+    # The same three messages appended again (a producer retrying an append that landed).
+    await _discarded_tail(lambda feed: feed.put((1, OUTSIDE_TXN), (2, CONTINUE_TXN), (3, ACK_TXN)))
+
+
+async def test_read_through_passes_a_rolled_back_transaction_while_idle() -> None:
+    # A transaction begun and rolled back (its ACK carries the last committed clock).
+    await _discarded_tail(lambda feed: feed.put((4, CONTINUE_TXN), (5, CONTINUE_TXN), (3, ACK_TXN)))
+
+
+async def test_discarded_input_during_a_commit_is_reported_with_its_progress() -> None:
+    """Discarded input read while the previous commit is pending: reported once it resolves,
+    and not written into the checkpoint already handed to the store."""
+    feed = Feed()
+    source = _shard_source(feed)
+    h = Harness(TxnConfig(min_duration=0, max_duration=10), source=source)
+    h.start()
+    try:
+        feed.put((1, OUTSIDE_TXN))
+        await h.until(lambda: len(h.store.commits) == 1)
+        head = feed.put((1, OUTSIDE_TXN), (1, OUTSIDE_TXN))
+        await h.until(lambda: source.sequenced_through() == {JOURNAL: head})
+        await h.quiet()
+        assert h.progress == [{}]  # the recovered checkpoint only: the commit is pending
+        h.store.resolve(0)
+        await h.until(lambda: len(h.progress) == 2)
+        assert h.progress[-1] == {JOURNAL: head} and h.store.read_through(0) == 100
+        assert len(h.store.commits) == 1
+    finally:
+        await cancel_and_wait(h.task)  # type: ignore[arg-type]
+        await source.aclose()
+
+
+class NoAcksApp(App):
+    receive_acks = False
+
+
+@pytest.mark.parametrize("receive", [True, False])
+async def test_receive_acks_false_keeps_acknowledgements_from_the_app(receive: bool) -> None:
+    feed = Feed()
+    source = _shard_source(feed)
+    h = Harness(TxnConfig(min_duration=0, max_duration=10), source=source,
+                app=App() if receive else NoAcksApp())
+    h.start()
+    try:
+        feed.put((1, OUTSIDE_TXN), (2, CONTINUE_TXN), (3, CONTINUE_TXN), (4, ACK_TXN))
+        await h.until(lambda: len(h.store.commits) == 1)
+        assert _consumed(h) == ([1, 2, 3, 4] if receive else [1, 2, 3])
+        h.store.resolve(0)
+        # An acknowledgement of nothing new (a re-published intent) is delivered alone: with
+        # receive_acks = False it begins no transaction, and read-through still passes it.
+        head = feed.put((5, ACK_TXN))
+        if receive:
+            await h.until(lambda: len(h.store.commits) == 2)
+            assert _consumed(h) == [1, 2, 3, 4, 5] and h.store.read_through(1) == head
+        else:
+            await h.until(lambda: h.progress[-1] == {JOURNAL: head})
+            await h.quiet()
+            assert _consumed(h) == [1, 2, 3] and len(h.store.commits) == 1
+    finally:
+        await cancel_and_wait(h.task)  # type: ignore[arg-type]
+        await source.aclose()
+
+
+def test_is_ack_reads_the_uuid_flags() -> None:
+    for flags, ack in ((OUTSIDE_TXN, False), (CONTINUE_TXN, False), (ACK_TXN, True)):
+        doc = {"UUID": str(build_uuid(PRODUCER, 12345, flags))}
+        env = Envelope(JOURNAL, 0, 1, JSONMessage(doc))
+        assert is_ack(env) is ack and uuid_flags(env) == flags
+        assert is_ack(Envelope(JOURNAL, 0, 1, _UUIDOnly(build_uuid(PRODUCER, 1, flags)))) is ack
+
+
+class _UUIDOnly:
+    """A message type offering ``get_uuid`` only (no ``uuid_int``)."""
+
+    def __init__(self, uuid: Any) -> None:
+        self.uuid = uuid
+
+    def get_uuid(self) -> Any:
+        return self.uuid
+
+
+async def _cancel_then_fail_pending() -> None:
+    h = Harness(TxnConfig(min_duration=0, max_duration=10), acks=True)
+    h.start()
+    h.source.put(1)
+    await h.until(lambda: len(h.store.commits) == 1 and len(h.acks) == 1)
+    assert h.task is not None
+    h.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await h.task
+    h.store.commits[0][1].set_exception(RuntimeError("fenced"))
+    h.acks[0].set_exception(DependencyFailed("append to 'out': dependency failed: fenced"))
+    await h.quiet()
+
+
+async def test_a_cancelled_loop_leaves_no_unretrieved_commit_or_ack_failure() -> None:
+    """A fenced zombie's shard is cancelled while its commit and ACK are pending; both fail
+    afterwards (the fence, then DependencyFailed). Nothing logs "exception was never
+    retrieved": the loop's ending owns those outcomes."""
+    loop = asyncio.get_running_loop()
+    reports: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, ctx: reports.append(ctx))
+    try:
+        await _cancel_then_fail_pending()
+        gc.collect()  # the futures are garbage now: unretrieved failures would be reported
+        assert not [r for r in reports if "never retrieved" in r.get("message", "")], reports
+    finally:
+        loop.set_exception_handler(previous)

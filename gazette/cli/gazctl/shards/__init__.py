@@ -46,8 +46,9 @@ Shard selectors support an additional meta-label "id":
     --selector "id in (shard-12, shard-34)"
 
 Formats: table (see the column flags), yaml (a shard space "shards apply" accepts), json
-and proto. --lag shows, per source journal, how many bytes the shard has yet to read; use
-it with a focused --selector, as it stats every listed shard.
+and proto. --lag shows, per source journal, how many bytes the shard has yet to read (a
+column of the table; with -o json, each shard's "lag" object); use it with a focused
+--selector, as it stats every listed shard.
 """, add_list_flags, cmd_list),
     "prune": ("Removes fragments of a hinted recovery log which are no longer needed", """\
 Recovery logs capture every write which has ever occurred in a shard's store, compactions

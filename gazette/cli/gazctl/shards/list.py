@@ -3,6 +3,8 @@
 Flags, help and output are Gazette's; see ``gazctl shards list --help``. ``--lag`` stats each
 shard (through any consumer: the request is forwarded to the primary) and reads each source
 journal's write head from the brokers; lag is the head minus the shard's read-through offset.
+It is a column of the table and, with ``-o json``, each shard's ``"lag"`` object (bytes by
+source journal).
 """
 
 from __future__ import annotations
@@ -51,19 +53,26 @@ def reduce_status(statuses: list[pc.ReplicaStatus]) -> pc.ReplicaStatus:
     return out
 
 
-async def lag_of(shards: ShardClient, journals: JournalClient, shard_id: str) -> str:
+async def lag_of(shards: ShardClient, journals: JournalClient, shard_id: str) -> dict[str, int]:
+    """Per source journal the shard has read, its write head minus the shard's read-through."""
     try:
         stat = await shards.stat(shard_id)
     except (ClientError, ShardStatusError) as err:
         raise CommandError("failed to stat shard", err=str(err), shard=shard_id) from None
-    parts = []
+    out = {}
     for journal, offset in sorted(stat.read_through.items()):
         try:
             head = await write_head(journals, journal)
         except ClientError as err:
             raise CommandError("failed to read journal", err=str(err), journal=journal) from None
-        parts.append(f"{journal}:{head - offset}")
-    return ", ".join(parts)
+        out[journal] = head - offset
+    return out
+
+
+async def lags_of(ctx: Context, resp: pc.ListResponse, shards: ShardClient) -> list[dict[str, int]]:
+    """``lag_of`` of every listed shard, in order."""
+    async with ctx.client() as journals:
+        return list(await asyncio.gather(*(lag_of(shards, journals, s.spec.id) for s in resp.shards)))
 
 
 def status_name(code: int) -> str:
@@ -80,9 +89,7 @@ async def _table(ctx: Context, resp: pc.ListResponse, shards: ShardClient) -> st
     headers += ["Lag"] if a.lag else []
     lags: list[str] = []
     if a.lag:
-        async with ctx.client() as journals:
-            lags = list(await asyncio.gather(*(lag_of(shards, journals, s.spec.id)
-                                                for s in resp.shards)))
+        lags = [", ".join(f"{j}:{n}" for j, n in lag.items()) for lag in await lags_of(ctx, resp, shards)]
     rows = []
     for i, sh in enumerate(resp.shards):
         primary, replicas = "<none>", []
@@ -114,8 +121,12 @@ async def cmd_list(ctx: Context) -> None:
         elif fmt == "json":
             from google.protobuf.json_format import MessageToDict
 
-            out = json_line(MessageToDict(resp, preserving_proto_field_name=True,
-                                          always_print_fields_with_no_presence=True))
+            doc = MessageToDict(resp, preserving_proto_field_name=True,
+                                always_print_fields_with_no_presence=True)
+            if ctx.args.lag:  # not a ListResponse field: each shard's "lag", by source journal
+                for sh, lag in zip(doc.get("shards", []), await lags_of(ctx, resp, shards), strict=True):
+                    sh["lag"] = lag
+            out = json_line(doc)
         elif fmt == "proto":
             out = text_format.MessageToString(resp)
         else:
