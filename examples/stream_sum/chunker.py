@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import logging
 import os
 import random
@@ -78,16 +77,16 @@ class _Verifier:
         self.expected[stream.id] = (stream, fut)
         return fut
 
-    def observe(self, doc: dict[str, object]) -> None:
-        sid = str(doc.get("id"))
+    def observe(self, total: Sum) -> None:
+        sid = total.id
         if sid in self.verified:
             raise StreamSumError(f"stream {sid}: its sum arrived twice")
         entry = self.expected.pop(sid, None)
         if entry is None:
             return  # another chunker's stream
         stream, fut = entry
-        if doc.get("seq") != stream.seq or doc.get("sum") != stream.value.hex():
-            raise StreamSumError(f"stream {sid}: sum {doc.get('sum')} through chunk {doc.get('seq')}, "
+        if total.seq != stream.seq or total.sum != stream.value.hex():
+            raise StreamSumError(f"stream {sid}: sum {total.sum} through chunk {total.seq}, "
                                  f"expected {stream.value.hex()} through chunk {stream.seq}")
         self.verified.add(sid)
         fut.set_result(None)
@@ -104,7 +103,7 @@ async def run_chunker(client: JournalClient, *, streams: int, chunks: int, worke
     parts = await list_journals(client, CHUNK_LABEL)
     if not parts.journals:
         raise StreamSumError(f"no chunk partitions: no journal is labelled {CHUNK_LABEL}")
-    mapping = modulo_mapping(lambda m: bytes.fromhex(m.doc["id"]), lambda: parts)
+    mapping = modulo_mapping(lambda m: bytes.fromhex(m.id), lambda: parts)
     barrier = await append(client, SUMS_JOURNAL, [b""])
     rng = random.Random(seed)
     verifier = _Verifier()
@@ -113,7 +112,7 @@ async def run_chunker(client: JournalClient, *, streams: int, chunks: int, worke
     async def read_sums() -> None:
         async for env in read_committed(client, SUMS_JOURNAL, Sum, offset=barrier.commit.end):
             if not is_ack(env):
-                verifier.observe(env.message.doc)
+                verifier.observe(env.message)
 
     async def wait_for_sum(stream: _Stream, fut: asyncio.Future[None]) -> None:
         started = time.monotonic()
@@ -150,7 +149,7 @@ async def run_chunker(client: JournalClient, *, streams: int, chunks: int, worke
             data = rng.randbytes(data_bytes) if s.seq < chunks else b""
             s.seq, s.value = s.seq + 1, update(s.value, data)
             await publisher.publish_committed(
-                mapping, Chunk(id=s.id, seq=s.seq, data=base64.b64encode(data).decode()))
+                mapping, Chunk(id=s.id, seq=s.seq, data=data))
             if not data:
                 del open_streams[i]
                 fut = verifier.expect(s)

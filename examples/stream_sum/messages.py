@@ -1,7 +1,9 @@
 """stream-sum's messages and its one rule of arithmetic.
 
 A stream is identified by 16 random bytes (32 hex digits). Its chunks carry sequence numbers
-1, 2, ... and base64 data; the last chunk's data is empty. The running sum starts as 20 zero
+1, 2, ... and data (base64 in the JSON, as Go encodes ``[]byte``); the last chunk's data is
+empty. Both messages are typed (``TypedMessage``): decoded and validated by msgspec, read as
+attributes. The running sum starts as 20 zero
 bytes and each chunk with data replaces it by ``sha1(sum || data)``: unlike a plain SHA-1 its
 state is 20 bytes a store can keep, and any lost, repeated or reordered chunk changes it.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 import hashlib
 
 from gazette.errors import GazetteError
-from gazette.message import JSONMessage
+from gazette.message import TypedMessage
 
 __all__ = ["CHUNK_LABEL", "SUMS_JOURNAL", "ZERO", "Chunk", "StreamSumError", "Sum", "update"]
 
@@ -24,16 +26,20 @@ class StreamSumError(GazetteError):
     """A chunk out of sequence (summer), or a sum that is wrong, repeated or late (chunker)."""
 
 
-class Chunk(JSONMessage):
+class Chunk(TypedMessage):
     """``{"id": hex, "seq": n, "data": base64}``; empty data ends the stream."""
 
-    __slots__ = ()
+    id: str
+    seq: int
+    data: bytes
 
 
-class Sum(JSONMessage):
+class Sum(TypedMessage):
     """``{"id": hex, "seq": last seq, "sum": hex}``: a stream's final sum."""
 
-    __slots__ = ()
+    id: str
+    seq: int
+    sum: str
 
 
 def update(value: bytes, data: bytes) -> bytes:

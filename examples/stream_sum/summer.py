@@ -15,13 +15,11 @@ Invariants:
 
 from __future__ import annotations
 
-import base64
 import sqlite3
 from typing import Any
 
 from examples.stream_sum.messages import SUMS_JOURNAL, ZERO, Chunk, StreamSumError, Sum, update
 from gazette.consumer import RocksDBStore, SQLiteStore
-from gazette.message import JSONMessage
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol.labels import LabelSet
 
@@ -60,23 +58,21 @@ class Summer:
             return store
         raise StreamSumError(f"shard {shard.spec.id}: label 'store' must be 'rocksdb' or 'sqlite' (got {kind!r})")
 
-    def new_message(self, spec: pb.JournalSpec) -> type[JSONMessage]:
+    def new_message(self, spec: pb.JournalSpec) -> type[Chunk]:
         return Chunk
 
     def consume_message(self, shard: Any, store: Any, env: Any, publisher: Any) -> None:
-        msg = env.message
-        doc = msg.doc
-        sid = bytes.fromhex(doc["id"])
+        chunk: Chunk = env.message
+        sid = bytes.fromhex(chunk.id)
         cache = self._cache.setdefault(shard.spec.id, {})
         state = cache.get(sid)
         if state is None:
             state = cache[sid] = _load(store, sid)
-        if state.done or doc["seq"] != state.seq + 1:
-            raise StreamSumError(f"stream {doc['id']}: chunk {doc['seq']} after chunk {state.seq}"
+        if state.done or chunk.seq != state.seq + 1:
+            raise StreamSumError(f"stream {chunk.id}: chunk {chunk.seq} after chunk {state.seq}"
                                  f"{' (the stream had ended)' if state.done else ''}, at "
                                  f"{env.journal}:{env.begin}")
-        data = base64.b64decode(doc["data"])
-        state.seq, state.value, state.done = doc["seq"], update(state.value, data), not data
+        state.seq, state.value, state.done = chunk.seq, update(state.value, chunk.data), not chunk.data
 
     async def finalize_txn(self, shard: Any, store: Any, publisher: Any) -> None:
         cache = self._cache.pop(shard.spec.id, {})

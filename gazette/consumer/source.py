@@ -30,7 +30,7 @@ from gazette.client import JournalClient
 from gazette.message import Envelope, ProducerState, Sequencer, flatten_producer_states
 from gazette.message.framing import Framing
 from gazette.message.iterators import Decoder, ReadUncommittedIter, read_replay
-from gazette.message.reading import batch_decoder, framing_of_spec
+from gazette.message.reading import batch_decoder, framing_of_spec, message_framing
 from gazette.message.source import JournalSource, replay_opener
 from gazette.message.uuid import UUIDColumns
 from gazette.protocol import consumer_pb2 as pc
@@ -71,8 +71,9 @@ class ShardSource:
         self._offsets: dict[str, int] = {}
         for src in spec.sources:
             jspec = journals[src.journal]
-            framing = framing_of_spec(jspec)
-            self._codecs[src.journal] = (framing, batch_decoder(new_message(jspec), framing, decode))
+            message_type = new_message(jspec)
+            framing = message_framing(message_type, framing_of_spec(jspec), decode)
+            self._codecs[src.journal] = (framing, batch_decoder(message_type, framing, decode))
             at = cp.sources[src.journal].read_through if src.journal in cp.sources else 0
             self._offsets[src.journal] = max(at, src.min_offset)
         self.sequencer = Sequencer(
