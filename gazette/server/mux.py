@@ -15,6 +15,14 @@ RPCs); ``abort()`` ends whatever splices remain, and waits. A connection that sa
 for ``first_bytes_timeout`` seconds is closed, and beyond ``max_connections`` open ones a new
 connection is closed at once (each holds a socket, buffers and a protocol: bounded).
 
+Descriptors: connections may hold no more than the process's soft ``RLIMIT_NOFILE`` less a
+reserve and the descriptors held otherwise (:class:`gazette.server.fds.FdBudget`). At that
+point a new connection sheds the oldest idle or slow ones (HTTP/1.1 keep-alive idle first,
+then silent and slow-head ones, then HTTP/2 connections without streams; a connection serving
+a request is never shed) and is refused only when none may be. A failed ``accept()`` (out of
+descriptors anyway) logs one line per interval with a count, sheds, and asyncio pauses that
+listener a second rather than spin. Refusals log one line per interval, too.
+
 With TLS (``tls``: Gazette's ``--*.server-cert-file`` and friends) the listener completes the
 handshake first (within ``HANDSHAKE_TIMEOUT``; ALPN offers ``h2`` and ``http/1.1``) and sniffs
 the decrypted bytes the same way; our gRPC server and aiohttp run unchanged over the TLS
@@ -32,9 +40,12 @@ import socket
 import subprocess
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from gazette.rpc.tls import HANDSHAKE_TIMEOUT, ServerTLS
+from gazette.server.fds import ACCEPT_BURST, AcceptErrors, FdBudget
+from gazette.server.http import RANK_IDLE_H2, RANK_SLOW_HEAD
+from gazette.server.logs import EveryInterval
 from gazette.server.splice import CLOSING, SPLICE, Helper, Splice, join_threads
 from gazette.tasks import Supervisor
 
@@ -59,11 +70,17 @@ class _Sniffer(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
         if not self._mux.admit(transport):
-            log.warning("refusing a connection: %d are open (the limit)", self._mux.max_connections)
-            transport.abort()
+            transport.abort()  # the mux logged it (once per interval)
             return
         self._timer = asyncio.get_running_loop().call_later(
             self._mux.first_bytes_timeout, transport.abort)
+
+    def shed_rank(self) -> int | None:
+        return RANK_SLOW_HEAD  # silent, or not yet a whole sniff: as slow as a slow head
+
+    def shed(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self._timer is not None:
@@ -112,6 +129,19 @@ class _Sniffer(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+def _shed_rank(proto: Any) -> int | None:
+    """A connection's shedding rank (``gazette.server.http``'s ``RANK_*``); None: keep it.
+    A protocol says so itself (``shed_rank()``); an HTTP/2 one without it is idle when it has
+    no open stream."""
+    rank = getattr(proto, "shed_rank", None)
+    if callable(rank):
+        return cast(int | None, rank())
+    streams = getattr(proto, "streams", None)
+    if isinstance(streams, dict):
+        return None if streams else RANK_IDLE_H2
+    return None
 
 
 class _Relay(asyncio.Protocol):
@@ -246,16 +276,78 @@ class Multiplexer:
         self.first_bytes_timeout = FIRST_BYTES_TIMEOUT
         self.max_connections = MAX_CONNECTIONS
         # Every connection's transport while it is open (handed-on ones included: a
-        # protocol change keeps the transport); closed ones drop out.
-        self._transports: weakref.WeakSet[asyncio.Transport] = weakref.WeakSet()
+        # protocol change keeps the transport), in the order admitted (oldest first), with
+        # its admission's sequence number; closed ones drop out (collected, or pruned).
+        self._transports: weakref.WeakKeyDictionary[asyncio.Transport, int] = weakref.WeakKeyDictionary()
+        self._seq = itertools.count()
+        self.fd_budget = FdBudget()
+        self.shed_total = 0
+        self._refusals = EveryInterval(log, "refusing connections: the port is at its limit and "
+                                            "none is idle or slow enough to shed", interval=10.0)
+        self._accept_errors: AcceptErrors | None = None
+        self._sheds = EveryInterval(log, "shed idle or slow connections to keep descriptors in reserve",
+                                    interval=10.0, level=logging.INFO)
+
+    # -- admission and shedding ---------------------------------------------------------------
+
+    def _open_count(self) -> int:
+        """Open connections, exactly: prunes closed transports not yet collected."""
+        for t in [t for t in self._transports if t.is_closing()]:
+            self._transports.pop(t, None)
+        return len(self._transports) + len(self._conns)
+
+    def capacity(self) -> int:
+        """How many connections the port may hold now: ``max_connections``, and the
+        descriptors the process may spend on them (``FdBudget``)."""
+        return min(self.max_connections, self.fd_budget.allowed(self._open_count))
 
     def admit(self, transport: asyncio.Transport) -> bool:
-        """Whether a new connection may stay open (``max_connections`` bounds them)."""
-        open_now = sum(1 for t in self._transports if not t.is_closing()) + len(self._conns)
-        if open_now >= self.max_connections:
-            return False
-        self._transports.add(transport)
+        """Whether a new connection may stay open. At capacity the oldest idle or slow
+        connections are shed (with a little headroom, so that a flood does not scan on every
+        accept); if none may be, the new one is refused."""
+        cap = self.capacity()
+        if len(self._transports) + len(self._conns) >= cap:  # an upper bound: closed ones linger
+            n = self._open_count()
+            if n >= cap:
+                n -= self.shed(n - cap + 1 + max(1, cap // 64))
+                if n >= cap:
+                    self._refusals.event(open=n, capacity=cap)
+                    return False
+        self._transports[transport] = next(self._seq)
         return True
+
+    def shed(self, count: int) -> int:
+        """Closes up to ``count`` connections, lowest shedding rank first and oldest first
+        within a rank: HTTP/1.1 keep-alive idle ones, then silent or slow-head ones, then
+        HTTP/2 connections without streams (a protocol's ``shed_rank()``; None: never). Returns
+        how many it closed."""
+        ranked: list[tuple[int, int, asyncio.Transport]] = []
+        for t, seq in list(self._transports.items()):
+            if t.is_closing():
+                continue
+            rank = _shed_rank(t.get_protocol())
+            if rank is not None:
+                ranked.append((rank, seq, t))
+        ranked.sort(key=lambda r: (r[0], r[1]))
+        victims = ranked[:max(0, count)]
+        for _, _, t in victims:
+            proto: Any = t.get_protocol()
+            shed = getattr(proto, "shed", None)
+            if callable(shed):
+                shed()
+            else:
+                t.close()
+            if not t.is_closing():  # a protocol that would not: end it
+                t.abort()
+            self._transports.pop(t, None)
+        self.shed_total += len(victims)
+        if victims:
+            self._sheds.event(len(victims))
+        return len(victims)
+
+    def _accept_exhausted(self) -> None:
+        """``accept()`` failed for want of descriptors: free some for when it resumes."""
+        self.shed(max(1, self.capacity() // 32))
 
     @property
     def spliced(self) -> int:
@@ -278,11 +370,15 @@ class Multiplexer:
         try:
             ssl_ctx = self.tls.context if self.tls is not None else None
             self._server = await loop.create_server(
-                lambda: _Sniffer(self), host, port, reuse_address=True, ssl=ssl_ctx,
+                lambda: _Sniffer(self), host, port, reuse_address=True, ssl=ssl_ctx, backlog=ACCEPT_BURST,
                 ssl_handshake_timeout=HANDSHAKE_TIMEOUT if ssl_ctx is not None else None)
         except BaseException:  # e.g. the port is taken: the helper has nothing to do
             await self.abort()
             raise
+        self._accept_errors = AcceptErrors(
+            loop, lambda: list(self._server.sockets) if self._server is not None else [],
+            self._accept_exhausted)
+        self._accept_errors.install()
         sock = self._server.sockets[0]
         return int(sock.getsockname()[1])
 
@@ -356,6 +452,8 @@ class Multiplexer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        if self._accept_errors is not None:
+            self._accept_errors.uninstall()
 
     async def abort(self, within: float = 5.0) -> None:
         """Stops listening, ends every spliced connection and the helper, and waits (at most

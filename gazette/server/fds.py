@@ -1,0 +1,194 @@
+"""File descriptors of a serving process: its limit, the reserve kept for new connections, and
+accept failures.
+
+A systemd unit or a login shell gives a process a soft ``RLIMIT_NOFILE`` of 1,024 and a far
+higher hard limit; a broker holds a descriptor per connection, fragment file and peer. So:
+
+* ``raise_nofile_limit()`` raises the soft limit to the hard one at process start (as Go's
+  runtime does since 1.19) and logs the new limit once.
+* ``FdBudget`` says how many descriptors the public port's connections may hold: the soft
+  limit (read again at most once a second: an operator may lower it with ``prlimit``) less a
+  reserve (``max(64, limit // 10)`` for files, etcd and peers, plus the 100 connections asyncio
+  may accept in one go before admitting any), less the
+  descriptors the process holds besides its connections (sampled from ``/proc/self/fd``). The
+  multiplexer sheds its oldest idle or slow connections when its connections reach it.
+* ``AcceptErrors`` replaces asyncio's report of a failed ``accept()`` (EMFILE, ENFILE, ENOBUFS,
+  ENOMEM: a traceback per call) with one line per interval carrying a count; asyncio itself
+  stops accepting on that listener for a second (``ACCEPT_RETRY_DELAY``) rather than spin,
+  and the owner's callback may free descriptors meanwhile (the multiplexer sheds).
+
+Invariants: nothing here raises at start (a platform without ``resource`` or ``/proc`` gets no
+raise and a budget from the limit alone); the exception handler passes every other report
+to the handler it replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gazette.server.logs import EveryInterval
+
+__all__ = ["AcceptErrors", "FdBudget", "nofile_limit", "open_fds", "raise_nofile_limit"]
+
+log = logging.getLogger(__name__)
+
+try:
+    import resource
+except ImportError:  # pragma: no cover - not a POSIX system
+    resource = None  # type: ignore[assignment]
+
+MIN_RESERVE = 64
+ACCEPT_BURST = 100
+"""Connections asyncio accepts in one go before any is admitted (its ``backlog``, which the
+multiplexer passes explicitly): the reserve covers them, so a flood cannot reach the limit
+between two admission checks."""
+_UNLIMITED = 1 << 20  # what an RLIM_INFINITY soft limit counts as
+
+
+def nofile_limit() -> tuple[int, int]:
+    """(soft, hard) ``RLIMIT_NOFILE``; infinity counts as 2**20."""
+    if resource is None:  # pragma: no cover
+        return _UNLIMITED, _UNLIMITED
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    inf = resource.RLIM_INFINITY
+    return (_UNLIMITED if soft == inf else soft), (_UNLIMITED if hard == inf else hard)
+
+
+def raise_nofile_limit() -> int:
+    """Raises the soft ``RLIMIT_NOFILE`` to the hard limit (capped where the kernel caps it);
+    logs the limit once and returns it. Failure leaves the limit as it was (logged)."""
+    if resource is None:  # pragma: no cover
+        return _UNLIMITED
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        target = hard
+        if hard == resource.RLIM_INFINITY:  # setting infinity fails where nr_open caps it
+            target = _nr_open() or soft
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as err:
+            log.warning("cannot raise the file descriptor limit",
+                        extra={"soft": soft, "hard": hard, "err": str(err)})
+            return int(soft)
+        log.info("raised the file descriptor limit", extra={"from": soft, "to": target})
+        return int(target)
+    log.info("file descriptor limit", extra={"limit": soft})
+    return int(soft)
+
+
+def _nr_open() -> int | None:
+    try:
+        with open("/proc/sys/fs/nr_open") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def open_fds() -> int | None:
+    """How many descriptors this process holds (None where that cannot be told cheaply)."""
+    for path in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return len(os.listdir(path)) - 1  # listing it opens one
+        except OSError:
+            continue
+    return None  # pragma: no cover
+
+
+def reserve_for(limit: int) -> int:
+    """Descriptors kept free of connections under a soft limit of ``limit``."""
+    return max(MIN_RESERVE, limit // 10) + ACCEPT_BURST
+
+
+class FdBudget:
+    """How many connections the port may hold before it sheds (see the module docstring).
+
+    ``allowed(count)`` is the budget; it re-reads the limit and re-samples the process's other
+    descriptors at most every ``refresh`` seconds, so it is cheap enough to ask on every
+    accept.
+    """
+
+    def __init__(self, refresh: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.refresh = refresh
+        self._clock = clock
+        self._at = float("-inf")
+        self.limit = 0
+        self.reserve = 0
+        self.others = 0  # descriptors held besides the port's connections, at the last sample
+
+    def allowed(self, connections: Callable[[], int]) -> int:
+        """The budget; ``connections()`` (the exact count of open connections, which may cost
+        the caller a scan) is asked only when the sample is refreshed."""
+        now = self._clock()
+        if now - self._at >= self.refresh:
+            self._at = now
+            self.limit = nofile_limit()[0]
+            self.reserve = reserve_for(self.limit)
+            fds = open_fds()
+            # The connections' own descriptors are in the sample; the rest is everything else
+            # (listeners, files, etcd, peers, the splice helper's socket pair).
+            self.others = max(0, fds - connections()) if fds is not None else 0
+        return max(0, self.limit - self.reserve - self.others)
+
+
+_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+class AcceptErrors:
+    """The loop's exception handler for failed accepts on ``sockets()`` (see the module
+    docstring): one WARNING line per ``interval`` with a count, ``on_exhausted()`` on each
+    failure; other reports go to the handler installed before (or the loop's default)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sockets: Callable[[], list[Any]],
+                 on_exhausted: Callable[[], None], interval: float = 10.0) -> None:
+        self._loop = loop
+        self._sockets = sockets
+        self._on_exhausted = on_exhausted
+        self.lines = EveryInterval(log, "accept failed: out of file descriptors or memory "
+                                        "(accepting pauses a second; shedding idle connections)",
+                                   interval=interval)
+        self._previous = loop.get_exception_handler()
+        self._installed = False
+
+    def install(self) -> None:
+        if not self._installed:
+            self._previous = self._loop.get_exception_handler()
+            self._loop.set_exception_handler(self)
+            self._installed = True
+
+    def uninstall(self) -> None:
+        if self._installed and self._loop.get_exception_handler() is self:
+            self._loop.set_exception_handler(self._previous)
+        self._installed = False
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if (isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRNOS
+                and context.get("message", "").startswith("socket.accept()")
+                and self._ours(context.get("socket"))):
+            self.lines.event(err=os.strerror(exc.errno or 0))
+            try:
+                self._on_exhausted()
+            except Exception:  # a bug of ours: report it as any other loop error
+                loop.default_exception_handler({"message": "shedding after accept failure failed",
+                                                "exception": sys.exc_info()[1]})
+            return
+        if self._previous is not None:
+            self._previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    def _ours(self, sock: Any) -> bool:
+        if sock is None:
+            return False
+        try:
+            fd = sock.fileno()
+        except (OSError, ValueError):
+            return False
+        return any(s.fileno() == fd for s in self._sockets())

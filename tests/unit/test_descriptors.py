@@ -1,0 +1,254 @@
+"""Descriptors of a serving process: the limit raised at start, a reserve kept for new
+connections by shedding idle and slow ones, request heads bounded in time, and accept failures
+logged once per interval.
+
+The server side runs in a child process (``fd_server.py``: the multiplexer and the guarded
+aiohttp handler, as brokers and consumers serve HTTP/1.1) under a lowered ``RLIMIT_NOFILE``;
+the clients are raw sockets of this process, whose own limit is untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gazette.server import fds
+from gazette.server.fds import AcceptErrors, FdBudget, raise_nofile_limit, reserve_for
+
+SERVER = Path(__file__).with_name("fd_server.py")
+DEADLINE = 30.0
+
+
+# --- in-process units ------------------------------------------------------------------------
+
+
+def test_raise_nofile_limit_raises_soft_to_hard(caplog: pytest.LogCaptureFixture) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowered = min(hard, 512) if hard != resource.RLIM_INFINITY else 512
+    if lowered >= hard:
+        pytest.skip(f"hard limit {hard} leaves no room to lower the soft one")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowered - 1, hard))
+    try:
+        with caplog.at_level(logging.INFO, logger="gazette.server.fds"):
+            got = raise_nofile_limit()
+        now = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        assert now > lowered - 1 and got == now
+        if hard != resource.RLIM_INFINITY:
+            assert now == hard
+        lines = [r for r in caplog.records if r.name == "gazette.server.fds"]
+        assert len(lines) == 1 and "raised" in lines[0].getMessage()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_budget_keeps_a_reserve() -> None:
+    now = [0.0]
+    budget = FdBudget(refresh=1.0, clock=lambda: now[0])
+    soft = fds.nofile_limit()[0]
+    held = fds.open_fds()
+    assert held is not None
+    allowed = budget.allowed(lambda: 0)
+    assert allowed == max(0, soft - reserve_for(soft) - budget.others)
+    assert budget.others >= held - 1  # everything open counts when there are no connections
+    assert reserve_for(1024) == 102 + fds.ACCEPT_BURST and reserve_for(100) == 64 + fds.ACCEPT_BURST
+    # Between refreshes the count is not asked for (it may cost the caller a scan).
+    assert budget.allowed(lambda: pytest.fail("counted between refreshes")) == allowed  # type: ignore[func-returns-value]
+
+
+def test_accept_failures_log_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        class Sock:
+            def fileno(self) -> int:
+                return 42
+
+        others: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _loop, ctx: others.append(ctx))
+        shed: list[int] = []
+        handler = AcceptErrors(loop, lambda: [Sock()], lambda: shed.append(1), interval=3600)
+        handler.install()
+        ctx = {"message": "socket.accept() out of system resource",
+               "exception": OSError(errno.EMFILE, "Too many open files"), "socket": Sock()}
+        with caplog.at_level(logging.INFO, logger="gazette.server.fds"):
+            for _ in range(1000):
+                loop.call_exception_handler(ctx)
+        lines = [r for r in caplog.records if r.name == "gazette.server.fds"]
+        assert len(lines) == 1 and lines[0].exc_info is None
+        assert handler.lines.total == 1000 and handler.lines.count == 999 and len(shed) == 1000
+        # Anything else reaches the handler installed before, unchanged.
+        loop.call_exception_handler({"message": "something else", "exception": RuntimeError("x")})
+        loop.call_exception_handler({**ctx, "socket": None})  # not our listener
+        assert [c["message"] for c in others] == ["something else", ctx["message"]]
+        handler.uninstall()
+        assert loop.get_exception_handler() is not handler
+    finally:
+        loop.close()
+
+
+# --- a child server under a lowered limit ------------------------------------------------------
+
+
+async def eventually(cond: Callable[[], bool], what: str, within: float = DEADLINE) -> None:
+    """Polls a condition of another process (its log file: nothing to await) under a deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not cond():
+        assert loop.time() < deadline, f"{what}: not met within {within}s"
+        await asyncio.sleep(0.02)
+
+
+@dataclass
+class Child:
+    proc: asyncio.subprocess.Process
+    port: int
+    stderr_path: Path
+
+    async def line(self, prefix: str) -> str:
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(DEADLINE):
+            while True:
+                raw = await self.proc.stdout.readline()
+                assert raw, f"server exited; log:\n{self.log()[-3000:]}"
+                text = raw.decode().strip()
+                if text.startswith(prefix):
+                    return text
+
+    async def command(self, cmd: str, reply: str) -> str:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(cmd.encode() + b"\n")
+        await self.proc.stdin.drain()
+        return await self.line(reply)
+
+    async def stats(self) -> dict[str, int]:
+        text = await self.command("stats", "stats ")
+        return {k: int(v) for k, v in (f.split("=") for f in text.split()[1:])}
+
+    def fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def log(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+
+@contextlib.asynccontextmanager
+async def child(tmp_path: Path, limit: int, head_timeout: float = 60.0) -> AsyncIterator[Child]:
+    err = tmp_path / "server.log"
+    with err.open("wb") as errf:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(SERVER), "--limit", str(limit), "--head-timeout", str(head_timeout),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errf,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    c = Child(proc, 0, err)
+    try:
+        c.port = int((await c.line("port ")).split()[1])
+        yield c
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+
+async def request(port: int, path: str = "/ready") -> tuple[bytes, float]:
+    """One GET on a new connection: (status line, seconds taken)."""
+    t0 = time.monotonic()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        data = await reader.read()
+    finally:
+        writer.close()
+    return data.split(b"\r\n", 1)[0], time.monotonic() - t0
+
+
+async def test_healthy_clients_are_served_while_idle_and_slow_connections_fill_the_limit(tmp_path: Path) -> None:
+    limit = 256
+    async with child(tmp_path, limit) as srv:
+        conns: list[tuple[str, asyncio.StreamReader, asyncio.StreamWriter]] = []
+        try:
+            # Keep-alive connections that made one request and went idle, then connections
+            # holding half a request head, then silent ones: 1.5x what the limit leaves room for.
+            for kind, n in (("idle", 150), ("slow", 150), ("silent", 60)):
+                for _ in range(n):
+                    r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+                    if kind == "idle":
+                        w.write(b"GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")
+                        async with asyncio.timeout(DEADLINE):
+                            await r.readuntil(b"ready\n")
+                    elif kind == "slow":
+                        w.write(b"GET /ready HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                    conns.append((kind, r, w))
+            latencies = []
+            for _ in range(30):
+                async with asyncio.timeout(DEADLINE):
+                    status, took = await request(srv.port)
+                assert status == b"HTTP/1.1 200 OK"
+                latencies.append(took)
+            stats = await srv.stats()
+            print(f"\nhealthy GETs with {len(conns)} idle/slow/silent connections under a limit of {limit}: "
+                  f"median {statistics.median(latencies) * 1e3:.1f} ms, max {max(latencies) * 1e3:.1f} ms; "
+                  f"shed {stats['shed']}, open {stats['open']}, server fds {stats['fds']}")
+            assert stats["fds"] < limit and stats["shed"] >= 360 - stats["open"]
+            # Idle keep-alive connections went first: every one of them was closed.
+            async with asyncio.timeout(DEADLINE):
+                for kind, r, _ in conns:
+                    if kind == "idle":
+                        assert await r.read() == b""
+            log = srv.log()
+            assert "Traceback" not in log, log[-3000:]
+            assert "accept failed" not in log, log[-3000:]  # the reserve held: never out of descriptors
+            assert all(len(line) <= 1024 for line in log.splitlines())
+        finally:
+            for _, _, w in conns:
+                w.close()
+
+
+async def test_a_request_head_is_due_within_the_head_timeout(tmp_path: Path) -> None:
+    async with child(tmp_path, 1024, head_timeout=0.5) as srv:
+        r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+        w.write(b"GET /ready HTTP/1.1\r\nHost: x\r\n")  # and nothing more
+        async with asyncio.timeout(DEADLINE):
+            assert await r.read() == b""  # closed by the server
+        w.close()
+        # A keep-alive connection's next head has its own clock, from its first byte.
+        r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+        w.write(b"GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")
+        async with asyncio.timeout(DEADLINE):
+            await r.readuntil(b"ready\n")
+            w.write(b"GET /ready HTTP/1.1\r\n")
+            assert await r.read() == b""
+        w.close()
+        await eventually(lambda: srv.log().count("request head not complete in time") == 2,
+                         "a line for each timed-out head")
+        assert "Traceback" not in srv.log()
+
+
+async def test_accept_failures_are_logged_once_and_accepting_resumes(tmp_path: Path) -> None:
+    async with child(tmp_path, 256) as srv:
+        await srv.command("hog", "hogged ")
+        # A client arrives while the server has no descriptor left: each accept() fails.
+        pending = asyncio.ensure_future(request(srv.port))
+        for _ in range(3):
+            await srv.line("exhausted")  # asyncio retries about once a second
+        assert not pending.done()
+        await srv.command("free", "freed")
+        async with asyncio.timeout(DEADLINE):
+            status, took = await pending
+        assert status == b"HTTP/1.1 200 OK"
+        log = srv.log()
+        assert log.count("accept failed") == 1, log[-3000:]
+        assert "Traceback" not in log
+        print(f"\nserved after {took:.2f} s, three failed accepts, one log line")
