@@ -118,6 +118,12 @@ def assert_healthy(gw: Cluster, journal: str, before: bytes) -> None:
     assert not long, long[0][:300]
 
 
+def test_start_logs_the_descriptor_limit_and_no_open_access_warning_on_loopback(gw: Cluster) -> None:
+    log = gw.broker.log_text()
+    assert log.count("file descriptor limit") == 1, log[:3000]
+    assert "authorization off" not in log
+
+
 def test_http10_read_is_answered_without_chunked_coding(gw: Cluster, journal: str) -> None:
     port = gw.broker.port
     assert status(append(port, journal, b"one\ntwo\n")) == 204
