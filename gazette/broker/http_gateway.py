@@ -51,6 +51,7 @@ from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import validate
 from gazette.protocol.errors import ValidationError
 from gazette.server.edge import http_error
+from gazette.server.http import CLIENT_LOG
 from gazette.server.logs import clip
 
 log = logging.getLogger(__name__)
@@ -248,8 +249,8 @@ class Gateway:
             # The client went away before its body was complete; append() has already rolled
             # the partial content back. Nobody is left to read an answer: note it quietly
             # rather than letting aiohttp log an error traceback for a routine disconnect.
-            log.info("http gateway: client disconnected mid-append; rolled back",
-                     extra={"journal": req.journal, "err": str(err)})
+            CLIENT_LOG.note("http gateway: client disconnected mid-append; rolled back",
+                            journal=req.journal, err=str(err))
             return web.Response(status=400, text="client disconnected mid-body\n")
         except Exception as err:  # a broken stream (400), a failed proxy: answer, never crash
             if not isinstance(err, append_mod.AppendStreamError):
