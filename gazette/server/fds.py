@@ -7,7 +7,7 @@ higher hard limit; a broker holds a descriptor per connection, fragment file and
 * ``raise_nofile_limit()`` raises the soft limit to the hard one at process start (as Go's
   runtime does since 1.19) and logs the new limit once.
 * ``FdBudget`` says how many descriptors the public port's connections may hold: the soft
-  limit (read again at most once a second: an operator may lower it with ``prlimit``) less a
+  limit (read on every accept: an operator may lower it with ``prlimit``) less a
   reserve (``max(64, limit // 10)`` for files, etcd and peers, plus the 100 connections asyncio
   may accept in one go before admitting any), less the
   descriptors the process holds besides its connections (sampled from ``/proc/self/fd``). The
@@ -109,9 +109,9 @@ def reserve_for(limit: int) -> int:
 class FdBudget:
     """How many connections the port may hold before it sheds (see the module docstring).
 
-    ``allowed(count)`` is the budget; it re-reads the limit and re-samples the process's other
-    descriptors at most every ``refresh`` seconds, so it is cheap enough to ask on every
-    accept.
+    ``allowed(count)`` is the budget; it reads the limit each time (one syscall) and samples
+    the process's other descriptors at most every ``refresh`` seconds (a directory listing),
+    so it is cheap enough to ask on every accept.
     """
 
     def __init__(self, refresh: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
@@ -125,11 +125,11 @@ class FdBudget:
     def allowed(self, connections: Callable[[], int]) -> int:
         """The budget; ``connections()`` (the exact count of open connections, which may cost
         the caller a scan) is asked only when the sample is refreshed."""
+        self.limit = nofile_limit()[0]  # a syscall: cheap enough for every accept
+        self.reserve = reserve_for(self.limit)
         now = self._clock()
         if now - self._at >= self.refresh:
             self._at = now
-            self.limit = nofile_limit()[0]
-            self.reserve = reserve_for(self.limit)
             fds = open_fds()
             # The connections' own descriptors are in the sample; the rest is everything else
             # (listeners, files, etcd, peers, the splice helper's socket pair).

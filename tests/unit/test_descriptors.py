@@ -28,6 +28,7 @@ import pytest
 
 from gazette.server import fds
 from gazette.server.fds import AcceptErrors, FdBudget, raise_nofile_limit, reserve_for
+from gazette.testing.cluster import Cluster
 
 SERVER = Path(__file__).with_name("fd_server.py")
 DEADLINE = 30.0
@@ -252,3 +253,80 @@ async def test_accept_failures_are_logged_once_and_accepting_resumes(tmp_path: P
         assert log.count("accept failed") == 1, log[-3000:]
         assert "Traceback" not in log
         print(f"\nserved after {took:.2f} s, three failed accepts, one log line")
+
+
+# --- a real broker whose limit an operator lowered -------------------------------------------------
+
+
+async def test_broker_serves_healthy_appends_while_idle_and_slow_connections_fill_its_limit(
+        cluster: Cluster) -> None:
+    import grpc
+
+    from gazette.protocol import protocol_pb2 as pb
+    from gazette.protocol import protocol_pb2_grpc as pb_grpc
+
+    broker = cluster.add_broker("local", "tight-otter")
+    assert broker.pid is not None and "file descriptor limit" in broker.log_text()
+    journal = "descriptors/healthy"
+    spec = pb.JournalSpec(name=journal, replication=1)
+    spec.fragment.length = 1 << 20
+    spec.fragment.compression_codec = pb.NONE
+    spec.fragment.stores.append("file:///")
+    spec.fragment.refresh_interval.seconds = 60
+    req = pb.ApplyRequest()
+    req.changes.add(upsert=spec, expect_mod_revision=0)
+    with grpc.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
+        assert pb_grpc.JournalStub(channel).Apply(req, timeout=DEADLINE).status == pb.OK  # type: ignore[no-untyped-call]
+
+    async def put(data: bytes) -> tuple[bytes, float]:
+        t0 = time.monotonic()
+        r, w = await asyncio.open_connection("127.0.0.1", broker.port)
+        try:
+            w.write(f"PUT /{journal} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n"
+                    "Connection: close\r\n\r\n".encode() + data)
+            answer = await r.read()
+        finally:
+            w.close()
+        return answer.split(b"\r\n", 1)[0], time.monotonic() - t0
+
+    async with asyncio.timeout(DEADLINE):  # the journal is assigned: appends succeed
+        while (await put(b"first\n"))[0] != b"HTTP/1.1 204 No Content":
+            await asyncio.sleep(0.05)
+    # The operator lowers the soft limit to what the broker holds plus room for ~100 connections
+    # beyond the reserve; the broker reads its limit again within a second.
+    held = len(os.listdir(f"/proc/{broker.pid}/fd"))
+    limit = held + reserve_for(held + 300) + 100
+    _, hard = resource.prlimit(broker.pid, resource.RLIMIT_NOFILE)
+    resource.prlimit(broker.pid, resource.RLIMIT_NOFILE, (limit, hard))
+    conns: list[asyncio.StreamWriter] = []
+    peak = 0
+    try:
+        for kind, n in (("idle", 150), ("slow", 150), ("silent", 60)):
+            for _ in range(n):
+                r, w = await asyncio.open_connection("127.0.0.1", broker.port)
+                if kind == "idle":
+                    w.write(b"GET /debug/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+                    async with asyncio.timeout(DEADLINE):
+                        await r.readuntil(b"ready\n")
+                elif kind == "slow":
+                    w.write(b"GET /debug/ready HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                conns.append(w)
+                peak = max(peak, len(os.listdir(f"/proc/{broker.pid}/fd")))
+        latencies = []
+        for i in range(30):
+            async with asyncio.timeout(DEADLINE):
+                st, took = await put(f"healthy {i}\n".encode())
+            assert st == b"HTTP/1.1 204 No Content"
+            latencies.append(took)
+            peak = max(peak, len(os.listdir(f"/proc/{broker.pid}/fd")))
+        print(f"\nbroker at RLIMIT_NOFILE {limit} (held {held} before), {len(conns)} idle/slow/silent "
+              f"connections: 30 healthy appends, median {statistics.median(latencies) * 1e3:.1f} ms, "
+              f"max {max(latencies) * 1e3:.1f} ms; peak fds {peak}")
+        assert peak < limit
+        log = broker.log_text()
+        assert "Traceback" not in log, log[-4000:]
+        assert "shed idle or slow connections" in log
+    finally:
+        for w in conns:
+            w.close()
+        resource.prlimit(broker.pid, resource.RLIMIT_NOFILE, (hard, hard))
