@@ -12,30 +12,23 @@ higher hard limit; a broker holds a descriptor per connection, fragment file and
   may accept in one go before admitting any), less the
   descriptors the process holds besides its connections (sampled from ``/proc/self/fd``). The
   multiplexer sheds its oldest idle or slow connections when its connections reach it.
-* ``AcceptErrors`` replaces asyncio's report of a failed ``accept()`` (EMFILE, ENFILE, ENOBUFS,
-  ENOMEM: a traceback per call) with one line per interval carrying a count; asyncio itself
-  stops accepting on that listener for a second (``ACCEPT_RETRY_DELAY``) rather than spin,
-  and the owner's callback may free descriptors meanwhile (the multiplexer sheds).
+* ``RESOURCE_ERRNOS`` are the ``accept()`` failures that mean descriptors (or memory) ran
+  out: the multiplexer's listener pauses a second on one, sheds, and logs one line per
+  interval with a count.
 
 Invariants: nothing here raises at start (a platform without ``resource`` or ``/proc`` gets no
-raise and a budget from the limit alone); the exception handler passes every other report
-to the handler it replaced.
+raise and a budget from the limit alone).
 """
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
-from gazette.server.logs import EveryInterval
-
-__all__ = ["AcceptErrors", "FdBudget", "nofile_limit", "open_fds", "raise_nofile_limit"]
+__all__ = ["ACCEPT_BURST", "RESOURCE_ERRNOS", "FdBudget", "nofile_limit", "open_fds", "raise_nofile_limit", "reserve_for"]
 
 log = logging.getLogger(__name__)
 
@@ -137,58 +130,5 @@ class FdBudget:
         return max(0, self.limit - self.reserve - self.others)
 
 
-_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-
-
-class AcceptErrors:
-    """The loop's exception handler for failed accepts on ``sockets()`` (see the module
-    docstring): one WARNING line per ``interval`` with a count, ``on_exhausted()`` on each
-    failure; other reports go to the handler installed before (or the loop's default)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, sockets: Callable[[], list[Any]],
-                 on_exhausted: Callable[[], None], interval: float = 10.0) -> None:
-        self._loop = loop
-        self._sockets = sockets
-        self._on_exhausted = on_exhausted
-        self.lines = EveryInterval(log, "accept failed: out of file descriptors or memory "
-                                        "(accepting pauses a second; shedding idle connections)",
-                                   interval=interval)
-        self._previous = loop.get_exception_handler()
-        self._installed = False
-
-    def install(self) -> None:
-        if not self._installed:
-            self._previous = self._loop.get_exception_handler()
-            self._loop.set_exception_handler(self)
-            self._installed = True
-
-    def uninstall(self) -> None:
-        if self._installed and self._loop.get_exception_handler() is self:
-            self._loop.set_exception_handler(self._previous)
-        self._installed = False
-
-    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        exc = context.get("exception")
-        if (isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRNOS
-                and context.get("message", "").startswith("socket.accept()")
-                and self._ours(context.get("socket"))):
-            self.lines.event(err=os.strerror(exc.errno or 0))
-            try:
-                self._on_exhausted()
-            except Exception:  # a bug of ours: report it as any other loop error
-                loop.default_exception_handler({"message": "shedding after accept failure failed",
-                                                "exception": sys.exc_info()[1]})
-            return
-        if self._previous is not None:
-            self._previous(loop, context)
-        else:
-            loop.default_exception_handler(context)
-
-    def _ours(self, sock: Any) -> bool:
-        if sock is None:
-            return False
-        try:
-            fd = sock.fileno()
-        except (OSError, ValueError):
-            return False
-        return any(s.fileno() == fd for s in self._sockets())
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+"""Errors of ``accept()`` that mean the process (or system) is out of descriptors or memory."""

@@ -39,14 +39,13 @@ async def main(limit: int, head_timeout: float) -> None:
     mux = Multiplexer("unused.sock", http_protocol_factory(runner, head_timeout=head_timeout),
                       h2_protocol_factory=asyncio.Protocol)
     port = await mux.start("127.0.0.1", 0)
-    assert mux._accept_errors is not None
-    on_exhausted = mux._accept_errors._on_exhausted
+    on_exhausted = mux._accept_exhausted
 
     def exhausted() -> None:
         say("exhausted")
         on_exhausted()
 
-    mux._accept_errors._on_exhausted = exhausted
+    mux._accept_exhausted = exhausted  # type: ignore[method-assign]
     say(f"port {port}")
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -66,7 +65,12 @@ async def main(limit: int, head_timeout: float) -> None:
             hogged.clear()
             say("freed")
         elif line == "stats":
-            say(f"stats shed={mux.shed_total} open={mux._open_count()} fds={len(os.listdir('/proc/self/fd'))}")
+            try:
+                fds = len(os.listdir("/proc/self/fd"))
+            except OSError:  # hogged: listing it needs a descriptor
+                fds = -1
+            say(f"stats shed={mux.shed_total} open={mux._open_count()} fds={fds} "
+                f"failures={mux.accept_failures.total}")
     await mux.close()
     await runner.cleanup()
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
 import resource
@@ -22,12 +21,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gazette.server import fds
-from gazette.server.fds import AcceptErrors, FdBudget, raise_nofile_limit, reserve_for
+from gazette.server.fds import FdBudget, raise_nofile_limit, reserve_for
 from gazette.testing.cluster import Cluster
 
 SERVER = Path(__file__).with_name("fd_server.py")
@@ -68,36 +66,6 @@ def test_budget_keeps_a_reserve() -> None:
     assert reserve_for(1024) == 102 + fds.ACCEPT_BURST and reserve_for(100) == 64 + fds.ACCEPT_BURST
     # Between refreshes the count is not asked for (it may cost the caller a scan).
     assert budget.allowed(lambda: pytest.fail("counted between refreshes")) == allowed  # type: ignore[func-returns-value]
-
-
-def test_accept_failures_log_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
-    loop = asyncio.new_event_loop()
-    try:
-        class Sock:
-            def fileno(self) -> int:
-                return 42
-
-        others: list[dict[str, Any]] = []
-        loop.set_exception_handler(lambda _loop, ctx: others.append(ctx))
-        shed: list[int] = []
-        handler = AcceptErrors(loop, lambda: [Sock()], lambda: shed.append(1), interval=3600)
-        handler.install()
-        ctx = {"message": "socket.accept() out of system resource",
-               "exception": OSError(errno.EMFILE, "Too many open files"), "socket": Sock()}
-        with caplog.at_level(logging.INFO, logger="gazette.server.fds"):
-            for _ in range(1000):
-                loop.call_exception_handler(ctx)
-        lines = [r for r in caplog.records if r.name == "gazette.server.fds"]
-        assert len(lines) == 1 and lines[0].exc_info is None
-        assert handler.lines.total == 1000 and handler.lines.count == 999 and len(shed) == 1000
-        # Anything else reaches the handler installed before, unchanged.
-        loop.call_exception_handler({"message": "something else", "exception": RuntimeError("x")})
-        loop.call_exception_handler({**ctx, "socket": None})  # not our listener
-        assert [c["message"] for c in others] == ["something else", ctx["message"]]
-        handler.uninstall()
-        assert loop.get_exception_handler() is not handler
-    finally:
-        loop.close()
 
 
 # --- a child server under a lowered limit ------------------------------------------------------
@@ -202,7 +170,9 @@ async def test_healthy_clients_are_served_while_idle_and_slow_connections_fill_t
             print(f"\nhealthy GETs with {len(conns)} idle/slow/silent connections under a limit of {limit}: "
                   f"median {statistics.median(latencies) * 1e3:.1f} ms, max {max(latencies) * 1e3:.1f} ms; "
                   f"shed {stats['shed']}, open {stats['open']}, server fds {stats['fds']}")
-            assert stats["fds"] < limit and stats["shed"] >= 360 - stats["open"]
+            assert stats["fds"] < limit, stats
+            # At least every idle one was shed (silent ones may also have timed out, if slow).
+            assert stats["shed"] >= 150, stats
             # Idle keep-alive connections went first: every one of them was closed.
             async with asyncio.timeout(DEADLINE):
                 for kind, r, _ in conns:
@@ -243,7 +213,11 @@ async def test_accept_failures_are_logged_once_and_accepting_resumes(tmp_path: P
         # A client arrives while the server has no descriptor left: each accept() fails.
         pending = asyncio.ensure_future(request(srv.port))
         for _ in range(3):
-            await srv.line("exhausted")  # asyncio retries about once a second
+            await srv.line("exhausted")  # the listener pauses a second after each failure
+        stats = await srv.stats()
+        # One failed accept per pause: asyncio's own loop failed up to 100 per retry, and
+        # scheduled a retry per failure (thousands a second after a few seconds).
+        assert 3 <= stats["failures"] <= 4, stats
         assert not pending.done()
         await srv.command("free", "freed")
         async with asyncio.timeout(DEADLINE):
@@ -252,7 +226,7 @@ async def test_accept_failures_are_logged_once_and_accepting_resumes(tmp_path: P
         log = srv.log()
         assert log.count("accept failed") == 1, log[-3000:]
         assert "Traceback" not in log
-        print(f"\nserved after {took:.2f} s, three failed accepts, one log line")
+        print(f"\nserved after {took:.2f} s, {stats['failures']} failed accepts, one log line")
 
 
 # --- a real broker whose limit an operator lowered -------------------------------------------------
@@ -289,11 +263,13 @@ async def test_broker_serves_healthy_appends_while_idle_and_slow_connections_fil
             w.close()
         return answer.split(b"\r\n", 1)[0], time.monotonic() - t0
 
-    async with asyncio.timeout(DEADLINE):  # the journal is assigned: appends succeed
-        while (await put(b"first\n"))[0] != b"HTTP/1.1 204 No Content":
-            await asyncio.sleep(0.05)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE
+    while (await put(b"first\n"))[0] != b"HTTP/1.1 204 No Content":  # until the journal is assigned
+        assert loop.time() < deadline, "the journal took no append"
+        await asyncio.sleep(0.05)
     # The operator lowers the soft limit to what the broker holds plus room for ~100 connections
-    # beyond the reserve; the broker reads its limit again within a second.
+    # beyond the reserve; the broker reads its limit on every accept.
     held = len(os.listdir(f"/proc/{broker.pid}/fd"))
     limit = held + reserve_for(held + 300) + 100
     _, hard = resource.prlimit(broker.pid, resource.RLIMIT_NOFILE)
