@@ -215,8 +215,8 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def http_protocol_factory(runner: web.AppRunner, *, head_timeout: float = HTTP_HEAD_TIMEOUT,
-                          idle_timeout: float = HTTP_IDLE_TIMEOUT) -> Callable[[], asyncio.Protocol]:
+def http_protocol_factory(runner: web.AppRunner, *, head_timeout: float | None = None,
+                          idle_timeout: float | None = None) -> Callable[[], asyncio.Protocol]:
     """The protocol factory of ``runner``'s app for the multiplexer: ``GuardedHandler``s.
 
     Bodies reach routes as sent (``auto_decompress`` off): a route decides what a
@@ -226,6 +226,8 @@ def http_protocol_factory(runner: web.AppRunner, *, head_timeout: float = HTTP_H
     server = runner.server
     assert server is not None, "runner is not set up"
     loop = asyncio.get_running_loop()
+    head_timeout = HTTP_HEAD_TIMEOUT if head_timeout is None else head_timeout
+    idle_timeout = HTTP_IDLE_TIMEOUT if idle_timeout is None else idle_timeout
 
     def factory() -> asyncio.Protocol:
         return GuardedHandler(server, loop=loop, head_timeout=head_timeout, keepalive_timeout=idle_timeout,

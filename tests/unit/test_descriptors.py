@@ -306,3 +306,54 @@ async def test_broker_serves_healthy_appends_while_idle_and_slow_connections_fil
         for w in conns:
             w.close()
         resource.prlimit(broker.pid, resource.RLIMIT_NOFILE, (hard, hard))
+
+
+# --- shedding order, in process ------------------------------------------------------------------
+
+
+async def test_idle_keep_alive_connections_are_shed_before_idle_http2_ones(tmp_path: Path) -> None:
+    from aiohttp import web
+
+    from gazette.rpc.server import RpcServer
+    from gazette.server.http import http_protocol_factory, start_app
+    from gazette.server.mux import H2_PREFACE, Multiplexer
+
+    async def ready(_: web.Request) -> web.Response:
+        return web.Response(text="ready\n")
+
+    runner = await start_app([web.get("/ready", ready)])
+    srv = RpcServer()
+    mux = Multiplexer(str(tmp_path / "grpc.sock"), http_protocol_factory(runner), h2_protocol_factory=srv.protocol)
+    mux.max_connections = 6
+    port = await mux.start("127.0.0.1", 0)
+    writers: list[asyncio.StreamWriter] = []
+    try:
+        h2 = []
+        for _ in range(3):  # the oldest: HTTP/2 connections with no stream open
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(H2_PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # and an empty SETTINGS
+            async with asyncio.timeout(DEADLINE):
+                await r.readexactly(9)  # the server's SETTINGS header
+            h2.append(r)
+            writers.append(w)
+        idle = []
+        for _ in range(3):  # then keep-alive connections, idle after one request
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")
+            async with asyncio.timeout(DEADLINE):
+                await r.readuntil(b"ready\n")
+            idle.append(r)
+            writers.append(w)
+        async with asyncio.timeout(DEADLINE):
+            status, _ = await request(port)  # at capacity: sheds two, idle HTTP/1.1 first
+            assert status == b"HTTP/1.1 200 OK"
+            for r in idle[:2]:
+                assert await r.read() == b""
+        assert mux.shed_total == 2
+        assert len(srv._connections) == 3 and not any(r.at_eof() for r in h2)
+    finally:
+        for w in writers:
+            w.close()
+        await mux.abort()
+        await srv.stop(0)
+        await runner.cleanup()
