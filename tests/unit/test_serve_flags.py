@@ -67,3 +67,8 @@ def test_no_warning_on_loopback_or_with_keys(caplog: pytest.LogCaptureFixture, h
     with caplog.at_level("INFO", logger="gazette.server.process"):
         assert not warn_if_open("broker", host, verifier)
     assert not [r for r in caplog.records if r.name == "gazette.server.process"]
+
+
+def test_bad_auth_keys_exit_naming_the_flag() -> None:
+    with pytest.raises(SystemExit, match="auth-keys"):
+        _config(["--broker.id", "broker-one", "--auth-keys", "not base64!"])
