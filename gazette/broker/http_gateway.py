@@ -10,7 +10,15 @@ and status codes:
   journal; 416 offset not yet available; 503 insufficient brokers; 500 other.
 * appends: 204 with ``X-Commit-Begin``, ``X-Commit-End``, ``X-Commit-SHA1-Sum``,
   ``X-Write-Head``; 404 unknown journal; 500 other statuses.
-* 400 for an unknown query key or a malformed value, naming it.
+* 400 for an unknown query key or a malformed value, naming it. ``offset`` is read as Go's
+  ``strconv.ParseInt`` reads it (an optional sign and ASCII digits: ``1_0``, `` 5`` or ``５``
+  are refused) and ``block`` as ``strconv.ParseBool``.
+* 415 for an append body with a ``Content-Encoding`` other than identity (with
+  ``Accept-Encoding: identity``): the gateway commits the bytes it is sent and would rather
+  refuse than commit compressed ones; bodies are never decompressed. ``Transfer-Encoding``
+  other than ``chunked`` (501) and request versions other than HTTP/1.0 and 1.1 (505) are
+  refused before any route (``gazette.server.http``).
+* HTTP/1.0 reads get the content without chunked coding, until the connection closes.
 * with authorization on, ``Authorization: Bearer <token>`` granting READ (reads) or APPEND
   (appends): 401 without a valid token, 403 without the capability; a journal outside the
   token's selector is 404, as an unknown one.
@@ -22,11 +30,14 @@ append rolled back, like any broken Append stream.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from email.utils import formatdate
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
 
 from gazette import auth
 from gazette.auth import Claims
@@ -40,12 +51,18 @@ from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import validate
 from gazette.protocol.errors import ValidationError
 from gazette.server.edge import http_error
+from gazette.server.http import CLIENT_LOG
+from gazette.server.logs import clip
 
 log = logging.getLogger(__name__)
 
 MAX_INT64 = (1 << 63) - 1
-_TRUE = {"1", "t", "true"}
-_FALSE = {"0", "f", "false"}
+# Go's strconv.ParseBool and ParseInt(s, 10, 64), which Gazette's gateway decodes queries with:
+# exactly these spellings, and an optional sign before ASCII digits (no spaces, no "_", no
+# other digits than 0-9, within int64).
+_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
+_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
+_INT64 = re.compile(r"[+-]?[0-9]+")
 APPEND_CHUNK = 1 << 20
 
 
@@ -56,13 +73,29 @@ class BadRequest(GazetteError, ValueError):
     http_status = 400
 
 
+class UnsupportedEncoding(GazetteError, ValueError):
+    """An append body in a content coding: the gateway commits bytes as sent, so it refuses
+    rather than commit compressed bytes (or expand a small body into gigabytes)."""
+
+    grpc_code = "INVALID_ARGUMENT"
+    http_status = 415
+
+
 def _parse_bool(key: str, value: str) -> bool:
-    v = value.lower()
-    if v in _TRUE:
+    if value in _TRUE:
         return True
-    if v in _FALSE:
+    if value in _FALSE:
         return False
-    raise BadRequest(f"invalid value for query key {key!r}: {value!r} (expected true or false)")
+    raise BadRequest(f"invalid value for query key {key!r}: {clip(value, 64)!r} (expected true or false)")
+
+
+def parse_int64(key: str, value: str) -> int:
+    """``value`` as Go's ``strconv.ParseInt(value, 10, 64)`` reads it, else BadRequest."""
+    if _INT64.fullmatch(value) is not None:
+        n = int(value)
+        if -MAX_INT64 - 1 <= n <= MAX_INT64:
+            return n
+    raise BadRequest(f"invalid value for query key {key!r}: {clip(value, 64)!r} (expected a 64-bit integer)")
 
 
 def parse_read_request(request: web.Request) -> pb.ReadRequest:
@@ -70,14 +103,11 @@ def parse_read_request(request: web.Request) -> pb.ReadRequest:
     for key, value in request.query.items():
         k = key.lower()
         if k == "offset":
-            try:
-                req.offset = int(value)
-            except ValueError:
-                raise BadRequest(f"invalid value for query key 'offset': {value!r} (expected an integer)") from None
+            req.offset = parse_int64(key, value)
         elif k == "block":
             req.block = _parse_bool(key, value)
         else:
-            raise BadRequest(f"unknown query key {key!r} (expected offset or block)")
+            raise BadRequest(f"unknown query key {clip(key, 64)!r} (expected offset or block)")
     try:
         validate.validate_read_request(req)
     except ValidationError as err:
@@ -87,7 +117,11 @@ def parse_read_request(request: web.Request) -> pb.ReadRequest:
 
 def parse_append_request(request: web.Request) -> pb.AppendRequest:
     for key in request.query:
-        raise BadRequest(f"unknown query key {key!r} (appends take no query)")
+        raise BadRequest(f"unknown query key {clip(key, 64)!r} (appends take no query)")
+    coding = request.headers.get(hdrs.CONTENT_ENCODING, "identity").strip().lower()
+    if coding not in ("", "identity"):
+        raise UnsupportedEncoding(
+            f"Content-Encoding {clip(coding, 64)!r} is not supported: append the content itself")
     req = pb.AppendRequest(journal=request.match_info["journal"])
     try:
         validate.validate_append_request(req)
@@ -166,7 +200,10 @@ class Gateway:
         if request.method == "HEAD":
             await _aclose(stream)
             return resp
-        resp.enable_chunked_encoding()
+        if request.version >= HttpVersion11:
+            resp.enable_chunked_encoding()
+        # else HTTP/1.0, which has no chunked coding: the content runs until the connection
+        # closes (aiohttp sends "Connection: close" for a body of unknown length).
         await resp.prepare(request)
         offset = first.offset
         try:
@@ -179,18 +216,24 @@ class Gateway:
                 elif msg.offset != offset:
                     break  # an offset jump ends the response, as Gazette's gateway does
         except ConnectionError:
-            pass
+            pass  # the client went away: a routine end of a blocking read, nothing to log
         except Exception as err:  # the response has begun: end it, and say why in the log
             log.warning("http gateway: read failed mid-stream", extra={"journal": req.journal, "err": str(err)})
         finally:
             await _aclose(stream)
-        await resp.write_eof()
+        with contextlib.suppress(ConnectionError):  # nor is a client gone before the end
+            await resp.write_eof()
         return resp
 
     async def serve_append(self, request: web.Request) -> web.StreamResponse:
         try:
             claims = self._verify(request, auth.APPEND)
             req = parse_append_request(request)
+        except UnsupportedEncoding as err:
+            refusal = http_error(err)
+            refusal.headers["Accept-Encoding"] = "identity"  # RFC 9110 §15.5.16
+            refusal.force_close()  # its body is not read: nothing after it on this connection is
+            return refusal
         except (BadRequest, auth.AuthError) as err:
             return http_error(err)
 
@@ -206,8 +249,8 @@ class Gateway:
             # The client went away before its body was complete; append() has already rolled
             # the partial content back. Nobody is left to read an answer: note it quietly
             # rather than letting aiohttp log an error traceback for a routine disconnect.
-            log.info("http gateway: client disconnected mid-append; rolled back",
-                     extra={"journal": req.journal, "err": str(err)})
+            CLIENT_LOG.note("http gateway: client disconnected mid-append; rolled back",
+                            journal=req.journal, err=str(err))
             return web.Response(status=400, text="client disconnected mid-body\n")
         except Exception as err:  # a broken stream (400), a failed proxy: answer, never crash
             if not isinstance(err, append_mod.AppendStreamError):

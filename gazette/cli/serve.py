@@ -72,6 +72,7 @@ def config_from_args(ns: argparse.Namespace) -> Any:
 
     lease = flags.seconds("etcd.lease")
     zone, suffix = flags.process_id("broker", random_suffix())
+    flags.auth_keys()  # bad keys exit here, naming the flag
     return BrokerConfig(
         host=get("broker.host"),
         port=integer("broker.port"),
@@ -89,7 +90,6 @@ def config_from_args(ns: argparse.Namespace) -> Any:
         peer_tls=flags.peer_tls("broker"),
         auth_keys=get("auth-keys"),
     )
-    flags.auth_keys()  # bad keys exit here, naming the flag
 
 
 async def _serve(config: Any) -> None:

@@ -13,6 +13,8 @@ Invariants:
 * gRPC's own abort (``grpc.aio.AbortError``, raised by ``context.abort``) and cancellation
   (``asyncio.CancelledError``, a ``BaseException``) pass through untouched: the edge never
   swallows a cancellation or re-maps an abort.
+* Client-caused and transient endings log one clipped INFO line each, rate-limited
+  process-wide (``gazette.server.logs.ClientLog``).
 * Any other exception is a bug: it is logged with its traceback under a short incident id,
   and the RPC ends with ``UNKNOWN`` (the gateway with 500) saying only "internal error" and
   that id: no traceback, path or internal state reaches a client, whichever transport serves
@@ -31,6 +33,7 @@ import grpc
 from aiohttp import web
 
 from gazette.errors import GazetteError, incident
+from gazette.server.logs import ClientLog
 
 __all__ = ["grpc_edge", "grpc_edge_bound", "grpc_status", "http_error"]
 
@@ -50,10 +53,13 @@ def grpc_status(err: BaseException) -> tuple[grpc.StatusCode, str] | None:
     return None
 
 
+_ENDINGS = ClientLog(log)
+
+
 def _note(name: str, err: BaseException, code: grpc.StatusCode) -> None:
-    # Client-caused and transient endings are routine: info, not warning, so a misbehaving
-    # client cannot flood the log at a high level.
-    log.info("rpc ended", extra={"rpc": name, "code": code.name, "err": str(err)})
+    # Client-caused and transient endings are routine: info, not warning, rate-limited and
+    # clipped, so a misbehaving client can neither flood the log nor write its requests to it.
+    _ENDINGS.note("rpc ended", rpc=name, code=code.name, err=str(err))
 
 
 async def _end(name: str, context: Any, err: Exception) -> None:

@@ -15,6 +15,16 @@ RPCs); ``abort()`` ends whatever splices remain, and waits. A connection that sa
 for ``first_bytes_timeout`` seconds is closed, and beyond ``max_connections`` open ones a new
 connection is closed at once (each holds a socket, buffers and a protocol: bounded).
 
+Descriptors: connections may hold no more than the process's soft ``RLIMIT_NOFILE`` less a
+reserve and the descriptors held otherwise (:class:`gazette.server.fds.FdBudget`). At that
+point a new connection sheds the oldest idle or slow ones (HTTP/1.1 keep-alive idle first,
+then silent and slow-head ones, then HTTP/2 connections without streams; a connection serving
+a request is never shed) and is refused only when none may be. Connections are accepted by
+our own :class:`_Listener` rather than asyncio's server: a failed ``accept()`` (out of
+descriptors anyway) pauses that listener a second, sheds, and logs one line per interval
+with a count (asyncio's loop retried the rest of its batch and multiplied its retries: the
+issue's thousands of tracebacks). Refusals log one line per interval, too.
+
 With TLS (``tls``: Gazette's ``--*.server-cert-file`` and friends) the listener completes the
 handshake first (within ``HANDSHAKE_TIMEOUT``; ALPN offers ``h2`` and ``http/1.1``) and sniffs
 the decrypted bytes the same way; our gRPC server and aiohttp run unchanged over the TLS
@@ -32,9 +42,12 @@ import socket
 import subprocess
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from gazette.rpc.tls import HANDSHAKE_TIMEOUT, ServerTLS
+from gazette.server.fds import ACCEPT_BURST, RESOURCE_ERRNOS, FdBudget
+from gazette.server.http import CLIENT_LOG, RANK_IDLE_H2, RANK_SLOW_HEAD
+from gazette.server.logs import EveryInterval
 from gazette.server.splice import CLOSING, SPLICE, Helper, Splice, join_threads
 from gazette.tasks import Supervisor
 
@@ -49,21 +62,31 @@ MAX_CONNECTIONS = 8192      # open connections per port
 class _Sniffer(asyncio.Protocol):
     """Buffers the first bytes of a connection, then hands it to gRPC or HTTP."""
 
-    def __init__(self, mux: Multiplexer) -> None:
+    def __init__(self, mux: Multiplexer, *, accepting: bool = False) -> None:
         self._mux = mux
         self._buf = bytearray()
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self.accepting = accepting  # counted in the mux's ``accepting`` until admitted
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
+        if self.accepting:
+            self.accepting = False
+            self._mux.accepting -= 1
         if not self._mux.admit(transport):
-            log.warning("refusing a connection: %d are open (the limit)", self._mux.max_connections)
-            transport.abort()
+            transport.abort()  # the mux logged it (once per interval)
             return
         self._timer = asyncio.get_running_loop().call_later(
             self._mux.first_bytes_timeout, transport.abort)
+
+    def shed_rank(self) -> int | None:
+        return RANK_SLOW_HEAD  # silent, or not yet a whole sniff: as slow as a slow head
+
+    def shed(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self._timer is not None:
@@ -112,6 +135,134 @@ class _Sniffer(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+ACCEPT_RETRY_DELAY = 1.0  # seconds a listener pauses after accept() failed for want of resources
+
+
+async def _bind(loop: asyncio.AbstractEventLoop, host: str, port: int) -> list[socket.socket]:
+    """Listening sockets for ``host:port`` as asyncio's ``create_server`` binds them (every
+    address ``host`` resolves to; all interfaces for ``""``), each listening with a backlog of
+    ``ACCEPT_BURST``; with port 0 the later ones take the first one's port."""
+    infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    socks: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, addr in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio: one per family
+            if port == 0 and len(socks) > 1:
+                addr = (addr[0], socks[0].getsockname()[1], *addr[2:])
+            try:
+                sock.bind(addr)
+            except OSError as err:
+                raise OSError(err.errno, f"error while attempting to bind on address {addr!r}: "
+                                         f"{(err.strerror or '').lower()}") from None
+            sock.listen(ACCEPT_BURST)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    if not socks:
+        raise OSError(f"no address to listen on for {host!r}")
+    return socks
+
+
+class _Listener:
+    """Accepts the connections of one listening socket and hands them to ``_Sniffer``s.
+
+    asyncio's own accept loop (``create_server``), when ``accept()`` fails for want of
+    descriptors, goes on trying the rest of its batch and schedules a retry per failure: the
+    failures (each a traceback) multiply every second. Here the first such failure pauses this
+    listener for ``ACCEPT_RETRY_DELAY`` and asks the multiplexer to shed; the failures are
+    counted in one line per interval. A connection is admitted once its transport is made (for
+    TLS, once its handshake is done, within ``HANDSHAKE_TIMEOUT``); until then it counts in
+    ``Multiplexer.accepting``.
+    """
+
+    def __init__(self, mux: Multiplexer, sock: socket.socket, ssl_ctx: Any) -> None:
+        self.mux, self.sock, self.ssl = mux, sock, ssl_ctx
+        self._loop = asyncio.get_running_loop()
+        self._retry: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    def start(self) -> None:
+        self._retry = None
+        if not self._closed:
+            self._loop.add_reader(self.sock.fileno(), self._accept)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._retry is not None:
+                self._retry.cancel()
+            self._loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+
+    def _accept(self) -> None:
+        for _ in range(ACCEPT_BURST):
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue  # gone before we took it
+            except OSError as err:
+                self._pause(err)
+                return
+            conn.setblocking(False)
+            self.mux.accepting += 1
+            self.mux._connecting.spawn("accept", self._connect(conn))
+
+    def _pause(self, err: OSError) -> None:
+        self.mux.accept_failures.event(err=os.strerror(err.errno) if err.errno else str(err))
+        self._loop.remove_reader(self.sock.fileno())
+        self._retry = self._loop.call_later(ACCEPT_RETRY_DELAY, self.start)
+        if err.errno in RESOURCE_ERRNOS:
+            self.mux._accept_exhausted()
+
+    async def _connect(self, conn: socket.socket) -> None:
+        """Makes ``conn``'s transport (after its TLS handshake, with TLS) and its ``_Sniffer``,
+        which stops counting in ``accepting`` as it is admitted."""
+        sniffer: _Sniffer | None = None
+
+        def factory() -> _Sniffer:
+            nonlocal sniffer
+            sniffer = _Sniffer(self.mux, accepting=True)
+            return sniffer
+
+        handed = False
+        try:
+            await self._loop.connect_accepted_socket(
+                factory, conn, ssl=self.ssl,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT if self.ssl is not None else None)
+            handed = True
+        except (TimeoutError, OSError) as err:  # a client's failed handshake, or gone already
+            CLIENT_LOG.note("accept: connection failed before it was served",
+                            err=f"{type(err).__name__}: {err}")
+        finally:
+            if sniffer is None or sniffer.accepting:  # never admitted
+                self.mux.accepting -= 1
+                if sniffer is not None:
+                    sniffer.accepting = False
+            if not handed:
+                conn.close()
+
+
+def _shed_rank(proto: Any) -> int | None:
+    """A connection's shedding rank (``gazette.server.http``'s ``RANK_*``); None: keep it.
+    A protocol says so itself (``shed_rank()``); an HTTP/2 one without it is idle when it has
+    no open stream."""
+    rank = getattr(proto, "shed_rank", None)
+    if callable(rank):
+        return cast(int | None, rank())
+    streams = getattr(proto, "streams", None)
+    if isinstance(streams, dict):
+        return None if streams else RANK_IDLE_H2
+    return None
 
 
 class _Relay(asyncio.Protocol):
@@ -232,7 +383,8 @@ class Multiplexer:
         self.http_protocol_factory = http_protocol_factory
         self.h2_protocol_factory = h2_protocol_factory
         self._splice_process = splice_process and h2_protocol_factory is None and tls is None
-        self._server: asyncio.Server | None = None
+        self._listeners: list[_Listener] = []
+        self.accepting = 0  # accepted connections not yet admitted (a TLS handshake, mostly)
         self._helper: Helper | None = None
         self._ids = itertools.count(1)
         # Every gRPC connection from its classification to its end, resolved when it ends;
@@ -246,16 +398,80 @@ class Multiplexer:
         self.first_bytes_timeout = FIRST_BYTES_TIMEOUT
         self.max_connections = MAX_CONNECTIONS
         # Every connection's transport while it is open (handed-on ones included: a
-        # protocol change keeps the transport); closed ones drop out.
-        self._transports: weakref.WeakSet[asyncio.Transport] = weakref.WeakSet()
+        # protocol change keeps the transport), in the order admitted (oldest first), with
+        # its admission's sequence number; closed ones drop out (collected, or pruned).
+        self._transports: weakref.WeakKeyDictionary[asyncio.Transport, int] = weakref.WeakKeyDictionary()
+        self._seq = itertools.count()
+        self.fd_budget = FdBudget()
+        self.shed_total = 0
+        self._refusals = EveryInterval(log, "refusing connections: the port is at its limit and "
+                                            "none is idle or slow enough to shed", interval=10.0)
+        self.accept_failures = EveryInterval(
+            log, "accept failed: out of file descriptors or memory (accepting pauses a second; "
+                 "shedding idle connections)", interval=10.0)
+        self._sheds = EveryInterval(log, "shed idle or slow connections to keep descriptors in reserve",
+                                    interval=10.0, level=logging.INFO)
+
+    # -- admission and shedding ---------------------------------------------------------------
+
+    def _open_count(self) -> int:
+        """Open connections, exactly: prunes closed transports not yet collected."""
+        for t in [t for t in self._transports if t.is_closing()]:
+            self._transports.pop(t, None)
+        return len(self._transports) + len(self._conns) + self.accepting
+
+    def capacity(self) -> int:
+        """How many connections the port may hold now: ``max_connections``, and the
+        descriptors the process may spend on them (``FdBudget``)."""
+        return min(self.max_connections, self.fd_budget.allowed(self._open_count))
 
     def admit(self, transport: asyncio.Transport) -> bool:
-        """Whether a new connection may stay open (``max_connections`` bounds them)."""
-        open_now = sum(1 for t in self._transports if not t.is_closing()) + len(self._conns)
-        if open_now >= self.max_connections:
-            return False
-        self._transports.add(transport)
+        """Whether a new connection may stay open. At capacity the oldest idle or slow
+        connections are shed (with a little headroom, so that a flood does not scan on every
+        accept); if none may be, the new one is refused."""
+        cap = self.capacity()
+        if len(self._transports) + len(self._conns) + self.accepting >= cap:  # an upper bound: closed ones linger
+            n = self._open_count()
+            if n >= cap:
+                n -= self.shed(n - cap + 1 + max(1, cap // 64))
+                if n >= cap:
+                    self._refusals.event(open=n, capacity=cap)
+                    return False
+        self._transports[transport] = next(self._seq)
         return True
+
+    def shed(self, count: int) -> int:
+        """Closes up to ``count`` connections, lowest shedding rank first and oldest first
+        within a rank: HTTP/1.1 keep-alive idle ones, then silent or slow-head ones, then
+        HTTP/2 connections without streams (a protocol's ``shed_rank()``; None: never). Returns
+        how many it closed."""
+        ranked: list[tuple[int, int, asyncio.Transport]] = []
+        for t, seq in list(self._transports.items()):
+            if t.is_closing():
+                continue
+            rank = _shed_rank(t.get_protocol())
+            if rank is not None:
+                ranked.append((rank, seq, t))
+        ranked.sort(key=lambda r: (r[0], r[1]))
+        victims = ranked[:max(0, count)]
+        for _, _, t in victims:
+            proto: Any = t.get_protocol()
+            shed = getattr(proto, "shed", None)
+            if callable(shed):
+                shed()
+            else:
+                t.close()
+            if not t.is_closing():  # a protocol that would not: end it
+                t.abort()
+            self._transports.pop(t, None)
+        self.shed_total += len(victims)
+        if victims:
+            self._sheds.event(len(victims))
+        return len(victims)
+
+    def _accept_exhausted(self) -> None:
+        """``accept()`` failed for want of descriptors: free some for when it resumes."""
+        self.shed(max(1, self.capacity() // 32))
 
     @property
     def spliced(self) -> int:
@@ -277,14 +493,14 @@ class Multiplexer:
                 log.warning("gRPC splice helper did not start (%s); splicing in the broker process", err)
         try:
             ssl_ctx = self.tls.context if self.tls is not None else None
-            self._server = await loop.create_server(
-                lambda: _Sniffer(self), host, port, reuse_address=True, ssl=ssl_ctx,
-                ssl_handshake_timeout=HANDSHAKE_TIMEOUT if ssl_ctx is not None else None)
+            socks = await _bind(loop, host, port)
         except BaseException:  # e.g. the port is taken: the helper has nothing to do
             await self.abort()
             raise
-        sock = self._server.sockets[0]
-        return int(sock.getsockname()[1])
+        self._listeners = [_Listener(self, sock, ssl_ctx) for sock in socks]
+        for listener in self._listeners:
+            listener.start()
+        return int(socks[0].getsockname()[1])
 
     # -- connections ---------------------------------------------------------------------
 
@@ -353,9 +569,8 @@ class Multiplexer:
                 self._helper.send(CLOSING, 0, [])
             for sp in list(self._local.values()):
                 sp.server_closing()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        for listener in self._listeners:
+            listener.close()
 
     async def abort(self, within: float = 5.0) -> None:
         """Stops listening, ends every spliced connection and the helper, and waits (at most

@@ -12,6 +12,8 @@ Invariants:
 * The member announces itself only after its public port is bound, so the endpoint it
   advertises always answers; ``ready`` is set once it is announced and allocating, and cleared
   before anything stops.
+* At start the soft descriptor limit is raised to the hard one (logged once), and a process
+  serving a non-loopback address without authorization says so in one WARNING.
 * The first keyspace load is retried while etcd is transiently unavailable (up to the lease).
 * Every long-lived task (keyspace watch, announcement keep-alive, allocator, the subclass's
   own) is owned by one task group: one failing stops the process; ``run()`` returns only after
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import ipaddress
 import logging
 import os
 import random
@@ -42,16 +45,18 @@ from aiohttp import web
 from gazette.allocator import Announcement, allocate, announce, desired_replication
 from gazette.allocator.keys import members_key, members_prefix
 from gazette.allocator.state import IsConsistentFn
+from gazette.auth import NO_AUTH, KeyedAuth, Verifier
 from gazette.etcd import connect as etcd_connect
 from gazette.etcd.keyspace import KeySpace
 from gazette.protocol import protocol_pb2 as pb
 from gazette.rpc.server import RpcServer
 from gazette.rpc.tls import ServerTLS
+from gazette.server.fds import raise_nofile_limit
 from gazette.server.grpc import GrpcServer, build_server
-from gazette.server.http import debug_routes, start_app
+from gazette.server.http import debug_routes, http_protocol_factory, start_app
 from gazette.server.mux import Multiplexer
 
-__all__ = ["MemberProcess", "random_suffix", "run_until_drained"]
+__all__ = ["MemberProcess", "is_loopback", "random_suffix", "run_until_drained", "warn_if_open"]
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +73,43 @@ class _Shutdown(Exception):
     pass
 
 
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` serves this machine only (``""``, ``0.0.0.0`` and ``::`` serve
+    every interface; a name other than ``localhost`` may resolve to anything: not loopback)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def warn_if_open(kind: str, host: str, verifier: Verifier) -> bool:
+    """Logs one WARNING when a process on a non-loopback address lets requests through
+    without a token (no ``--auth-keys``, or ``AA==`` among them); returns whether it did."""
+    if is_loopback(host):
+        return False
+    if verifier is NO_AUTH:
+        why = "no --auth-keys"
+    elif isinstance(verifier, KeyedAuth) and verifier.allow_missing:
+        why = "--auth-keys includes AA=="
+    else:
+        return False
+    log.warning(
+        f"{kind} serves {host or 'every interface'} with authorization off ({why}): any client "
+        "that reaches the port may Apply and delete journals and shards, Append, Read and "
+        "Replicate; set --auth-keys (see docs/security.md)", extra={"host": host or "*"})
+    return True
+
+
 class MemberProcess:
     """A member of a gazette cluster (see the module docstring); subclass and fill the hooks."""
 
     kind = "member"
     """What the process is called in its log lines (``broker started``)."""
+
+    verifier: Verifier = NO_AUTH
+    """How the process checks requests' tokens (subclasses set it from ``--auth-keys``)."""
 
     def __init__(self, *, zone: str, suffix: str, host: str, port: int, etcd_address: str,
                  etcd_lease: float, keyspace: KeySpace, is_consistent: IsConsistentFn,
@@ -160,13 +197,15 @@ class MemberProcess:
 
     async def run(self) -> None:
         """Runs the process until ``stop()``; then drains and returns."""
+        raise_nofile_limit()  # a connection is a descriptor: 1,024 is a login shell's default
+        warn_if_open(self.kind, self.host, self.verifier)
         grpc_server = build_server(os.path.join(self.scratch_dir, "grpc.sock"))
         self.register_services(grpc_server)
         await self.initialize(grpc_server)
         self._etcd = await etcd_connect(self.etcd_address)
         runner = await start_app([*debug_routes(self.ready, self.not_serving), *self.http_routes()])
         assert runner.server is not None
-        mux = Multiplexer(os.path.join(self.scratch_dir, "grpc.sock"), runner.server, h2_protocol_factory=(
+        mux = Multiplexer(os.path.join(self.scratch_dir, "grpc.sock"), http_protocol_factory(runner), h2_protocol_factory=(
             grpc_server.protocol if isinstance(grpc_server, RpcServer) else None), tls=self.tls)
         try:
             await self._load_keyspace()

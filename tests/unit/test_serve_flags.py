@@ -1,10 +1,13 @@
-"""`gazette serve` flags: Gazette's names, environment variables and refusals."""
+"""`gazette serve` flags: Gazette's names, environment variables and refusals; the start-up
+warning when authorization is off on a reachable address."""
 
 from __future__ import annotations
 
 import pytest
 
+from gazette.auth import NO_AUTH, KeyedAuth
 from gazette.cli.serve import build_parser, config_from_args
+from gazette.server.process import is_loopback, warn_if_open
 
 
 def _config(argv: list[str]):  # type: ignore[no-untyped-def]
@@ -30,3 +33,42 @@ def test_append_rate_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bad_append_rates_are_refused(flag: str, value: str) -> None:
     with pytest.raises(SystemExit, match=flag.lstrip("-")):
         _config(["--broker.id", "broker-one", flag, value])
+
+
+# --- the operator's warning: authorization off on a reachable address ---------------------------
+
+
+@pytest.mark.parametrize("host,loopback", [("127.0.0.1", True), ("127.8.9.10", True), ("::1", True),
+                                           ("[::1]", True), ("localhost", True), ("0.0.0.0", False),
+                                           ("", False), ("::", False), ("10.1.2.3", False),
+                                           ("broker.example", False)])
+def test_loopback_addresses(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_open_access_on_a_reachable_address_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="gazette.server.process"):
+        assert warn_if_open("broker", "0.0.0.0", NO_AUTH)
+    [rec] = caplog.records
+    assert rec.levelname == "WARNING"
+    msg = rec.getMessage()
+    for what in ("authorization off", "--auth-keys", "Apply", "delete", "Replicate"):
+        assert what in msg
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gazette.server.process"):
+        assert warn_if_open("consumer", "", KeyedAuth("AA== c2VjcmV0LWtleS1vZi1hdC1sZWFzdC0zMi1ieXRlcyE="))
+    assert "AA==" in caplog.records[-1].getMessage()
+
+
+@pytest.mark.parametrize("host,keys", [("127.0.0.1", ""), ("::1", ""),
+                                       ("0.0.0.0", "c2VjcmV0LWtleS1vZi1hdC1sZWFzdC0zMi1ieXRlcyE=")])
+def test_no_warning_on_loopback_or_with_keys(caplog: pytest.LogCaptureFixture, host: str, keys: str) -> None:
+    verifier = KeyedAuth(keys) if keys else NO_AUTH
+    with caplog.at_level("INFO", logger="gazette.server.process"):
+        assert not warn_if_open("broker", host, verifier)
+    assert not [r for r in caplog.records if r.name == "gazette.server.process"]
+
+
+def test_bad_auth_keys_exit_naming_the_flag() -> None:
+    with pytest.raises(SystemExit, match="auth-keys"):
+        _config(["--broker.id", "broker-one", "--auth-keys", "not base64!"])
