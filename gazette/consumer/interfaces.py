@@ -32,6 +32,7 @@ __all__ = [
     "MaybeAwaitable",
     "MessageProducer",
     "OpFuture",
+    "PreparingStore",
     "Shard",
     "Store",
 ]
@@ -99,6 +100,16 @@ class Store(Protocol):
     def destroy(self) -> None:
         """Releases the store's resources (the shard left, or failed)."""
         ...
+
+
+@runtime_checkable
+class PreparingStore(Protocol):
+    """Optional: a Store awaited as each transaction begins, before its first message reaches
+    the app. A store whose transactions must not overlap (``SyncSQLStore``: a synchronous
+    statement blocked on a row the previous commit still locks would hold the event loop that
+    commit needs) returns once the previous commit resolved; pipelining stores need not."""
+
+    def prepare_txn(self, shard: Shard) -> MaybeAwaitable: ...
 
 
 class Application(Protocol):

@@ -10,7 +10,9 @@ pending appends as ``wait_for``; the ACK intents are appended once the commit re
 
 Pipelining: the next transaction consumes while the previous one commits, and cannot itself
 commit before the previous commit and ACKs resolved. If its maximum duration elapses first,
-it stops reading and is *stalled* until they do.
+it stops reading and is *stalled* until they do. A store with ``prepare_txn``
+(``PreparingStore``) is awaited before each transaction's first message reaches the app, and
+may hold it there (``SyncSQLStore`` does, until the previous commit resolved).
 
 States, one step each (``TxnState``): IDLE (nothing consumed: wait for a message, the
 previous barrier or the end of input) → CONSUMING (consume ready batches; wait while a close
@@ -42,7 +44,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gazette.consumer.errors import TransactionError
-from gazette.consumer.interfaces import Application, BeginFinisher, OpFuture, Shard, Store
+from gazette.consumer.interfaces import (
+    Application,
+    BeginFinisher,
+    OpFuture,
+    PreparingStore,
+    Shard,
+    Store,
+)
 from gazette.durations import ns_from_pb
 from gazette.message import Envelope, ProducerState, Publisher, build_checkpoint
 from gazette.message.publisher import AckIntent
@@ -171,6 +180,7 @@ class TransactionLoop:
         self._closed = False  # the source ended
         self._async_consume = inspect.iscoroutinefunction(app.consume_message)
         self._begin_finisher = app if isinstance(app, BeginFinisher) else None
+        self._store_prepares = store if isinstance(store, PreparingStore) else None
 
     async def run(self, recovered: pc.Checkpoint | None = None) -> None:
         """Re-publishes the recovered checkpoint's ACK intents, then runs transactions until
@@ -287,6 +297,11 @@ class TransactionLoop:
         if not batch:
             return
         if txn.consumed == 0:
+            if self._store_prepares is not None:
+                try:
+                    await _maybe(self._store_prepares.prepare_txn(shard))
+                except Exception as err:
+                    raise TransactionError("prepare_txn", err) from err
             if self._begin_finisher is not None:
                 try:
                     await _maybe(self._begin_finisher.begin_txn(shard, store))
