@@ -18,8 +18,16 @@ from typing import Any
 import pytest
 from consumer_support import journals_yaml, shards_yaml
 from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.ext.asyncio import create_async_engine
 
-from gazette.consumer.stores.sql import FencedError, PreviousCommitFailed, SyncSQLStore
+from gazette.consumer.errors import ConsumerError
+from gazette.consumer.stores.sql import (
+    EngineKindError,
+    FencedError,
+    PreviousCommitFailed,
+    SQLStore,
+    SyncSQLStore,
+)
 from gazette.consumer.transaction import TransactionLoop, TxnConfig
 from gazette.message import Envelope, JSONMessage, ProducerState
 from gazette.message.publisher import AckIntent
@@ -128,6 +136,20 @@ async def test_commit_restore_and_fence(engine: Engine) -> None:
     assert await _read_through(engine) == 300
     for s in (a, b):
         s.destroy()
+
+
+async def test_engine_of_the_other_kind(tmp_path: Path) -> None:
+    sync, aio = create_engine(f"sqlite:///{tmp_path / 'a'}"), create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'a'}")
+    with pytest.raises(EngineKindError, match="use SyncSQLStore"):
+        SQLStore(sync)  # type: ignore[arg-type]
+    with pytest.raises(EngineKindError, match="use SQLStore"):
+        SyncSQLStore(aio)  # type: ignore[arg-type]
+    store = SyncSQLStore(sync)
+    store.destroy()
+    with pytest.raises(ConsumerError, match="destroyed"):
+        store.connection()
+    await aio.dispose()
+    sync.dispose()
 
 
 async def test_first_checkpoint_races(engine: Engine) -> None:

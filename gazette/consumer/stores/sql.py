@@ -69,7 +69,7 @@ from gazette.consumer.interfaces import OpFuture, Shard
 from gazette.protocol import consumer_pb2 as pc
 from gazette.tasks import Supervisor
 
-__all__ = ["CHECKPOINTS", "FencedError", "PreviousCommitFailed", "SQLStore", "SyncSQLStore"]
+__all__ = ["CHECKPOINTS", "EngineKindError", "FencedError", "PreviousCommitFailed", "SQLStore", "SyncSQLStore"]
 
 _METADATA = MetaData()
 CHECKPOINTS = Table(
@@ -86,6 +86,11 @@ _T = TypeVar("_T")
 
 class FencedError(ConsumerError):
     """The checkpoint's fence moved: another primary restored this shard since."""
+
+
+class EngineKindError(ConsumerError, TypeError):
+    """An engine of the other kind: ``SQLStore`` takes an ``AsyncEngine``, ``SyncSQLStore`` an
+    ``Engine``."""
 
 
 class PreviousCommitFailed(ConsumerError):
@@ -135,6 +140,9 @@ class SQLStore:
     """See the module docstring. ``create_tables`` makes ``gazette_checkpoints`` if absent."""
 
     def __init__(self, engine: AsyncEngine) -> None:
+        if not isinstance(engine, AsyncEngine):
+            raise EngineKindError(f"SQLStore takes an AsyncEngine (create_async_engine), not {engine!r}; "
+                                  "for a synchronous Engine, use SyncSQLStore")
         self.engine = engine
         self.fence = 0
         self._txn: AsyncConnection | None = None
@@ -201,6 +209,9 @@ class SyncSQLStore:
     ``fence`` is read and written only there (and read by the loop once a call resolved)."""
 
     def __init__(self, engine: Engine) -> None:
+        if not isinstance(engine, Engine):
+            raise EngineKindError(f"SyncSQLStore takes a synchronous Engine (create_engine), not {engine!r}; "
+                                  "for an AsyncEngine, use SQLStore")
         self.engine = engine
         self.fence = 0
         self._txn: Connection | None = None
@@ -218,6 +229,8 @@ class SyncSQLStore:
         calling thread (a checkout from the engine's pool, where the worker returns the
         connections it commits)."""
         if self._txn is None:
+            if self._destroyed:
+                raise ConsumerError("SyncSQLStore.connection(): the store was destroyed (its shard left)")
             conn = self.engine.connect()
             conn.begin()
             self._txn = conn
