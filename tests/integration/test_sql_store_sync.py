@@ -181,6 +181,27 @@ async def test_failed_dependency_rolls_back(engine: Engine) -> None:
     s.destroy()
 
 
+async def test_destroy_ends_the_worker_after_the_last_commit(engine: Engine) -> None:
+    """A commit in flight when the shard leaves still completes (as with SQLStore); the open
+    transaction is rolled back; then the store's worker thread ends."""
+    shard: Any = _Shard()
+    s = SyncSQLStore(engine)
+    await s.restore_checkpoint(shard)
+    workers = set(s._worker._threads)  # the stdlib executor's threads
+    assert workers
+    _count(s, "x")
+    dep: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    commit = s.start_commit(shard, _cp(10), [dep])
+    if engine.dialect.name == "postgresql":  # (SQLite has one writer: the committing one)
+        _count(s, "open")
+    s.destroy()
+    dep.set_result(None)
+    await commit
+    await _until(lambda: not any(t.is_alive() for t in workers), "the worker thread ends")
+    assert _counts(engine) == {"x": 1}
+    assert await _read_through(engine) == 10
+
+
 @pytest.mark.parametrize("first_fails", [False, True])
 async def test_pipelined_commits_apply_in_order(engine: Engine, first_fails: bool) -> None:
     """A second commit started while the first still waits for its appends applies after it

@@ -275,9 +275,12 @@ class SyncSQLStore:
 
     def _restore_on_worker(self, fqn: str) -> bytes:
         conn = self.engine.connect()
-        conn.begin()
-        fence, data = _restore(conn, fqn)
-        self.fence = fence
+        try:
+            conn.begin()
+            self.fence, data = _restore(conn, fqn)
+        except BaseException:
+            conn.close()  # rolled back as it closes
+            raise
         self._commit_on_worker(conn, fqn, data)  # the bumped fence, with the same checkpoint
         return data
 
