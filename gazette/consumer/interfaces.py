@@ -102,16 +102,6 @@ class Store(Protocol):
         ...
 
 
-@runtime_checkable
-class PreparingStore(Protocol):
-    """Optional: a Store awaited as each transaction begins, before its first message reaches
-    the app. A store whose transactions must not overlap (``SyncSQLStore``: a synchronous
-    statement blocked on a row the previous commit still locks would hold the event loop that
-    commit needs) returns once the previous commit resolved; pipelining stores need not."""
-
-    def prepare_txn(self, shard: Shard) -> MaybeAwaitable: ...
-
-
 class Application(Protocol):
     """What a user writes: see the module docstring."""
 
@@ -154,6 +144,16 @@ class MessageProducer(Protocol):
 
     def read_through(self, shard: Shard, store: Store,
                      offsets: Mapping[str, int]) -> Mapping[str, int]: ...
+
+
+@runtime_checkable
+class PreparingStore(Protocol):
+    """Optional: a Store awaited as each transaction begins, before its first message reaches
+    the app. A store whose transactions must not overlap (``SyncSQLStore``: a synchronous
+    statement blocked on a row the previous commit still locks would hold the event loop that
+    commit needs) returns once the previous commit resolved; pipelining stores need not."""
+
+    def prepare_txn(self, shard: Shard) -> Awaitable[None] | None: ...
 
 
 @runtime_checkable

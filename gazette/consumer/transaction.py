@@ -173,6 +173,7 @@ class TransactionLoop:
         self.source, self.config = source, config
         self.write_acks, self.pending_appends = write_acks, pending_appends
         self.clock = clock or LoopClock()
+        self._store_prepares = store if isinstance(store, PreparingStore) else None
         self.on_progress, self.on_txn = on_progress, on_txn
         self.state = TxnState.IDLE
         self.prev = Txn(done=True)
@@ -180,7 +181,6 @@ class TransactionLoop:
         self._closed = False  # the source ended
         self._async_consume = inspect.iscoroutinefunction(app.consume_message)
         self._begin_finisher = app if isinstance(app, BeginFinisher) else None
-        self._store_prepares = store if isinstance(store, PreparingStore) else None
 
     async def run(self, recovered: pc.Checkpoint | None = None) -> None:
         """Re-publishes the recovered checkpoint's ACK intents, then runs transactions until
