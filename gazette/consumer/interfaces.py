@@ -146,12 +146,12 @@ class MessageProducer(Protocol):
                      offsets: Mapping[str, int]) -> Mapping[str, int]: ...
 
 
-@runtime_checkable
 class PreparingStore(Protocol):
-    """Optional: a Store awaited as each transaction begins, before its first message reaches
-    the app. A store whose transactions must not overlap (``SyncSQLStore``: a synchronous
-    statement blocked on a row the previous commit still locks would hold the event loop that
-    commit needs) returns once the previous commit resolved; pipelining stores need not."""
+    """Optional: a Store with ``prepare_txn``, awaited as each transaction begins, before its
+    first message reaches the app. A store whose transactions must not overlap
+    (``SyncSQLStore``: a synchronous statement blocked on a row the previous commit still locks
+    would hold the event loop that commit needs) returns once the previous commit resolved;
+    pipelining stores need not."""
 
     def prepare_txn(self, shard: Shard) -> Awaitable[None] | None: ...
 

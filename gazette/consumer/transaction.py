@@ -44,14 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gazette.consumer.errors import TransactionError
-from gazette.consumer.interfaces import (
-    Application,
-    BeginFinisher,
-    OpFuture,
-    PreparingStore,
-    Shard,
-    Store,
-)
+from gazette.consumer.interfaces import Application, BeginFinisher, OpFuture, Shard, Store
 from gazette.durations import ns_from_pb
 from gazette.message import Envelope, ProducerState, Publisher, build_checkpoint
 from gazette.message.publisher import AckIntent
@@ -173,7 +166,8 @@ class TransactionLoop:
         self.source, self.config = source, config
         self.write_acks, self.pending_appends = write_acks, pending_appends
         self.clock = clock or LoopClock()
-        self._store_prepares = store if isinstance(store, PreparingStore) else None
+        # PreparingStore's optional method: looked up, as a Store need not declare the role.
+        self._prepare_txn: Callable[[Shard], Awaitable[None] | None] | None = getattr(store, "prepare_txn", None)
         self.on_progress, self.on_txn = on_progress, on_txn
         self.state = TxnState.IDLE
         self.prev = Txn(done=True)
@@ -297,9 +291,9 @@ class TransactionLoop:
         if not batch:
             return
         if txn.consumed == 0:
-            if self._store_prepares is not None:
+            if self._prepare_txn is not None:
                 try:
-                    await _maybe(self._store_prepares.prepare_txn(shard))
+                    await _maybe(self._prepare_txn(shard))
                 except Exception as err:
                     raise TransactionError("prepare_txn", err) from err
             if self._begin_finisher is not None:
