@@ -37,6 +37,7 @@ __all__ = [
     "MaybeAwaitable",
     "MessageProducer",
     "OpFuture",
+    "PreparingStore",
     "Shard",
     "Store",
 ]
@@ -147,6 +148,16 @@ class MessageProducer(Protocol):
 
     def read_through(self, shard: Shard, store: Store,
                      offsets: Mapping[str, int]) -> Mapping[str, int]: ...
+
+
+class PreparingStore(Protocol):
+    """Optional: a Store with ``prepare_txn``, awaited as each transaction begins, before its
+    first message reaches the app. A store whose transactions must not overlap
+    (``SyncSQLStore``: a synchronous statement blocked on a row the previous commit still locks
+    would hold the event loop that commit needs) returns once the previous commit resolved;
+    pipelining stores need not."""
+
+    def prepare_txn(self, shard: Shard) -> Awaitable[None] | None: ...
 
 
 @runtime_checkable

@@ -10,7 +10,9 @@ pending appends as ``wait_for``; the ACK intents are appended once the commit re
 
 Pipelining: the next transaction consumes while the previous one commits, and cannot itself
 commit before the previous commit and ACKs resolved. If its maximum duration elapses first,
-it stops reading and is *stalled* until they do.
+it stops reading and is *stalled* until they do. A store with ``prepare_txn``
+(``PreparingStore``) is awaited before each transaction's first message reaches the app, and
+may hold it there (``SyncSQLStore`` does, until the previous commit resolved).
 
 States, one step each (``TxnState``): IDLE (nothing consumed: wait for a message, the
 previous barrier or the end of input) → CONSUMING (consume ready batches; wait while a close
@@ -179,6 +181,8 @@ class TransactionLoop:
         self.source, self.config = source, config
         self.write_acks, self.pending_appends = write_acks, pending_appends
         self.clock = clock or LoopClock()
+        # PreparingStore's optional method: looked up, as a Store need not declare the role.
+        self._prepare_txn: Callable[[Shard], Awaitable[None] | None] | None = getattr(store, "prepare_txn", None)
         self.on_progress, self.on_txn = on_progress, on_txn
         self.state = TxnState.IDLE
         self.prev = Txn(done=True)
@@ -316,6 +320,11 @@ class TransactionLoop:
         if not batch:
             return
         if txn.consumed == 0:
+            if self._prepare_txn is not None:
+                try:
+                    await _maybe(self._prepare_txn(shard))
+                except Exception as err:
+                    raise TransactionError("prepare_txn", err) from err
             if self._begin_finisher is not None:
                 try:
                     await _maybe(self._begin_finisher.begin_txn(shard, store))
