@@ -38,12 +38,14 @@ from gazette.consumer.transaction import TransactionLoop, TxnConfig, TxnState
 
 if TYPE_CHECKING:
     from gazette.consumer.stores.rocksdb import RocksDBStore
-    from gazette.consumer.stores.sql import SQLStore
+    from gazette.consumer.stores.sql import PreviousCommitFailed, SQLStore, SyncSQLStore
     from gazette.consumer.stores.sqlite import SQLiteStore
 
 _LAZY = {
     "RocksDBStore": "gazette.consumer.stores.rocksdb",
     "SQLStore": "gazette.consumer.stores.sql",
+    "SyncSQLStore": "gazette.consumer.stores.sql",
+    "PreviousCommitFailed": "gazette.consumer.stores.sql",
     "SQLiteStore": "gazette.consumer.stores.sqlite",
 }
 
@@ -59,6 +61,7 @@ __all__ = [
     "MemoryStore",
     "MessageProducer",
     "OpFuture",
+    "PreviousCommitFailed",
     "Resolution",
     "Resolver",
     "RocksDBStore",
@@ -68,6 +71,7 @@ __all__ = [
     "ShardClient",
     "ShardStatusError",
     "Store",
+    "SyncSQLStore",
     "TransactionError",
     "TransactionLoop",
     "TxnConfig",
