@@ -118,7 +118,7 @@ class FileStore:
     # -- Reading.
 
     async def open(
-        self, fragment: Fragment, offset: int | None = None
+        self, fragment: Fragment, offset: int | None = None, chunk: int = OPEN_CHUNK
     ) -> AsyncGenerator[bytes, None]:
         begin = open_offset(fragment, offset)
         path = self._fragment_path(fragment)
@@ -127,7 +127,7 @@ class FileStore:
         except FileNotFoundError as err:
             raise StoreError(f"fragment {fragment.content_path()} is not in {self._url}") from err
         try:
-            async for data in read_stored(fragment, begin, fragment.begin, lambda: fh.read(OPEN_CHUNK)):
+            async for data in read_stored(fragment, begin, fragment.begin, lambda: fh.read(chunk), chunk):
                 yield data
         finally:
             fh.close()
