@@ -394,10 +394,16 @@ class ReadAhead(Generic[T]):
         """Reads ahead until an empty item (the commit), the end of the stream, or ``limit``
         content bytes; raises FlowControlUnderflow if the client stalls meanwhile (below
         ``min_rate``; 0 polices nothing)."""
-        source: AsyncIterator[T] = (
-            min_rate_policed(self._it, content_length, min_rate, watch) if min_rate else self._it)
+        it, ready = self._it, self._ready
+        policed: AsyncIterator[T] | None = None  # made at the first wait (most appends arrive whole)
         n = 0
         while n < limit and not self._ended:
+            if ready is not None and ready():
+                source = it  # the item is here: taking it cannot stall
+            elif policed is None:
+                source = policed = min_rate_policed(it, content_length, min_rate, watch) if min_rate else it
+            else:
+                source = policed
             try:
                 item = await source.__anext__()
             except StopAsyncIteration:
