@@ -12,7 +12,7 @@ import contextlib
 import socket
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import pytest
@@ -144,3 +144,56 @@ def test_blocking_http_readers_that_disconnect_log_no_traceback(hostile: Cluster
         wait_until(lambda: "Traceback" in log_since(hostile, mark), 5.0, message="a traceback")
     text = log_since(hostile, mark)
     assert "Traceback" not in text and "ERRO" not in text, text[-4000:]
+
+
+def test_stalled_appends_do_not_hold_a_healthy_one(hostile: Cluster) -> None:
+    """50 Appends on one journal open their streams and stall (half after naming the journal,
+    half after a few bytes); a healthy append to the same journal is answered well within the
+    issue's bound, and the stalled ones are aborted RESOURCE_EXHAUSTED (the minimum rate)
+    with nothing of theirs committed. Before the read-ahead, the stalled appends held the
+    pipeline one second each, in turn: the healthy append waited some 50 s."""
+    journal = new_journal(hostile)
+    stalled_count = 50
+
+    async def run() -> float:
+        channels = [Channel(f"127.0.0.1:{hostile.broker.port}") for _ in range(3)]
+        try:
+            calls = []
+            for i in range(stalled_count):
+                stub = pb_grpc.JournalStub(channels[i % 3])  # type: ignore[no-untyped-call]
+                call = stub.Append()
+                await call.write(pb.AppendRequest(journal=journal))
+                if i % 2:
+                    await call.write(pb.AppendRequest(content=b"partial "))
+                calls.append(call)
+            stub = pb_grpc.JournalStub(channels[0])  # type: ignore[no-untyped-call]
+            began = asyncio.get_running_loop().time()
+
+            async def healthy() -> AsyncIterator[pb.AppendRequest]:
+                yield pb.AppendRequest(journal=journal)
+                yield pb.AppendRequest(content=b"healthy\n")
+                yield pb.AppendRequest()
+
+            async with asyncio.timeout(DEADLINE):
+                resp = await stub.Append(healthy())
+            took = asyncio.get_running_loop().time() - began
+            assert resp.status == pb.OK and resp.commit.end - resp.commit.begin == 8
+            for call in calls:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    async with asyncio.timeout(DEADLINE):
+                        await call
+                assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            return took
+        finally:
+            for ch in channels:
+                await ch.close()
+
+    took = asyncio.run(run())
+    assert took < 10.0, f"the healthy append waited {took:.1f}s behind stalled ones"
+    channel = grpc.insecure_channel(f"127.0.0.1:{hostile.broker.port}")
+    try:
+        stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+        read = stub.Read(pb.ReadRequest(journal=journal, offset=0, block=False), timeout=DEADLINE)
+        assert b"".join(r.content for r in read) == b"healthy\n"
+    finally:
+        channel.close()
