@@ -414,3 +414,13 @@ async def test_on_demand_checks_are_limited_shared_and_cached(monkeypatch: pytes
     assert await health.request(urls[1], named=False) == (True, "")  # stale: checked again
     assert len(built) == 5
     assert health.pending_requests == 0 and health._entries == {}
+
+
+async def test_on_demand_checks_run_in_the_monitors_task_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeStore([False])
+    monkeypatch.setattr(health_mod, "store_for_url", lambda url, root: fake)
+    health = monitor(Stores())
+    async with running(health):
+        assert await health.request("s3://bucket/", named=False) == (False, "check 1 failed")
+        assert await health.request("s3://bucket/", named=False) == (False, "check 1 failed")  # cached
+    assert fake.calls == 1 and health._entries == {}

@@ -53,7 +53,8 @@ import os
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from prometheus_client import Counter
 
@@ -231,7 +232,7 @@ class StoreHealth:
         return ok, self.scrub(error)
 
     async def _ask(self, key: tuple[str, str | None],
-                   check: Callable[[], Awaitable[tuple[bool, str]]]) -> tuple[bool, str]:
+                   check: Callable[[], Coroutine[Any, Any, tuple[bool, str]]]) -> tuple[bool, str]:
         """A cached answer for ``key`` younger than ``adhoc_ttl``, or that of one check shared
         by every request asking meanwhile."""
         hit = self._answers.get(key)
@@ -239,7 +240,10 @@ class StoreHealth:
             return hit[1], hit[2]
         running = self._asking.get(key)
         if running is None:
-            running = self._asking[key] = asyncio.ensure_future(check())
+            # Owned by run()'s task group while it runs (tools and tests run checks inline).
+            running = self._asking[key] = (
+                self._tg.create_task(check(), name=f"store-health-request:{key[0]}")
+                if self._tg is not None else asyncio.ensure_future(check()))
 
             def done(f: asyncio.Future[tuple[bool, str]]) -> None:
                 del self._asking[key]
