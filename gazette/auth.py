@@ -73,7 +73,9 @@ _METHOD_CAPABILITY = {
     "/protocol.Journal/Append": APPEND,
     "/protocol.Journal/Replicate": REPLICATE,
     "/protocol.Journal/ListFragments": READ,
-    "/protocol.Journal/FragmentStoreHealth": READ,
+    # Our brokers ask APPLY (it makes them dial and write a store the caller names), Gazette's
+    # READ: a token with both serves either.
+    "/protocol.Journal/FragmentStoreHealth": READ | APPLY,
     "/consumer.Shard/Stat": READ,
     "/consumer.Shard/List": LIST,
     "/consumer.Shard/Apply": APPLY,

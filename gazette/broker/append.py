@@ -9,7 +9,10 @@ Each append runs Gazette's append state machine (broker/append_fsm.go):
 
 * RESOLVE reads through any etcd revision the request (or an earlier step) names, and
   resolves the journal; a broker that is not primary proxies (AWAIT_DESIRED_REPLICAS first).
-* ACQUIRE_PIPELINE takes the replica's send side (``send_lock``); START_PIPELINE keeps the
+* ACQUIRE_PIPELINE first reads the client's stream ahead (``flow.ReadAhead``: until its
+  commit or ``READ_AHEAD`` bytes, under the min-rate policy), then queues for the replica's
+  send side (``send_lock``): a stalled client is aborted before it queues, so it never holds
+  healthy appends behind it. START_PIPELINE keeps the
   current pipeline if it serves the resolved route and is unbroken, else retires it and
   builds one over the spool (``spool_lock``) with a Replicate stream to each peer.
 * A new pipeline is synchronised: the spool's fragment is proposed to every peer; a peer
@@ -54,7 +57,7 @@ from gazette.allocator import desired_replication
 from gazette.auth import Claims
 from gazette.broker import metrics
 from gazette.broker.context import BrokerContext
-from gazette.broker.flow import AppendFlowControl, flow_controlled, min_rate_policed
+from gazette.broker.flow import AppendFlowControl, ReadAhead, flow_controlled, min_rate_policed
 from gazette.broker.pipeline import Pipeline, ReplicationError
 from gazette.broker.replica import acquire_unless, wait_unless
 from gazette.broker.wire import AppendChunk, ContentChunk
@@ -148,8 +151,10 @@ _Acks = tuple["Pipeline", "Replica", "asyncio.Future[None]", "asyncio.Future[Non
 class AppendFSM:
     """One append's walk through the state machine (see the module docstring)."""
 
-    def __init__(self, broker: BrokerContext, req: pb.AppendRequest, claims: Claims | None = None) -> None:
+    def __init__(self, broker: BrokerContext, req: pb.AppendRequest, claims: Claims | None = None,
+                 ahead: ReadAhead[AppendChunk] | None = None) -> None:
         self.broker = broker
+        self.ahead = ahead  # the client's stream, read ahead once before queueing
         self.req = req
         self.claims = claims
         self.state = RESOLVE
@@ -237,6 +242,14 @@ class AppendFSM:
             self.read_through = res.header.etcd.revision + 1
             self.state = RESOLVE
             return
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            # Only a client that committed, or is visibly sending, queues (flow.py): a stalled
+            # one is aborted here (RESOURCE_EXHAUSTED) without ever delaying the queue.
+            await ahead.fill(_content_length, self.broker.config.min_append_rate)
+            if res.signal is not None and res.signal.is_set():
+                self.state = RESOLVE  # the route changed while we read: resolve afresh
+                return
         # Appends queue here in their (FIFO) order; a holder always finishes, so waiting
         # needs no watch on the resolution: it is checked again once we own the pipeline.
         await replica.send_lock.acquire()
@@ -620,7 +633,8 @@ async def append(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIter
                  claims: Claims | None = None) -> pb.AppendResponse:
     """Serves one Append; ``rest`` yields the content chunks after ``first``; a journal
     ``claims`` do not reach is not found."""
-    fsm = AppendFSM(broker, first, claims)
+    rest = ahead = ReadAhead(rest)
+    fsm = AppendFSM(broker, first, claims, ahead)
     try:
         await fsm.run_to_stream()
         res = fsm.res

@@ -26,6 +26,17 @@ wait; one :class:`StallWatch` per event loop looks at the deadlines of the appen
 every ``QUANTUM`` (Gazette's flow-control quantum), instead of a timer armed and cancelled
 per append. A stall is thus noticed at most ``QUANTUM`` late.
 
+**Queued appends** (:class:`ReadAhead`): an append reads its client's stream ahead, under the
+min-rate policy, *before* it takes its place in the journal's queue for the pipeline: until
+the client committed (the empty chunk or the end of the stream) or ``READ_AHEAD`` bytes of
+content arrived. So a stalled client (one that opened the stream and sent a little or nothing)
+never queues: it is aborted where it stands, alongside every other stalled one, instead of
+each holding the pipeline for its budget in turn while healthy appends wait behind all of them
+(300 stalled appends held a healthy one for minutes). An append that arrived whole cannot stall
+once it holds the pipeline; one that streams more than ``READ_AHEAD`` has shown it is sending,
+and is policed as the holder (Gazette's policy: a stall costs the others at most its budget).
+While queued it reads no further, so the broker's queueing never drains a client's budget.
+
 Invariants: ``0 <= spent <= min_rate`` after every debit; ``0 <= balance <= bank_factor *
 max_rate`` when a max rate is set; a chunk is released only once its whole length was debited.
 """
@@ -35,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Generic, TypeVar
 
@@ -49,6 +61,8 @@ __all__ = [
     "DEFAULT_MIN_APPEND_RATE",
     "BANK_FACTOR",
     "QUANTUM",
+    "READ_AHEAD",
+    "ReadAhead",
 ]
 
 DEFAULT_MIN_APPEND_RATE = 1 << 16
@@ -59,6 +73,8 @@ BURST_SECONDS = 1
 """Initial credit, in seconds of the max rate (balance) and of the min rate (spent)."""
 QUANTUM = 0.05
 """Seconds between looks at a stream whose chunk the broker is still handling (Gazette's quantum)."""
+READ_AHEAD = 1 << 17
+"""Content bytes an append reads ahead of its client before it queues for the pipeline."""
 
 
 class FlowControlUnderflow(GazetteError):
@@ -261,6 +277,11 @@ class StallWatch:
     def end(self, task: asyncio.Task[object]) -> None:
         self._waits.pop(task, None)
 
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock deadlines are in (``min_rate_policed`` measures its waits with it)."""
+        return self._clock
+
     def underflowed(self, task: asyncio.Task[object]) -> bool:
         """Whether the watch cancelled ``task`` (once: the mark is taken)."""
         if task in self._underflowed:
@@ -300,7 +321,7 @@ class min_rate_policed(Generic[T]):  # noqa: N801 - used as flow_controlled is, 
     __slots__ = ("_it", "_ready", "_length", "_min_rate", "_spent", "_cap", "_watch", "_task", "_clock")
 
     def __init__(self, it: AsyncIterator[T], content_length: Callable[[T], int], min_rate: int,
-                 watch: StallWatch | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 watch: StallWatch | None = None, clock: Callable[[], float] | None = None) -> None:
         self._it = it
         # A stream that can tell its next item is already here (our transport's requests)
         # spares the watch: taking it cannot stall.
@@ -313,7 +334,7 @@ class min_rate_policed(Generic[T]):  # noqa: N801 - used as flow_controlled is, 
         # appends arrive whole and never wait).
         self._watch = watch
         self._task: asyncio.Task[object] | None = None
-        self._clock = clock
+        self._clock = clock  # None: the watch's
 
     def __aiter__(self) -> min_rate_policed[T]:
         return self
@@ -333,6 +354,8 @@ class min_rate_policed(Generic[T]):  # noqa: N801 - used as flow_controlled is, 
         if watch is None:
             watch = self._watch = StallWatch.of(task.get_loop())
         clock = self._clock
+        if clock is None:
+            clock = self._clock = watch.clock
         began = clock()
         watch.begin(task, began + self._spent / self._min_rate)
         try:
@@ -348,3 +371,61 @@ class min_rate_policed(Generic[T]):  # noqa: N801 - used as flow_controlled is, 
         spent = self._spent - (clock() - began) * self._min_rate
         self._spent = min(max(spent, 0.0) + self._length(item), self._cap)
         return item
+
+
+class ReadAhead(Generic[T]):
+    """A request stream read ahead before its append queues (see the module docstring):
+    :meth:`fill` buffers items, iterating yields the buffered ones, then the rest of ``it``.
+
+    Invariant: the items come out exactly in the order ``it`` produced them, each once."""
+
+    __slots__ = ("_it", "_buf", "_ended", "_ready", "buffered")
+
+    def __init__(self, it: AsyncIterator[T]) -> None:
+        self._it = it
+        self._buf: deque[T] = deque()
+        self._ended = False
+        self._ready: Callable[[], bool] | None = getattr(it, "ready", None)
+        self.buffered = 0
+        """Content bytes read ahead by the last :meth:`fill` (for tests and metrics)."""
+
+    async def fill(self, content_length: Callable[[T], int], min_rate: int,
+                   limit: int = READ_AHEAD, watch: StallWatch | None = None) -> None:
+        """Reads ahead until an empty item (the commit), the end of the stream, or ``limit``
+        content bytes; raises FlowControlUnderflow if the client stalls meanwhile (below
+        ``min_rate``; 0 polices nothing)."""
+        it, ready = self._it, self._ready
+        policed: AsyncIterator[T] | None = None  # made at the first wait (most appends arrive whole)
+        n = 0
+        while n < limit and not self._ended:
+            if ready is not None and ready():
+                source = it  # the item is here: taking it cannot stall
+            elif policed is None:
+                source = policed = min_rate_policed(it, content_length, min_rate, watch) if min_rate else it
+            else:
+                source = policed
+            try:
+                item = await source.__anext__()
+            except StopAsyncIteration:
+                self._ended = True
+                break
+            self._buf.append(item)
+            size = content_length(item)
+            if size == 0:
+                break  # the commit: nothing more is due before it is answered
+            n += size
+        self.buffered = n
+
+    def ready(self) -> bool:
+        """Whether the next item (or the end) is already here."""
+        return bool(self._buf) or self._ended or (self._ready is not None and self._ready())
+
+    def __aiter__(self) -> ReadAhead[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        if self._buf:
+            return self._buf.popleft()
+        if self._ended:
+            raise StopAsyncIteration
+        return await self._it.__anext__()

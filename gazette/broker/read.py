@@ -13,6 +13,13 @@ Invariants:
 * A read stops at ``end_offset``, after metadata with ``metadata_only``, at a
   non-OK status (non-blocking reads end with OFFSET_NOT_YET_AVAILABLE), or
   after metadata that delegates the read to a store URL with ``do_not_proxy``.
+* Memory: a read whose client does not read holds one response (at most
+  ``CHUNK_SIZE`` of content) while the transport's flow control keeps it from
+  producing the next, and nothing more: stored content is read in items of about
+  ``CHUNK_SIZE`` (compressed content too, however well it compresses: see
+  ``stores.read_stored``), and nothing here keeps an item once its last response
+  is made. (Stores were read 1 MiB at a time and the item kept twice: 200
+  stalled readers held 1.3 MiB each.)
 """
 
 from __future__ import annotations
@@ -106,14 +113,22 @@ async def serve_read(replica: Replica, req: pb.ReadRequest, header: pb.Header) -
                 metrics.READ_BYTES.inc(len(data))
         else:
             store = replica.stores.get(frag.backing_store)
-            async for data in store.open(frag, offset):
-                view = memoryview(data)
-                while view and offset < end:
-                    take = view[: min(CHUNK_SIZE, end - offset)]
-                    yield pb.ReadResponse(offset=offset, content=bytes(take))
-                    offset += len(take)
-                    metrics.READ_BYTES.inc(len(take))
-                    view = view[len(take):]
+            async for data in store.open(frag, offset, chunk=CHUNK_SIZE):
+                pos, size = 0, len(data)
+                while pos < size and offset < end:
+                    n = min(CHUNK_SIZE, end - offset, size - pos)
+                    if n == size:
+                        resp = pb.ReadResponse(offset=offset, content=data)
+                    else:
+                        with memoryview(data) as view:
+                            resp = pb.ReadResponse(offset=offset, content=view[pos:pos + n].tobytes())
+                    pos += n
+                    if pos >= size:
+                        del data  # freed before we wait on the client: the response has it
+                    yield resp
+                    del resp
+                    offset += n
+                    metrics.READ_BYTES.inc(n)
                 if offset >= end:
                     break
         r.offset = offset

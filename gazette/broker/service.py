@@ -11,9 +11,18 @@ and ``gazette.server.edge.grpc_edge`` ends the RPC with each error's own code (a
 request: unexpected exceptions end that RPC alone.
 
 Every RPC first verifies its token for the capability it needs (Gazette's: List LIST, Apply
-APPLY, Read/ListFragments/FragmentStoreHealth READ, Append APPEND, Replicate REPLICATE)
+APPLY, Read/ListFragments READ, Append APPEND, Replicate REPLICATE; FragmentStoreHealth APPLY,
+where Gazette asks READ: it makes the broker dial and write to a store the caller names)
 before it looks at the request; a journal outside the token's selector is not listed and
 resolves as JOURNAL_NOT_FOUND, and applying or deleting one is PERMISSION_DENIED.
+
+FragmentStoreHealth answers Gazette's statuses (OK, or FRAGMENT_STORE_UNHEALTHY with the
+error) for a valid, permitted request; a malformed one is INVALID_ARGUMENT (Gazette's
+``Validate``, and a ``file://`` path with ``.``/``..`` segments). With authorization off
+anyone holds every capability, so the broker checks only stores some journal spec names (a
+caller could otherwise make it dial an endpoint of their choosing, e.g. an ``s3://`` URL's
+``endpoint=``, and send it a signed PUT): another store is FAILED_PRECONDITION, saying so.
+Too many requests waiting on checks: RESOURCE_EXHAUSTED (``fragment/health.py``).
 """
 
 from __future__ import annotations
@@ -21,16 +30,17 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from gazette import auth
-from gazette.auth import Claims, token_of
+from gazette.allocator import keys
+from gazette.auth import NO_AUTH, Claims, token_of
 from gazette.broker import append as append_mod
 from gazette.broker import read as read_mod
 from gazette.broker import replicate as replicate_mod
 from gazette.broker import wire
 from gazette.broker.context import BrokerContext
-from gazette.broker.fragment.health import check_delete
-from gazette.errors import ValidationError
+from gazette.errors import GazetteError, ValidationError
 from gazette.protocol import labels, validate
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
@@ -41,9 +51,39 @@ log = logging.getLogger(__name__)
 MAX_JOURNALS_PER_LIST_RESPONSE = 1000
 
 
+class StoreNotNamed(GazetteError):
+    """With authorization off, a FragmentStoreHealth request for a store no journal names."""
+
+    grpc_code = "FAILED_PRECONDITION"
+    http_status = 400
+
+
+def check_store_path(url: str) -> None:
+    """INVALID_ARGUMENT for a ``file://`` store whose path has ``.`` or ``..`` segments: it
+    would name a directory outside (or beside) the broker's file root."""
+    if url.startswith("file:"):
+        path = urlsplit(url).path
+        if any(seg in (".", "..") for seg in unquote(path).split("/")):
+            raise ValidationError("fragment_store", f"path cannot traverse the file root ({path})")
+
+
 class JournalService(pb_grpc.JournalServicer):
     def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
+        self._named: frozenset[str] = frozenset()
+        self._named_at = -1  # the keyspace revision _named is of
+
+    def _named_stores(self) -> frozenset[str]:
+        """The fragment stores journal specs name, as of the keyspace's revision."""
+        ks = self.broker.keyspace
+        if self._named_at != ks.revision:
+            named: set[str] = set()
+            for kv in ks.prefixed(keys.items_key(ks.root, "")):
+                spec: pb.JournalSpec | None = kv.value
+                if spec is not None:
+                    named.update(spec.fragment.stores)
+            self._named, self._named_at = frozenset(named), ks.revision
+        return self._named
 
     # -- List / Apply -----------------------------------------------------------------
 
@@ -141,15 +181,19 @@ class JournalService(pb_grpc.JournalServicer):
     async def FragmentStoreHealth(
         self, request: pb.FragmentStoreHealthRequest, context: Any
     ) -> pb.FragmentStoreHealthResponse:
-        self._verify(context, auth.READ)
+        self._verify(context, auth.APPLY)
+        validate.validate_fragment_store_health_request(request)
+        url = request.fragment_store
+        check_store_path(url)
+        named = url in self._named_stores()
+        if not named and self.broker.verifier is NO_AUTH:
+            raise StoreNotNamed(
+                f"no journal names fragment store {url}: with authorization off, a broker checks "
+                "only stores journals use (with --auth-keys, a caller holding APPLY may check any)")
         resp = pb.FragmentStoreHealthResponse(status=pb.OK)
         resp.header.CopyFrom(self.broker.resolver.header())
-        try:
-            ok, error = await self.broker.store_health.await_status(request.fragment_store)
-            if ok and request.check_delete:
-                await check_delete(self.broker.stores, request.fragment_store, request.check_delete_prefix)
-        except Exception as err:  # noqa: BLE001 - reported to the caller, not raised
-            ok, error = False, f"delete probe failed: {err}" if request.check_delete else str(err)
+        ok, error = await self.broker.store_health.request(
+            url, named=named, check_delete=request.check_delete, prefix=request.check_delete_prefix)
         if not ok:
             resp.status = pb.FRAGMENT_STORE_UNHEALTHY
             resp.store_health_error = error

@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from typing import IO, Protocol
 from urllib.parse import parse_qs, urlsplit
 
-from gazette.fragment.codecs import new_decompressor
+from gazette.fragment.codecs import NONE, new_decompressor
 from gazette.fragment.errors import StoreError, UnsupportedStoreError
 from gazette.fragment.fragment import CoverSet, Fragment
 
@@ -89,8 +89,11 @@ class FragmentStore(Protocol):
         """Whether ``fragment`` (at its path postfix) is present."""
         ...
 
-    def open(self, fragment: Fragment, offset: int | None = None) -> AsyncGenerator[bytes, None]:
-        """Decompressed content of ``fragment`` from journal ``offset`` (default: its begin).
+    def open(self, fragment: Fragment, offset: int | None = None,
+             chunk: int = OPEN_CHUNK) -> AsyncGenerator[bytes, None]:
+        """Decompressed content of ``fragment`` from journal ``offset`` (default: its begin),
+        read ``chunk`` stored bytes at a time, in items of about ``chunk`` bytes (see
+        :func:`read_stored`'s ``bounded``).
 
         An async generator: iterate it to the end, or close it (``contextlib.aclosing``).
         """
@@ -197,8 +200,14 @@ def rewriter(url: str) -> tuple[str, str, str]:
 
 
 
+MIN_FEED = 256
+"""Stored bytes first fed to a decompressor by a bounded :func:`read_stored` (deflate expands
+at most ~1032:1: a quarter MiB at worst), doubled while the output stays small."""
+
+
 async def read_stored(
-    fragment: Fragment, begin: int, pos: int, read_raw: Callable[[], bytes]
+    fragment: Fragment, begin: int, pos: int, read_raw: Callable[[], bytes],
+    bounded: int = 0,
 ) -> AsyncGenerator[bytes, None]:
     """Decompressed content of a stored fragment from journal offset ``begin``.
 
@@ -206,12 +215,36 @@ async def read_stored(
     journal offset ``pos`` on (``fragment.begin``, or beyond it for a ranged read of
     uncompressed content); it runs in a worker thread together with the decompression. Raises
     StoreError unless the content ends exactly at ``fragment.end``.
+
+    With ``bounded``, compressed content is fed to the decompressor in pieces sized so that
+    each item is about ``bounded`` bytes (highly compressible content would otherwise turn one
+    read into megabytes): the piece starts at ``MIN_FEED`` bytes, halves (by the observed
+    ratio) after an item over ``bounded`` and doubles after one under half of it (up to
+    ``bounded``). This bounds items of content whose compression ratio is steady; content
+    crafted to turn abruptly from incompressible to highly compressible can still make one item
+    the feed's size times the new ratio (the decompressors take no output limit).
     """
     decompressor = new_decompressor(fragment.codec)
+    pending = memoryview(b"")
+    feed = MIN_FEED if bounded and fragment.codec != NONE else 0
 
     def step() -> bytes | None:
-        raw = read_raw()
-        return decompressor.decompress(raw) if raw else None
+        nonlocal pending, feed
+        if not feed:
+            raw = read_raw()
+            return decompressor.decompress(raw) if raw else None
+        if not pending:
+            raw = read_raw()
+            if not raw:
+                return None
+            pending = memoryview(raw)
+        piece, pending = pending[:feed], pending[feed:]
+        out = decompressor.decompress(piece)
+        if len(out) > bounded:
+            feed = max(MIN_FEED // 4, feed * bounded // len(out))
+        elif len(out) < bounded // 2:
+            feed = min(feed * 2, bounded)
+        return out
 
     while True:
         data = await asyncio.to_thread(step)
@@ -224,7 +257,12 @@ async def read_stored(
             break
         if pos <= begin or not data:
             continue
-        yield data if start >= begin else data[begin - start :]
+        out = data if start >= begin else data[begin - start :]
+        # Held by the consumer alone while it waits (e.g. on a reader that does not read):
+        # a suspended generator keeping its last chunk too would double what a stream holds.
+        del data
+        yield out
+        del out
     if pos != fragment.end:
         raise StoreError(
             f"stored fragment {fragment.content_path()} holds "

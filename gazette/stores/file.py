@@ -8,6 +8,8 @@ Invariants:
 * ``sign_url`` is ``file://{path}`` (the path below the file root), as Gazette's: readers sharing
   the file root (e.g. a NAS mount) may read it directly.
 * Blocking file work runs in worker threads (``asyncio.to_thread``).
+* Errors name paths relative to the file root, never the root itself (they reach clients, e.g.
+  through FragmentStoreHealth): OS errors of writes, probes and checks become StoreErrors so.
 """
 
 from __future__ import annotations
@@ -82,6 +84,16 @@ class FileStore:
             raise StorePathError(f"path {store_path!r} escapes the file store root")
         return path
 
+    def _rel(self, path: str) -> str:
+        """``path`` as the store names it: relative to the file root."""
+        return os.path.relpath(path, self._root).replace(os.sep, "/")
+
+    def _os_error(self, what: str, path: str, err: OSError) -> StoreError:
+        """A StoreError for ``err`` naming ``path`` relative to the root (an OSError's own
+        text holds the absolute path)."""
+        cls = StoreAuthError if isinstance(err, PermissionError) else StoreError
+        return cls(f"{what} {self._rel(path)!r} of {self._url}: {err.strerror or type(err).__name__}")
+
     def _fragment_path(self, fragment: Fragment) -> str:
         return self._fs_path(self._rewrite(fragment.content_path()))
 
@@ -118,7 +130,7 @@ class FileStore:
     # -- Reading.
 
     async def open(
-        self, fragment: Fragment, offset: int | None = None
+        self, fragment: Fragment, offset: int | None = None, chunk: int = OPEN_CHUNK
     ) -> AsyncGenerator[bytes, None]:
         begin = open_offset(fragment, offset)
         path = self._fragment_path(fragment)
@@ -127,7 +139,7 @@ class FileStore:
         except FileNotFoundError as err:
             raise StoreError(f"fragment {fragment.content_path()} is not in {self._url}") from err
         try:
-            async for data in read_stored(fragment, begin, fragment.begin, lambda: fh.read(OPEN_CHUNK)):
+            async for data in read_stored(fragment, begin, fragment.begin, lambda: fh.read(chunk), chunk):
                 yield data
         finally:
             fh.close()
@@ -154,7 +166,7 @@ class FileStore:
     def _put(self, path: str, write: Callable[[IO[bytes]], object]) -> None:
         base = self._fs_path(self._prefix)
         if not os.path.isdir(base):
-            raise StoreAuthError(f"invalid file store directory {base!r} (of {self._url!r})")
+            raise StoreAuthError(f"invalid file store directory {self._rel(base)!r} (of {self._url!r})")
         directory, name = os.path.split(path)
         try:
             os.makedirs(directory, mode=0o750, exist_ok=True)
@@ -174,8 +186,10 @@ class FileStore:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
-        except PermissionError as err:
-            raise StoreAuthError(f"writing {path!r}: {err}") from err
+        except OSError as err:
+            if isinstance(err, PermissionError) or err.filename is not None:
+                raise self._os_error("writing", path, err) from err  # its text holds the path
+            raise  # e.g. reading the content: not the store's
 
     async def remove(self, fragment: Fragment) -> None:
         path = self._fragment_path(fragment)
@@ -190,9 +204,12 @@ class FileStore:
     def _health_check_sync(self) -> None:
         path = self._fs_path(self._prefix + HEALTH_CHECK_PATH)
         self._put(path, lambda out: out.write(HEALTH_CHECK_CONTENT))
-        with open(path, "rb") as fh:
-            if fh.read() != HEALTH_CHECK_CONTENT:
-                raise StoreError(f"health check of {self._url!r} read back other content")
+        try:
+            with open(path, "rb") as fh:
+                if fh.read() != HEALTH_CHECK_CONTENT:
+                    raise StoreError(f"health check of {self._url!r} read back other content")
+        except OSError as err:
+            raise self._os_error("reading", path, err) from err
 
 
     async def check_delete(self, prefix: str = "") -> None:
@@ -203,7 +220,7 @@ class FileStore:
             self._put(path, lambda out: out.write(b"gazette-delete-probe\n"))
             try:
                 os.remove(path)
-            except PermissionError as err:
-                raise StoreAuthError(f"removing {path!r}: {err}") from err
+            except OSError as err:
+                raise self._os_error("removing", path, err) from err
 
         await asyncio.to_thread(probe)

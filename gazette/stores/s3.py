@@ -334,7 +334,7 @@ class S3Store:
     # -- Reading.
 
     async def open(
-        self, fragment: Fragment, offset: int | None = None
+        self, fragment: Fragment, offset: int | None = None, chunk: int = OPEN_CHUNK
     ) -> AsyncGenerator[bytes, None]:
         begin = open_offset(fragment, offset)
         key = self._fragment_key(fragment)
@@ -359,13 +359,13 @@ class S3Store:
 
         def read_raw() -> bytes:
             try:
-                raw: bytes = body.read(OPEN_CHUNK)
+                raw: bytes = body.read(chunk)
             except (botocore.exceptions.BotoCoreError, OSError) as err:
                 raise self._error(f"reading {key}", err) from err
             return raw
 
         try:
-            async for data in read_stored(fragment, begin, pos, read_raw):
+            async for data in read_stored(fragment, begin, pos, read_raw, chunk):
                 yield data
         finally:
             body.close()

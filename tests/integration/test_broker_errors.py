@@ -21,6 +21,7 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
+from gazette.broker.flow import READ_AHEAD
 from gazette.fragment import codecs
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
@@ -412,7 +413,9 @@ def test_grpc_client_cancels_mid_append(errs: Cluster, stub: pb_grpc.JournalStub
     name = new_journal(errs, stub, length=1024)
     broker = errs.broker
     append_ok(broker, name, b"before\n")
-    abandoned = b"X" * (48 * 1024)
+    # More than the broker reads ahead of a client before it queues the append (a smaller
+    # append that never commits is aborted before it reaches the pipeline: nothing to see).
+    abandoned = b"X" * (READ_AHEAD + 48 * 1024)
 
     release = threading.Event()
 

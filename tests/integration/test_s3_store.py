@@ -161,8 +161,26 @@ def test_fragments_persist_to_s3_and_read_back(
     health = stub.FragmentStoreHealth(pb.FragmentStoreHealthRequest(fragment_store=store),
                                       timeout=DEADLINE)
     assert (health.status, health.store_health_error) == (pb.OK, "")
-    missing = stub.FragmentStoreHealth(pb.FragmentStoreHealthRequest(
-        fragment_store=store_url(s3_server, "no-such-bucket-gazette")), timeout=DEADLINE)
+    # A store no journal names is not dialled (authorization is off: anyone may ask) ...
+    missing_store = store_url(s3_server, "no-such-bucket-gazette")
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.FragmentStoreHealth(pb.FragmentStoreHealthRequest(fragment_store=missing_store),
+                                 timeout=DEADLINE)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    # ... and once a journal names it, it is checked.
+    apply(stub, journal_spec(f"s3missing-{uuid.uuid4().hex[:8]}/j", pb.NONE, missing_store))
+
+    def checked() -> pb.FragmentStoreHealthResponse | None:
+        try:
+            resp: pb.FragmentStoreHealthResponse = stub.FragmentStoreHealth(
+                pb.FragmentStoreHealthRequest(fragment_store=missing_store), timeout=DEADLINE)
+            return resp
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.FAILED_PRECONDITION:  # the broker's keyspace lags
+                raise
+            return None
+
+    missing = wait_until(checked, DEADLINE, message="the named store is checked")
     assert missing.status == pb.FRAGMENT_STORE_UNHEALTHY
     assert "NoSuchBucket" in missing.store_health_error
 

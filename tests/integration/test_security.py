@@ -229,7 +229,7 @@ RPCS: dict[str, tuple[int, Call, bool]] = {
     "Read": (auth.READ, _read, False),
     "Append": (auth.APPEND, _append_a, True),
     "ListFragments": (auth.READ, _fragments, False),
-    "FragmentStoreHealth": (auth.READ, _health, False),
+    "FragmentStoreHealth": (auth.APPLY, _health, False),  # Gazette: READ (see broker/service.py)
     "Replicate": (auth.REPLICATE, _replicate, False),
 }
 CAPS = {"LIST": auth.LIST, "APPLY": auth.APPLY, "READ": auth.READ, "APPEND": auth.APPEND,

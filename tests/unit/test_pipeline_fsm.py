@@ -24,6 +24,7 @@ from test_pipeline import JOURNAL, MEMBERS, FakeBroker, FakePeer, header, route
 
 from gazette.allocator import keys
 from gazette.broker import append as append_mod
+from gazette.broker.flow import READ_AHEAD
 from gazette.broker.fragment import Persister, Spool
 from gazette.broker.pipeline import PeerStream, ReplicationError
 from gazette.broker.replica import Replica
@@ -209,17 +210,22 @@ async def test_a_cancelled_client_leaves_nothing_behind(broker: FSMBroker) -> No
     await do_append(broker, b"kept\n")
     gate = asyncio.Event()
 
+    # A chunk of READ_AHEAD bytes: the append queues and streams it (a smaller one would be
+    # read ahead, and the stalled client would never reach the pipeline).
+    pending = b"n" * READ_AHEAD
+
     async def stalled() -> AsyncIterator[pb.AppendRequest]:
-        yield pb.AppendRequest(content=b"never committed\n")
+        yield pb.AppendRequest(content=pending)
         await gate.wait()
         yield pb.AppendRequest()
 
     task = asyncio.ensure_future(append_mod.append(broker, pb.AppendRequest(journal=JOURNAL), stalled()))  # type: ignore[arg-type]
-    for _ in range(200):
-        if broker.peer_spools()[1].delta:
-            break
-        await asyncio.sleep(0)
-    assert all(s.delta == 16 for s in [broker.replica.spool, *broker.peer_spools()])
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while not all(s.delta == len(pending) for s in [broker.replica.spool, *broker.peer_spools()]):
+        assert loop.time() < deadline  # the chunk is scattered by worker threads
+        await asyncio.sleep(0.005)
+    assert all(s.delta == len(pending) for s in [broker.replica.spool, *broker.peer_spools()])
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 
+import grpc
 import pytest
 
+from gazette import auth
+from gazette.broker.fragment import health as health_mod
 from gazette.broker.fragment.health import (
     FIRST_CHECK_PENDING,
     LAST_CHECK,
     RETRY_INTERVALS,
     RETRY_INTERVALS_ENV,
+    StoreChecksExhausted,
     StoreHealth,
     check_delete,
     default_retry_intervals,
 )
+from gazette.broker.service import JournalService
 from gazette.fragment.errors import StoreError
 from gazette.protocol import protocol_pb2 as pb
 from gazette.stores import FragmentStore, Stores
@@ -249,3 +256,171 @@ def test_retry_intervals_from_environment(monkeypatch: pytest.MonkeyPatch) -> No
         monkeypatch.setenv(RETRY_INTERVALS_ENV, bad)
         with pytest.raises(ValueError, match=RETRY_INTERVALS_ENV):
             default_retry_intervals()
+
+
+# -- The FragmentStoreHealth RPC: validation, who may ask about what, limits, no paths ------
+
+
+class _Aborted(Exception):
+    pass
+
+
+class _Context:
+    """What the handler uses of a grpc.aio context: metadata in, an abort out."""
+
+    def __init__(self, authorization: str | None = None) -> None:
+        self.metadata = [("authorization", authorization)] if authorization else []
+        self.aborted: tuple[grpc.StatusCode, str] | None = None
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return self.metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.aborted = (code, details)
+        raise _Aborted(code, details)
+
+
+KEY = b"a key of the store health tests, 32+ bytes"
+
+
+def _service(root: Path, named: list[str], *, auth_on: bool = False,
+             stores: Stores | None = None, **kw: object) -> tuple[JournalService, StoreHealth]:
+    stores = stores or Stores(str(root))
+    health = monitor(stores, **kw)
+    specs = [spec(*named)]
+    keyspace = SimpleNamespace(revision=7, root="/root",
+                               prefixed=lambda prefix: [SimpleNamespace(value=s) for s in specs])
+    broker = SimpleNamespace(
+        keyspace=keyspace, stores=stores, store_health=health,
+        resolver=SimpleNamespace(header=lambda: pb.Header()),
+        verifier=auth.KeyedAuth(base64.b64encode(KEY).decode()) if auth_on else auth.NO_AUTH)
+    return JournalService(broker), health  # type: ignore[arg-type]
+
+
+async def _ask(svc: JournalService, store: str, token: int | None = None, *, check_delete: bool = False,
+               prefix: str = "") -> tuple[str, pb.FragmentStoreHealthResponse | str]:
+    """``("OK", response)`` or ``(gRPC code name, details)``."""
+    authorization = None
+    if token is not None:
+        authorization = auth.KeyedAuth(base64.b64encode(KEY).decode()).authorization(auth.Claims(token), 60)
+    ctx = _Context(authorization)
+    req = pb.FragmentStoreHealthRequest(fragment_store=store, check_delete=check_delete,
+                                        check_delete_prefix=prefix)
+    try:
+        return "OK", await svc.FragmentStoreHealth(req, ctx)
+    except _Aborted:
+        assert ctx.aborted is not None
+        return ctx.aborted[0].name, ctx.aborted[1]
+
+
+async def test_rpc_refuses_malformed_requests_as_invalid_argument(tmp_path: Path) -> None:
+    svc, health = _service(tmp_path, ["file:///"])
+    for store, check, prefix in [
+        ("foo://bucket/", False, ""),          # unknown scheme (was FRAGMENT_STORE_UNHEALTHY)
+        ("file:///no-slash", False, ""),       # path must end in '/'
+        ("s3:///path/", False, ""),            # missing bucket
+        ("file://host/", False, ""),           # file stores have no host
+        ("file:///../", False, ""),            # would leave the file root
+        ("file:///a/%2e%2e/", False, ""),
+        ("file:///", True, "../"),             # probe prefix escaping the store
+        ("file:///", True, "a/../../x/"),
+        ("file:///", False, "a/"),             # a prefix without the probe
+    ]:
+        code, detail = await _ask(svc, store, check_delete=check, prefix=prefix)
+        assert code == "INVALID_ARGUMENT", (store, prefix, code, detail)
+    assert health._entries == {}  # nothing was checked
+
+
+async def test_rpc_with_auth_off_checks_only_stores_journals_name(tmp_path: Path) -> None:
+    svc, health = _service(tmp_path, ["file:///"])
+    code, resp = await _ask(svc, "file:///")
+    assert code == "OK" and isinstance(resp, pb.FragmentStoreHealthResponse)
+    assert (resp.status, resp.store_health_error) == (pb.OK, "")
+    for store in ["file:///elsewhere/", "s3://bucket/p/?endpoint=http://127.0.0.1:9/&region=x"]:
+        code, detail = await _ask(svc, store)
+        assert code == "FAILED_PRECONDITION" and "no journal names" in str(detail), (store, code, detail)
+    assert set(health._entries) == {"file:///"}  # no other store was built or dialled
+
+
+async def test_rpc_with_auth_on_needs_apply_and_then_checks_any_store_once(tmp_path: Path) -> None:
+    svc, health = _service(tmp_path, ["file:///"], auth_on=True)
+    assert (await _ask(svc, "file:///"))[0] == "UNAUTHENTICATED"
+    code, detail = await _ask(svc, "file:///", auth.READ)
+    assert code == "PERMISSION_DENIED" and "APPLY" in str(detail)
+    code, resp = await _ask(svc, "file:///", auth.READ | auth.APPLY)
+    assert code == "OK" and isinstance(resp, pb.FragmentStoreHealthResponse) and resp.status == pb.OK
+    # A store no journal names: checked on demand, not kept checked, its answer cached.
+    (tmp_path / "other").mkdir()
+    code, resp = await _ask(svc, "file:///other/", auth.APPLY)
+    assert code == "OK" and isinstance(resp, pb.FragmentStoreHealthResponse) and resp.status == pb.OK
+    assert "file:///other/" not in health._entries
+    code, resp = await _ask(svc, "file:///other/", auth.APPLY, check_delete=True, prefix="p/")
+    assert code == "OK" and isinstance(resp, pb.FragmentStoreHealthResponse) and resp.status == pb.OK
+    assert not (tmp_path / "other/p/.gazette-delete-probe").exists()
+
+
+async def test_rpc_errors_never_hold_the_file_root(tmp_path: Path) -> None:
+    root = tmp_path / "fragment-root"
+    root.mkdir()
+    (root / "blocked").write_bytes(b"a file where the probe wants a directory")
+    svc, _ = _service(root, ["file:///", "file:///missing/"])
+    answers = [await _ask(svc, "file:///missing/"),
+               await _ask(svc, "file:///", check_delete=True, prefix="blocked/")]
+    for code, resp in answers:
+        assert code == "OK" and isinstance(resp, pb.FragmentStoreHealthResponse)
+        assert resp.status == pb.FRAGMENT_STORE_UNHEALTHY and resp.store_health_error
+        assert str(tmp_path) not in resp.store_health_error, resp.store_health_error
+    assert "'missing'" in answers[0][1].store_health_error  # type: ignore[union-attr]
+    assert "'blocked" in answers[1][1].store_health_error  # type: ignore[union-attr]
+
+
+async def test_on_demand_checks_are_limited_shared_and_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = asyncio.Event()
+    full = asyncio.Event()
+    built: list[str] = []
+    running = 0
+    most = 0
+
+    class Slow:
+        async def health_check(self) -> None:
+            nonlocal running, most
+            running += 1
+            most = max(most, running)
+            if running == 2:
+                full.set()
+            try:
+                await gate.wait()
+            finally:
+                running -= 1
+
+    def build(url: str, root: str | None) -> object:
+        built.append(url)
+        return Slow()
+
+    monkeypatch.setattr(health_mod, "store_for_url", build)
+    now = [100.0]
+    health = monitor(Stores(), max_concurrent_checks=2, max_pending_requests=5, clock=lambda: now[0])
+    urls = [f"s3://bucket-{i}/" for i in range(4)]
+    asks = [asyncio.ensure_future(health.request(u, named=False)) for u in [*urls, urls[0]]]
+    await asyncio.wait_for(full.wait(), 10)  # two checks run; the others wait for a slot or share one
+    with pytest.raises(StoreChecksExhausted):
+        await health.request("s3://one-too-many/", named=False)
+    gate.set()
+    assert await asyncio.gather(*asks) == [(True, "")] * 5
+    assert most == 2 and sorted(built) == sorted(urls)  # bucket-0 checked once for two asks
+    assert await health.request(urls[1], named=False) == (True, "")  # cached
+    assert len(built) == 4
+    now[0] += health.adhoc_ttl + 1
+    assert await health.request(urls[1], named=False) == (True, "")  # stale: checked again
+    assert len(built) == 5
+    assert health.pending_requests == 0 and health._entries == {}
+
+
+async def test_on_demand_checks_run_in_the_monitors_task_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeStore([False])
+    monkeypatch.setattr(health_mod, "store_for_url", lambda url, root: fake)
+    health = monitor(Stores())
+    async with running(health):
+        assert await health.request("s3://bucket/", named=False) == (False, "check 1 failed")
+        assert await health.request("s3://bucket/", named=False) == (False, "check 1 failed")  # cached
+    assert fake.calls == 1 and health._entries == {}

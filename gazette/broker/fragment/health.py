@@ -24,6 +24,24 @@ Invariants:
   inline when they would otherwise wait for one.
 * Stores not asked about between two sweeps (every ``sweep_interval``) stop being checked;
   their waiters see ``LAST_CHECK``.
+* At most ``max_concurrent_checks`` on-demand checks and delete probes touch stores at once
+  (the check loops of stores in use never wait for them); a FragmentStoreHealth request beyond
+  ``max_pending_requests`` waiting ones is refused with :class:`StoreChecksExhausted`
+  (RESOURCE_EXHAUSTED) rather than queued.
+* No error this module reports (statuses, append refusals, RPC answers, logs) holds the
+  broker's file root: it is cut from every message (``file://`` paths read relative to it).
+
+**On-demand checks** (the FragmentStoreHealth RPC, :meth:`StoreHealth.request`). The handler
+validates the request first (Gazette's ``FragmentStoreHealthRequest.Validate``, plus a
+``file://`` path with ``.``/``..`` segments, which would leave the file root: INVALID_ARGUMENT)
+and decides who may ask about what (``broker/service.py``: with authorization on the RPC needs
+APPLY; with it off, only stores some journal spec names are checked, others FAILED_PRECONDITION,
+since anyone could otherwise make the broker dial an endpoint of their choosing). A store some
+journal names is answered from its check loop (kept checked, as appends and the persister use
+it). A store no journal names (only an APPLY holder gets here) is checked once, with a store
+object built for the occasion and not kept, and the answer cached for ``adhoc_ttl`` seconds
+(at most ``ADHOC_CACHE`` stores): it starts no loop and keeps no client. A delete probe's
+answer is cached for ``adhoc_ttl`` per store and prefix (Gazette probes on every request).
 """
 
 from __future__ import annotations
@@ -33,18 +51,23 @@ import contextlib
 import logging
 import os
 import random
-from collections.abc import Callable, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from prometheus_client import Counter
 
+from gazette.errors import GazetteError
 from gazette.fragment.errors import StoreError
 from gazette.protocol import protocol_pb2 as pb
-from gazette.stores import Stores
+from gazette.stores import FragmentStore, Stores, store_for_url
 
 __all__ = [
     "FIRST_CHECK_PENDING",
     "LAST_CHECK",
     "RETRY_INTERVALS_ENV",
+    "StoreChecksExhausted",
     "StoreHealth",
     "check_delete",
     "default_retry_intervals",
@@ -62,6 +85,17 @@ RETRY_INTERVALS_ENV = "GAZETTE_STORE_HEALTH_RETRY_INTERVALS"
 CHECK_TIMEOUT = 60.0
 APPEND_RETRIES = 5
 JITTER = 0.2
+MAX_CONCURRENT_CHECKS = 8
+MAX_PENDING_REQUESTS = 64
+ADHOC_TTL = 10.0
+ADHOC_CACHE = 256
+
+
+class StoreChecksExhausted(GazetteError):
+    """Too many FragmentStoreHealth requests wait on checks: ask again later."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+    http_status = 429
 
 HEALTH_CHECKS = Counter(
     "gazette_store_health_check_total",
@@ -120,6 +154,10 @@ class StoreHealth:
         append_retries: int = APPEND_RETRIES,
         sweep_interval: float = OK_INTERVAL,
         rand: Callable[[], float] = random.random,
+        max_concurrent_checks: int = MAX_CONCURRENT_CHECKS,
+        max_pending_requests: int = MAX_PENDING_REQUESTS,
+        adhoc_ttl: float = ADHOC_TTL,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.stores = stores
         self.ok_interval = ok_interval
@@ -134,6 +172,14 @@ class StoreHealth:
         self.sweep_interval = sweep_interval
         self._rand = rand
         self._entries: dict[str, _Entry] = {}
+        self._slots = asyncio.Semaphore(max_concurrent_checks)
+        self.max_pending_requests = max_pending_requests
+        self.pending_requests = 0
+        self.adhoc_ttl = adhoc_ttl
+        self._clock = clock
+        # (url, delete-probe prefix or None) -> (expiry, ok, error); and the checks under way.
+        self._answers: OrderedDict[tuple[str, str | None], tuple[float, bool, str]] = OrderedDict()
+        self._asking: dict[tuple[str, str | None], asyncio.Future[tuple[bool, str]]] = {}
         self._tg: asyncio.TaskGroup | None = None
         self.started = asyncio.Event()  # Set while run() runs.
 
@@ -163,6 +209,78 @@ class StoreHealth:
         url = spec.fragment.stores[0]
         ok, error = self.status(url)
         return "" if ok else f"fragment store {url} unhealthy: {error}"
+
+    # -- On demand (FragmentStoreHealth).
+
+    async def request(self, url: str, *, named: bool, check_delete: bool = False,
+                      prefix: str = "") -> tuple[bool, str]:
+        """The FragmentStoreHealth answer ``(ok, error)`` for a validated, permitted request
+        (see the module docstring); StoreChecksExhausted beyond ``max_pending_requests``."""
+        if self.pending_requests >= self.max_pending_requests:
+            raise StoreChecksExhausted(
+                f"{self.pending_requests} fragment store health requests are waiting; try again later")
+        self.pending_requests += 1
+        try:
+            if named:
+                ok, error = await self.await_status(url)
+            else:
+                ok, error = await self._ask((url, None), lambda: self._check(url, keep=False))
+            if ok and check_delete:
+                ok, error = await self._ask((url, prefix), lambda: self._probe(url, prefix, keep=named))
+        finally:
+            self.pending_requests -= 1
+        return ok, self.scrub(error)
+
+    async def _ask(self, key: tuple[str, str | None],
+                   check: Callable[[], Coroutine[Any, Any, tuple[bool, str]]]) -> tuple[bool, str]:
+        """A cached answer for ``key`` younger than ``adhoc_ttl``, or that of one check shared
+        by every request asking meanwhile."""
+        hit = self._answers.get(key)
+        if hit is not None and hit[0] > self._clock():
+            return hit[1], hit[2]
+        running = self._asking.get(key)
+        if running is None:
+            # Owned by run()'s task group while it runs (tools and tests run checks inline).
+            running = self._asking[key] = (
+                self._tg.create_task(check(), name=f"store-health-request:{key[0]}")
+                if self._tg is not None else asyncio.ensure_future(check()))
+
+            def done(f: asyncio.Future[tuple[bool, str]]) -> None:
+                del self._asking[key]
+                if not f.cancelled() and f.exception() is None:
+                    ok, error = f.result()
+                    self._answers[key] = (self._clock() + self.adhoc_ttl, ok, error)
+                    self._answers.move_to_end(key)
+                    while len(self._answers) > ADHOC_CACHE:
+                        self._answers.popitem(last=False)
+
+            running.add_done_callback(done)
+        return await asyncio.shield(running)
+
+    async def _probe(self, url: str, prefix: str, keep: bool) -> tuple[bool, str]:
+        try:
+            store = self.stores.get(url) if keep else store_for_url(url, self.stores.file_root)
+            probe = getattr(store, "check_delete", None)
+            if probe is None:
+                raise StoreError(f"fragment store {url} does not support delete probes")
+            async with self._slots:
+                async with asyncio.timeout(self.timeout):
+                    await probe(prefix)
+        except TimeoutError:
+            return False, f"delete probe failed: it did not complete within {self.timeout:g}s"
+        except Exception as err:  # noqa: BLE001 - reported to the caller as the store's health
+            return False, self.scrub(f"delete probe failed: {err or type(err).__name__}")
+        return True, ""
+
+    def scrub(self, error: str) -> str:
+        """``error`` without the broker's file root (paths under it read relative to it)."""
+        root = self.stores.file_root
+        if not root or not error:
+            return error
+        for r in {os.path.abspath(root), os.path.realpath(root), root}:
+            if r and r != "/":
+                error = error.replace(r.rstrip("/") + "/", "").replace(r.rstrip("/"), ".")
+        return error
 
     # -- Waiting.
 
@@ -296,6 +414,7 @@ class StoreHealth:
         e.wake.clear()  # Requests made from here on ask for the check after this one.
         e.started += 1
         ok, error = await self._check(e.url)
+        error = self.scrub(error)
         if e.stopped:
             return ok, error
         was_ok = e.ok
@@ -318,18 +437,21 @@ class StoreHealth:
         e._notify()
         return ok, error
 
-    async def _check(self, url: str) -> tuple[bool, str]:
+    async def _check(self, url: str, keep: bool = True) -> tuple[bool, str]:
+        """One check of ``url``'s store (``keep``: the store object the broker uses; else one
+        built for the check and dropped)."""
         try:
-            store = self.stores.get(url)
+            store: FragmentStore = self.stores.get(url) if keep else store_for_url(url, self.stores.file_root)
         except Exception as err:  # noqa: BLE001 - a store that cannot be built is unhealthy
-            return False, str(err) or type(err).__name__
+            return False, self.scrub(str(err) or type(err).__name__)
         try:
-            async with asyncio.timeout(self.timeout):
+            # On-demand checks take a slot; the loops of stores in use do not wait for them.
+            async with self._slots if not keep else contextlib.nullcontext(), asyncio.timeout(self.timeout):
                 await store.health_check()
         except TimeoutError:
             return False, f"health check of {url} did not complete within {self.timeout:g}s"
         except Exception as err:  # noqa: BLE001 - reported as the store's health
-            return False, str(err) or type(err).__name__
+            return False, self.scrub(str(err) or type(err).__name__)
         return True, ""
 
 
