@@ -113,9 +113,6 @@ def test_blocking_readers_that_disconnect_log_no_traceback(hostile: Cluster) -> 
     assert "Traceback" not in text and "ERRO" not in text and "WARN" not in text, text[-4000:]
 
 
-@pytest.mark.xfail(reason="the HTTP gateway (gazette/broker/http_gateway.py, not this change's) calls "
-                          "write_eof after its client went away: aiohttp logs 'Error handling request' "
-                          "with a traceback per reader once content arrives", strict=False)
 def test_blocking_http_readers_that_disconnect_log_no_traceback(hostile: Cluster) -> None:
     journal = new_journal(hostile)
     append(hostile, journal, b"hello\n")
