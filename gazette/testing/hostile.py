@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import time
@@ -288,6 +289,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--only", action="append", choices=sorted(ATTACKS))
     args = parser.parse_args()
+    # asyncio warns of every write to a socket the server closed: that is the point here.
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
     counts = asyncio.run(run(args.port, args.journal, args.seconds, args.only))
     for key in sorted(counts):
         print(f"{key} {counts[key]}", flush=True)
