@@ -2,7 +2,8 @@
 exactly-once transactions committed atomically with their stores.
 
 Write an :class:`Application` (``new_store``, ``new_message``, ``consume_message``,
-``finalize_txn``; optionally ``begin_txn``/``finished_txn``), run it with
+``finalize_txn``; optionally ``begin_txn``/``finished_txn``, and ``new_shard_state`` for state
+the framework keeps per shard: a :class:`StatefulApplication`, ``shard.state``), run it with
 ``gazette consume --app package.module:AppClass`` or :func:`run_consumer`, and declare its
 shards (ShardSpecs) through the Shard service. See docs/consumers.md.
 
@@ -19,14 +20,23 @@ from typing import TYPE_CHECKING, Any
 
 from gazette.consumer.client import ShardClient, ShardStatusError
 from gazette.consumer.envelopes import is_ack, uuid_flags
-from gazette.consumer.errors import ConsumerError, DeferredFirstMessage, TransactionError
+from gazette.consumer.errors import (
+    ConsumerError,
+    DeferredFirstMessage,
+    ShardStateError,
+    TransactionError,
+)
 from gazette.consumer.initialize import InitArgs
 from gazette.consumer.interfaces import (
     Application,
+    Assignment,
     BeginFinisher,
+    MaybeAwaitable,
     MessageProducer,
     OpFuture,
     Shard,
+    ShardPublisher,
+    StatefulApplication,
     Store,
 )
 from gazette.consumer.process import ConsumerConfig, ConsumerProcess
@@ -49,6 +59,7 @@ _LAZY = {
 
 __all__ = [
     "Application",
+    "Assignment",
     "BeginFinisher",
     "ConsumerConfig",
     "ConsumerError",
@@ -56,6 +67,7 @@ __all__ = [
     "DeferredFirstMessage",
     "InitArgs",
     "JSONFileStore",
+    "MaybeAwaitable",
     "MemoryStore",
     "MessageProducer",
     "OpFuture",
@@ -66,7 +78,10 @@ __all__ = [
     "SQLiteStore",
     "Shard",
     "ShardClient",
+    "ShardPublisher",
+    "ShardStateError",
     "ShardStatusError",
+    "StatefulApplication",
     "Store",
     "TransactionError",
     "TransactionLoop",
