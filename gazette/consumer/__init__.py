@@ -8,7 +8,8 @@ the framework keeps per shard: a :class:`StatefulApplication`, ``shard.state``),
 shards (ShardSpecs) through the Shard service. See docs/consumers.md.
 
 Everything an app needs is here: the roles, ``InitArgs`` (what ``init_application`` gets),
-the stores (``MemoryStore``, ``JSONFileStore``; ``SQLStore``, ``SQLiteStore`` and
+``Recorder`` (what ``new_store`` gets with a recovery log), the stores (``MemoryStore``,
+``JSONFileStore``; ``SQLStore``, ``SQLiteStore`` and
 ``RocksDBStore`` loaded on first use, so importing this package imports neither SQLAlchemy nor
 rocksdict) and envelope helpers (``is_ack``, ``uuid_flags``).
 """
@@ -45,6 +46,7 @@ from gazette.consumer.run import run_consumer
 from gazette.consumer.stores.json_file import JSONFileStore
 from gazette.consumer.stores.memory import MemoryStore
 from gazette.consumer.transaction import TransactionLoop, TxnConfig, TxnState
+from gazette.recoverylog import Recorder
 
 if TYPE_CHECKING:
     from gazette.consumer.stores.rocksdb import RocksDBStore
@@ -71,6 +73,7 @@ __all__ = [
     "MemoryStore",
     "MessageProducer",
     "OpFuture",
+    "Recorder",
     "Resolution",
     "Resolver",
     "RocksDBStore",
