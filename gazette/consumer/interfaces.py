@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 from typing_extensions import TypeVar
 
@@ -66,7 +66,7 @@ __all__ = [
     "Store",
 ]
 
-OpFuture: TypeAlias = "asyncio.Future[Any]"
+OpFuture: TypeAlias = "asyncio.Future[None]"
 """An operation's eventual outcome (a commit, an append): resolved, or failed with its error."""
 
 T = TypeVar("T")
@@ -150,7 +150,7 @@ class Store(Protocol):
     """Where a shard keeps its state, committed atomically with its checkpoint."""
 
     def start_commit(self, shard: Shard, checkpoint: pc.Checkpoint,
-                     wait_for: Sequence[Awaitable[Any]]) -> OpFuture:
+                     wait_for: Sequence[Awaitable[object]]) -> OpFuture:
         """Begins committing; the future resolves once durable (or fails with why)."""
         ...
 
@@ -198,7 +198,7 @@ class StatefulApplication(Application[StoreT, M, S], Protocol[StoreT, M, S]):
 
 
 @runtime_checkable
-class MessageProducer(Protocol[StoreT_contra, S_contra]):
+class MessageProducer(Protocol[StoreT_contra, S_contra, M]):
     """Optional: an Application that produces its shards' messages itself (Gazette's
     ``MessageProducer``), e.g. from something other than plain journal messages.
 
@@ -211,10 +211,10 @@ class MessageProducer(Protocol[StoreT_contra, S_contra]):
       shard must have read through (by default: those of its source journals)."""
 
     def start_reading_messages(self, shard: Shard[S_contra], store: StoreT_contra,
-                               checkpoint: pc.Checkpoint) -> AsyncIterator[Sequence[Envelope]]: ...
+                               checkpoint: pc.Checkpoint) -> AsyncIterator[Sequence[Envelope[M]]]: ...
 
     def replay_range(self, shard: Shard[S_contra], store: StoreT_contra, journal: str, begin: int,
-                     end: int) -> MaybeAwaitable[Sequence[Envelope]]: ...
+                     end: int) -> MaybeAwaitable[Sequence[Envelope[M]]]: ...
 
     def read_through(self, shard: Shard[S_contra], store: StoreT_contra,
                      offsets: Mapping[str, int]) -> Mapping[str, int]: ...
