@@ -23,8 +23,8 @@ Invariants (what the framework guarantees the roles):
   shard's store is built and its checkpoint restored and before any other callback of that
   start; what it returns is ``shard.state`` in every later callback of that start (the same
   object), and is dropped when the shard leaves this process or fails. A shard started again
-  (another process, or this one after a failure) gets a new state: so state never outlives
-  the transaction it was last changed in unless the store holds it. Without the method,
+  (another process, or this one after a failure) gets a new state: it may cache what the
+  store holds, but what only it holds is lost with the shard. Without the method,
   ``shard.state`` is None.
 * ``Shard.assignment`` follows this process's assignment of the shard in the keyspace (its
   ``ReplicaStatus``, revisions), refreshed as the keyspace changes.
@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
+from typing import Protocol, TypeAlias, runtime_checkable
 
 from typing_extensions import TypeVar
 
@@ -81,12 +81,8 @@ S_co = TypeVar("S_co", covariant=True, default=object)
 S_contra = TypeVar("S_contra", contravariant=True, default=None)
 S = TypeVar("S", default=None)
 M = TypeVar("M", default=object)
-if TYPE_CHECKING:
-    StoreT = TypeVar("StoreT", bound="Store", default="Store")
-    StoreT_contra = TypeVar("StoreT_contra", bound="Store", contravariant=True, default="Store")
-else:  # the bound is only for mypy: Store is defined below
-    StoreT = TypeVar("StoreT")
-    StoreT_contra = TypeVar("StoreT_contra", contravariant=True)
+StoreT = TypeVar("StoreT", bound="Store", default="Store")
+StoreT_contra = TypeVar("StoreT_contra", bound="Store", contravariant=True, default="Store")
 
 
 @dataclass(frozen=True, slots=True)
