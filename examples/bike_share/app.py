@@ -46,12 +46,20 @@ from examples.bike_share.messages import (
     iso_ms,
 )
 from gazette.client import list_journals
-from gazette.consumer import InitArgs, SQLiteStore, SQLStore
+from gazette.consumer import (
+    InitArgs,
+    Shard,
+    ShardPublisher,
+    SQLiteStore,
+    SQLStore,
+    StatefulApplication,
+)
 from gazette.consumer.stores.sql import CHECKPOINTS
-from gazette.message import CSVRecord, modulo_mapping
+from gazette.message import CSVRecord, Envelope, modulo_mapping
 from gazette.protocol import consumer_pb2 as pc
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol.labels import LabelSet
+from gazette.recoverylog import Recorder
 
 __all__ = ["BikeShare", "parse_ride"]
 
@@ -87,7 +95,12 @@ def _cycle(bike: int, rows: Sequence[Sequence[Any]]) -> Cycle:
     return Cycle(BikeID=bike, Steps=steps)
 
 
-class BikeShare:
+Store = SQLStore | SQLiteStore
+Rides = list[dict[str, Any]]
+"""A shard's state: the rides of its current transaction, parsed (statement parameters)."""
+
+
+class BikeShare(StatefulApplication[Store, CSVRecord, Rides]):
     receive_acks = False  # transaction acknowledgements are not rides: not handed over
 
     def __init__(self) -> None:
@@ -95,7 +108,6 @@ class BikeShare:
         self.args: InitArgs | None = None
         self._rides = pb.ListResponse()
         self._cycles = pb.ListResponse()
-        self._pending: dict[str, list[dict[str, Any]]] = {}  # shard id -> this transaction's rides
         self._ride_mapping = modulo_mapping(lambda bike: str(bike).encode(), lambda: self._rides)
         self._cycle_mapping = modulo_mapping(lambda c: str(c.doc["BikeID"]).encode(), lambda: self._cycles)
 
@@ -128,8 +140,7 @@ class BikeShare:
 
     # --- the application --------------------------------------------------------------------
 
-    async def new_store(self, shard: Any, recorder: Any) -> SQLStore | SQLiteStore:
-        self._pending.pop(shard.spec.id, None)
+    async def new_store(self, shard: Shard[Rides], recorder: Recorder | None) -> Store:
         self._cycles = await self._partitions(CYCLE_TYPE)
         kind = (LabelSet.from_proto(shard.spec.labels).value_of("store") or "").lower()
         if kind == "postgres":
@@ -144,10 +155,14 @@ class BikeShare:
             return store
         raise BikeShareError(f"shard {shard.spec.id}: label 'store' must be 'postgres' or 'sqlite' (got {kind!r})")
 
+    def new_shard_state(self, shard: Shard[Rides], store: Store) -> Rides:
+        return []
+
     def new_message(self, spec: pb.JournalSpec) -> type[CSVRecord]:
         return CSVRecord
 
-    def consume_message(self, shard: Any, store: Any, env: Any, publisher: Any) -> None:
+    def consume_message(self, shard: Shard[Rides], store: Store, env: Envelope[CSVRecord],
+                        publisher: ShardPublisher) -> None:
         rec = env.message
         try:
             ride = parse_ride(rec)
@@ -155,10 +170,11 @@ class BikeShare:
             MALFORMED.labels(env.journal).inc()
             log.warning("skipping malformed ride at %s:%d: %s", env.journal, env.begin, err)
             return
-        self._pending.setdefault(shard.spec.id, []).append(ride)
+        shard.state.append(ride)
 
-    async def finalize_txn(self, shard: Any, store: Any, publisher: Any) -> None:
-        rides = self._pending.pop(shard.spec.id, [])
+    async def finalize_txn(self, shard: Shard[Rides], store: Store, publisher: ShardPublisher) -> None:
+        rides = list(shard.state)
+        shard.state.clear()
         if not rides:
             return
         cycles: list[Cycle] = []
@@ -176,9 +192,9 @@ class BikeShare:
             for ride in rides:
                 await txn.execute(insert, ride)
                 await txn.execute(window, {"bike": ride["bike"], "keep": WINDOW})
-                rows = (await txn.execute(cycle, {"bike": ride["bike"], "min": MIN_CYCLE})).fetchall()
-                if rows:
-                    cycles.append(_cycle(ride["bike"], rows))
+                found = (await txn.execute(cycle, {"bike": ride["bike"], "min": MIN_CYCLE})).fetchall()
+                if found:
+                    cycles.append(_cycle(ride["bike"], found))
         if cycles:
             await publisher.publish_uncommitted_many(self._cycle_mapping, cycles)
 

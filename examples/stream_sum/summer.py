@@ -8,9 +8,10 @@ Invariants:
 
 * A chunk whose sequence number is not the stream's last plus one fails the transaction (and
   the shard), naming the stream: nothing is skipped or applied twice silently.
-* State is read through a per-transaction cache, written back in ``finalize_txn`` into the
-  store's transaction, so it commits with the checkpoint; a finished stream's state is
-  deleted and its ``Sum`` published in the same transaction.
+* State is read through a per-transaction cache (the shard's state, ``shard.state``: made by
+  the framework per shard, dropped when the shard leaves or fails), written back in
+  ``finalize_txn`` into the store's transaction, so it commits with the checkpoint; a finished
+  stream's state is deleted and its ``Sum`` published in the same transaction.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import sqlite3
 from typing import Any
 
 from examples.stream_sum.messages import SUMS_JOURNAL, ZERO, Chunk, StreamSumError, Sum, update
-from gazette.consumer import RocksDBStore, SQLiteStore
+from gazette.consumer import RocksDBStore, Shard, ShardPublisher, SQLiteStore, StatefulApplication
+from gazette.message import Envelope
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol.labels import LabelSet
+from gazette.recoverylog import Recorder
 
 __all__ = ["Summer"]
 
@@ -41,14 +44,15 @@ class _State:
         self.seq, self.value, self.done = seq, value, False
 
 
-class Summer:
+Store = RocksDBStore | SQLiteStore
+Streams = dict[bytes, _State]
+"""A shard's state: the streams its current transaction touched, by stream id."""
+
+
+class Summer(StatefulApplication[Store, Chunk, Streams]):
     receive_acks = False  # transaction acknowledgements are not chunks: not handed over
 
-    def __init__(self) -> None:
-        self._cache: dict[str, dict[bytes, _State]] = {}  # shard id -> this transaction's streams
-
-    def new_store(self, shard: Any, recorder: Any) -> RocksDBStore | SQLiteStore:
-        self._cache.pop(shard.spec.id, None)  # what a failed transaction of an earlier run left
+    def new_store(self, shard: Shard[Streams], recorder: Recorder | None) -> Store:
         kind = (LabelSet.from_proto(shard.spec.labels).value_of("store") or "").lower()
         if kind == "rocksdb":
             return RocksDBStore(recorder)
@@ -58,13 +62,17 @@ class Summer:
             return store
         raise StreamSumError(f"shard {shard.spec.id}: label 'store' must be 'rocksdb' or 'sqlite' (got {kind!r})")
 
+    def new_shard_state(self, shard: Shard[Streams], store: Store) -> Streams:
+        return {}
+
     def new_message(self, spec: pb.JournalSpec) -> type[Chunk]:
         return Chunk
 
-    def consume_message(self, shard: Any, store: Any, env: Any, publisher: Any) -> None:
-        chunk: Chunk = env.message
+    def consume_message(self, shard: Shard[Streams], store: Store, env: Envelope[Chunk],
+                        publisher: ShardPublisher) -> None:
+        chunk = env.message
         sid = bytes.fromhex(chunk.id)
-        cache = self._cache.setdefault(shard.spec.id, {})
+        cache = shard.state
         state = cache.get(sid)
         if state is None:
             state = cache[sid] = _load(store, sid)
@@ -74,18 +82,19 @@ class Summer:
                                  f"{env.journal}:{env.begin}")
         state.seq, state.value, state.done = chunk.seq, update(state.value, chunk.data), not chunk.data
 
-    async def finalize_txn(self, shard: Any, store: Any, publisher: Any) -> None:
-        cache = self._cache.pop(shard.spec.id, {})
+    async def finalize_txn(self, shard: Shard[Streams], store: Store, publisher: ShardPublisher) -> None:
+        cache = shard.state
         sums = []
         for sid, state in cache.items():
             _save(store, sid, state)
             if state.done:
                 sums.append(Sum(id=sid.hex(), seq=state.seq, sum=state.value.hex()))
+        cache.clear()
         if sums:
             await publisher.publish_uncommitted_many(_sums_mapping, sums)
 
 
-def _load(store: Any, sid: bytes) -> _State:
+def _load(store: Store, sid: bytes) -> _State:
     if isinstance(store, SQLiteStore):
         row = store.conn.execute("SELECT seq, value FROM sums WHERE id = ?", (sid,)).fetchone()
         return _State(0, ZERO) if row is None else _State(row[0], bytes(row[1]))
@@ -93,7 +102,7 @@ def _load(store: Any, sid: bytes) -> _State:
     return _State(0, ZERO) if raw is None else _State(int.from_bytes(raw[:8], "big"), raw[8:])
 
 
-def _save(store: Any, sid: bytes, state: _State) -> None:
+def _save(store: Store, sid: bytes, state: _State) -> None:
     if isinstance(store, SQLiteStore):
         conn: sqlite3.Connection = store.conn
         if state.done:

@@ -14,8 +14,9 @@ consumer's port:
 
 Shards (``shard-NNN``, one per partition) sum deltas into ``RocksDBStore`` (key: the
 n-gram; value: its count as a varint, as Gazette's), with hot standbys. Per transaction the
-touched counts are read once, summed in memory, and written in the store's write batch with
-the checkpoint: each delta is counted exactly once.
+touched counts are read once, summed in memory (the shard's state, ``shard.state``: the
+framework makes it per shard and drops it with the shard), and written in the store's write
+batch with the checkpoint: each delta is counted exactly once.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from examples.word_count import word_count_pb2 as wc
 from examples.word_count import word_count_pb2_grpc as wc_grpc
 from examples.word_count.messages import DELTA_TYPE, NGramCount, WordCountError, ngrams
 from gazette.client import AppendService, list_journals
-from gazette.consumer import InitArgs, RocksDBStore
-from gazette.message import Publisher, modulo_mapping
+from gazette.consumer import InitArgs, RocksDBStore, Shard, ShardPublisher, StatefulApplication
+from gazette.message import Envelope, Publisher, modulo_mapping
 from gazette.protocol import consumer_pb2 as pc
 from gazette.protocol import protocol_pb2 as pb
+from gazette.recoverylog import Recorder
 
 __all__ = ["Counter", "uvarint", "uvarint_decode"]
 
@@ -56,7 +58,11 @@ def uvarint_decode(b: bytes) -> int:
     raise WordCountError(f"truncated varint {b!r}")
 
 
-class Counter(wc_grpc.NGramServicer):
+Counts = dict[str, int]
+"""A shard's state: the counts its current transaction touched (n-gram -> new count)."""
+
+
+class Counter(wc_grpc.NGramServicer, StatefulApplication[RocksDBStore, NGramCount, Counts]):
     receive_acks = False  # transaction acknowledgements carry no n-gram: not handed over
 
     def __init__(self) -> None:
@@ -66,7 +72,6 @@ class Counter(wc_grpc.NGramServicer):
         self._mapping = modulo_mapping(lambda m: m.pb.n_gram.encode(), lambda: self._parts)
         self._appends: AppendService | None = None
         self._publisher: Publisher[Any] | None = None
-        self._cache: dict[str, dict[str, int]] = {}  # shard id -> this transaction's counts
 
     # --- configuration ---------------------------------------------------------------------
 
@@ -89,26 +94,30 @@ class Counter(wc_grpc.NGramServicer):
 
     # --- the application ---------------------------------------------------------------------
 
-    def new_store(self, shard: Any, recorder: Any) -> RocksDBStore:
-        self._cache.pop(shard.spec.id, None)
+    def new_store(self, shard: Shard[Counts], recorder: Recorder | None) -> RocksDBStore:
         return RocksDBStore(recorder)
+
+    def new_shard_state(self, shard: Shard[Counts], store: RocksDBStore) -> Counts:
+        return {}
 
     def new_message(self, spec: pb.JournalSpec) -> type[NGramCount]:
         return NGramCount
 
-    def consume_message(self, shard: Any, store: Any, env: Any, publisher: Any) -> None:
-        m = env.message
-        cache = self._cache.setdefault(shard.spec.id, {})
+    def consume_message(self, shard: Shard[Counts], store: RocksDBStore, env: Envelope[NGramCount],
+                        publisher: ShardPublisher) -> None:
+        m, counts = env.message, shard.state
         gram = m.pb.n_gram
-        prior = cache.get(gram)
+        prior = counts.get(gram)
         if prior is None:
             raw = store.get(gram.encode())
             prior = uvarint_decode(raw) if raw else 0
-        cache[gram] = prior + m.pb.count
+        counts[gram] = prior + m.pb.count
 
-    def finalize_txn(self, shard: Any, store: Any, publisher: Any) -> None:
-        for gram, count in self._cache.pop(shard.spec.id, {}).items():
+    def finalize_txn(self, shard: Shard[Counts], store: RocksDBStore, publisher: ShardPublisher) -> None:
+        counts = shard.state
+        for gram, count in counts.items():
             store.put(gram.encode(), uvarint(count))
+        counts.clear()
 
     # --- the NGram service ----------------------------------------------------------------------
 

@@ -2,12 +2,14 @@
 exactly-once transactions committed atomically with their stores.
 
 Write an :class:`Application` (``new_store``, ``new_message``, ``consume_message``,
-``finalize_txn``; optionally ``begin_txn``/``finished_txn``), run it with
+``finalize_txn``; optionally ``begin_txn``/``finished_txn``, and ``new_shard_state`` for state
+the framework keeps per shard: a :class:`StatefulApplication`, ``shard.state``), run it with
 ``gazette consume --app package.module:AppClass`` or :func:`run_consumer`, and declare its
 shards (ShardSpecs) through the Shard service. See docs/consumers.md.
 
 Everything an app needs is here: the roles, ``InitArgs`` (what ``init_application`` gets),
-the stores (``MemoryStore``, ``JSONFileStore``; ``SQLStore``, ``SQLiteStore`` and
+``Recorder`` (what ``new_store`` gets with a recovery log), the stores (``MemoryStore``,
+``JSONFileStore``; ``SQLStore``, ``SQLiteStore`` and
 ``RocksDBStore`` loaded on first use, so importing this package imports neither SQLAlchemy nor
 rocksdict) and envelope helpers (``is_ack``, ``uuid_flags``).
 """
@@ -19,14 +21,23 @@ from typing import TYPE_CHECKING, Any
 
 from gazette.consumer.client import ShardClient, ShardStatusError
 from gazette.consumer.envelopes import is_ack, uuid_flags
-from gazette.consumer.errors import ConsumerError, DeferredFirstMessage, TransactionError
+from gazette.consumer.errors import (
+    ConsumerError,
+    DeferredFirstMessage,
+    ShardStateError,
+    TransactionError,
+)
 from gazette.consumer.initialize import InitArgs
 from gazette.consumer.interfaces import (
     Application,
+    Assignment,
     BeginFinisher,
+    MaybeAwaitable,
     MessageProducer,
     OpFuture,
     Shard,
+    ShardPublisher,
+    StatefulApplication,
     Store,
 )
 from gazette.consumer.process import ConsumerConfig, ConsumerProcess
@@ -35,6 +46,7 @@ from gazette.consumer.run import run_consumer
 from gazette.consumer.stores.json_file import JSONFileStore
 from gazette.consumer.stores.memory import MemoryStore
 from gazette.consumer.transaction import TransactionLoop, TxnConfig, TxnState
+from gazette.recoverylog import Recorder
 
 if TYPE_CHECKING:
     from gazette.consumer.stores.rocksdb import RocksDBStore
@@ -51,6 +63,7 @@ _LAZY = {
 
 __all__ = [
     "Application",
+    "Assignment",
     "BeginFinisher",
     "ConsumerConfig",
     "ConsumerError",
@@ -58,10 +71,12 @@ __all__ = [
     "DeferredFirstMessage",
     "InitArgs",
     "JSONFileStore",
+    "MaybeAwaitable",
     "MemoryStore",
     "MessageProducer",
     "OpFuture",
     "PreviousCommitFailed",
+    "Recorder",
     "Resolution",
     "Resolver",
     "RocksDBStore",
@@ -69,7 +84,10 @@ __all__ = [
     "SQLiteStore",
     "Shard",
     "ShardClient",
+    "ShardPublisher",
+    "ShardStateError",
     "ShardStatusError",
+    "StatefulApplication",
     "Store",
     "SyncSQLStore",
     "TransactionError",

@@ -4,6 +4,7 @@
 
     ConsumerError (GazetteError)     base of everything below
     ├── TransactionError             the application, the store or a commit failed a transaction
+    ├── ShardStateError              shard.state read before new_shard_state made it
     └── DeferredFirstMessage         the application deferred the first message of a transaction
 
 A ``TransactionError`` fails its shard (FAILED, with the error's text); other shards of the
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from gazette.errors import GazetteError
 
-__all__ = ["ConsumerError", "DeferredFirstMessage", "TransactionError"]
+__all__ = ["ConsumerError", "DeferredFirstMessage", "ShardStateError", "TransactionError"]
 
 
 class ConsumerError(GazetteError):
@@ -32,3 +33,10 @@ class TransactionError(ConsumerError):
 class DeferredFirstMessage(ConsumerError):
     """The application deferred the first message of an empty transaction, which would never
     make progress."""
+
+
+class ShardStateError(ConsumerError):
+    """``shard.state`` was read before this start of the shard made it (in ``new_store``, or in
+    ``new_shard_state`` itself), or after the shard ended: a bug of the application."""
+
+    grpc_code = "FAILED_PRECONDITION"

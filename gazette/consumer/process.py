@@ -37,7 +37,7 @@ from gazette.client import JournalClient
 from gazette.consumer import metrics
 from gazette.consumer.client import ShardClient
 from gazette.consumer.initialize import InitArgs, Initializer
-from gazette.consumer.interfaces import Application
+from gazette.consumer.interfaces import Application, Assignment
 from gazette.consumer.keys import consumer_decoder
 from gazette.consumer.recovery import HintsStore
 from gazette.consumer.resolver import Resolver
@@ -45,7 +45,7 @@ from gazette.consumer.service import ShardService
 from gazette.consumer.shard import ShardRuntime
 from gazette.consumer.standby import StandbyReplica
 from gazette.etcd import txn
-from gazette.etcd.keyspace import KeySpace
+from gazette.etcd.keyspace import KeySpace, KeyValue
 from gazette.protocol import consumer_pb2 as pc
 from gazette.recoverylog import Player
 from gazette.rpc.tls import ClientTLS, ServerTLS
@@ -85,7 +85,7 @@ class ConsumerConfig:
 class ConsumerProcess(MemberProcess):
     kind = "consumer"
 
-    def __init__(self, config: ConsumerConfig, app: Application) -> None:
+    def __init__(self, config: ConsumerConfig, app: Application[Any, Any, Any]) -> None:
         super().__init__(
             zone=config.zone, suffix=config.suffix, host=config.host, port=config.port,
             etcd_address=config.etcd_address, etcd_lease=config.etcd_lease,
@@ -98,7 +98,7 @@ class ConsumerProcess(MemberProcess):
         self.auth = KeyedAuth(config.auth_keys) if config.auth_keys else None
         self.verifier: Verifier = self.auth if self.auth is not None else NO_AUTH
         self.client = JournalClient(config.broker_address, tls=config.broker_tls, auth=config.broker_auth)
-        self.shards: dict[str, tuple[ShardRuntime, asyncio.Task[None]]] = {}
+        self.shards: dict[str, tuple[ShardRuntime[Any], asyncio.Task[None]]] = {}
         self.standbys: dict[str, tuple[StandbyReplica, asyncio.Task[None]]] = {}
         self._shard_tasks = Supervisor("consumer shards", "log")
         self.resolver = Resolver(self)
@@ -188,13 +188,15 @@ class ConsumerProcess(MemberProcess):
             del self.standbys[shard_id]
             if slot is None:
                 log.info("shard standby left this process", extra={"shard": shard_id})
-        for shard_id, (_, task) in list(self.shards.items()):
+        for shard_id, (rt, task) in list(self.shards.items()):
             if shard_id not in local or local[shard_id][0] != 0 or task.done():
                 if not task.done():
                     task.cancel()
                 if shard_id not in local or local[shard_id][0] != 0:
                     del self.shards[shard_id]
                     log.info("shard left this process", extra={"shard": shard_id})
+            if shard_id in local:
+                rt.assignment = _assignment(*local[shard_id])  # follows the keyspace
         for shard_id, (slot, kv) in local.items():
             status = kv.value.code if isinstance(kv.value, pc.ReplicaStatus) else pc.ReplicaStatus.IDLE
             if status == pc.ReplicaStatus.FAILED or shard_id in self.shards or shard_id in self.standbys:
@@ -216,10 +218,9 @@ class ConsumerProcess(MemberProcess):
             log.info("shard assigned as primary", extra={
                 "shard": shard_id, "sources": ",".join(s.journal for s in spec.sources),
                 "from_standby": shard_id in promoted})
-            rt = ShardRuntime(item.key, spec, self.app, self.client, self.write_status,
-                              hints=hints, player=promoted.pop(shard_id, None),
-                              hint_interval=self.config.hint_interval)
-            rt.assignment = kv
+            rt = ShardRuntime[Any](
+                item.key, spec, self.app, self.client, self.write_status, assignment=_assignment(slot, kv),
+                hints=hints, player=promoted.pop(shard_id, None), hint_interval=self.config.hint_interval)
             self.shards[shard_id] = (rt, self._shard_tasks.spawn(shard_id, rt.run_primary()))
         for player in promoted.values():  # promoted, but not started here (a FAILED status)
             await player.aclose()
@@ -238,3 +239,9 @@ class ConsumerProcess(MemberProcess):
             for code in pc.ReplicaStatus.Code.keys():
                 metrics.SHARD_UP.labels(shard_id, code).set(1 if code == name else 0)
             await self.keyspace.wait_for_revision(resp.header.revision)
+
+
+def _assignment(slot: int, kv: KeyValue) -> Assignment:
+    status = kv.value if isinstance(kv.value, pc.ReplicaStatus) else pc.ReplicaStatus()
+    return Assignment(key=kv.key, slot=slot, status=status, create_revision=kv.create_revision,
+                      mod_revision=kv.mod_revision)

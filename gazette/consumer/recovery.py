@@ -30,6 +30,7 @@ import aetcd
 
 from gazette.client import JournalClient, get_journal
 from gazette.consumer.errors import ConsumerError
+from gazette.consumer.interfaces import Assignment
 from gazette.etcd import txn
 from gazette.protocol import consumer_pb2 as pc
 from gazette.recoverylog import (
@@ -84,12 +85,12 @@ class HintsStore:
                 return hints
         return FSMHints(log=self.log)
 
-    async def store_recorded(self, hints: FSMHints, assignment: Any) -> bool:
+    async def store_recorded(self, hints: FSMHints, assignment: Assignment) -> bool:
         resp = await txn.commit(self.etcd, [txn.Cmp(assignment.key, "create", assignment.create_revision)],
                                 [txn.Put(self.primary, hints.to_json())])
         return bool(resp.succeeded)
 
-    async def store_recovered(self, hints: FSMHints, assignment: Any) -> bool:
+    async def store_recovered(self, hints: FSMHints, assignment: Assignment) -> bool:
         """Pushes ``hints`` in front of the backups (and writes them as primary, too)."""
         fetched = (await self.fetch())[1:]
         cmps = [txn.Cmp(assignment.key, "create", assignment.create_revision)]

@@ -57,7 +57,7 @@ class ResolverHost(Protocol):
 
     local_id: pb.ProcessSpec.ID
     keyspace: KeySpace
-    shards: dict[str, tuple[ShardRuntime, asyncio.Task[None]]]
+    shards: dict[str, tuple[ShardRuntime[Any], asyncio.Task[None]]]
 
     async def wait_reconciled(self) -> None:
         """Returns after the next reconcile of local shards with the keyspace."""
@@ -69,7 +69,7 @@ class Resolution:
     status: int  # a pc.Status value
     header: pb.Header
     spec: pc.ShardSpec | None = None
-    shard: ShardRuntime | None = None  # the local primary, or None
+    shard: ShardRuntime[Any] | None = None  # the local primary, or None
     endpoint: str = ""  # the primary's endpoint, when remote
 
     @property

@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from gazette.consumer.initialize import FlagsAdder
 from gazette.consumer.interfaces import Application
@@ -61,7 +62,7 @@ CONSUMER_FLAGS: list[Flag] = [
 ]
 
 
-def load_app(spec: str) -> Application:
+def load_app(spec: str) -> Application[Any, Any, Any]:
     """An instance of the Application class named ``package.module:AppClass``."""
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
@@ -70,7 +71,7 @@ def load_app(spec: str) -> Application:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as err:
         raise SystemExit(f"gazette: invalid --app {spec!r}: {err}") from None
-    app: Application = cls()
+    app: Application[Any, Any, Any] = cls()
     return app
 
 
@@ -104,11 +105,11 @@ def _process_id(flags: Flags) -> tuple[str, str]:
     return zone, suffix
 
 
-async def _consume(config: ConsumerConfig, app: Application) -> None:
+async def _consume(config: ConsumerConfig, app: Application[Any, Any, Any]) -> None:
     await run_until_drained(ConsumerProcess(config, app))
 
 
-def run(app: Application, ns: argparse.Namespace) -> int:
+def run(app: Application[Any, Any, Any], ns: argparse.Namespace) -> int:
     """Runs ``app`` with parsed consumer flags until drained."""
     config = config_from_args(ns)
     try:
@@ -146,7 +147,7 @@ def _gazette_errors(err: BaseException) -> list[GazetteError] | None:
     return None
 
 
-def consumer_parser(app: Application | None, prog: str, *, app_flag: bool = False) -> argparse.ArgumentParser:
+def consumer_parser(app: Application[Any, Any, Any] | None, prog: str, *, app_flag: bool = False) -> argparse.ArgumentParser:
     """The parser of the consumer flags, plus ``--app`` and the app's own flags (``add_flags``)."""
     parser = argparse.ArgumentParser(prog=prog, description="Gazette consumer")
     if app_flag:
@@ -170,7 +171,7 @@ def main_consume(argv: Sequence[str]) -> int:
     return run(app, ns)
 
 
-def run_consumer(app: Application, argv: Sequence[str] | None = None) -> int:
+def run_consumer(app: Application[Any, Any, Any], argv: Sequence[str] | None = None) -> int:
     """The main of a consumer application: parses the consumer flags (and the app's own, if it
     has ``add_flags``) and runs ``app``."""
     ns = consumer_parser(app, os.path.basename(sys.argv[0])).parse_args(argv)

@@ -61,7 +61,7 @@ class ConsumerContext(Protocol):
     local_id: pb.ProcessSpec.ID
     keyspace: KeySpace
     client: JournalClient
-    shards: dict[str, tuple[ShardRuntime, asyncio.Task[None]]]
+    shards: dict[str, tuple[ShardRuntime[Any], asyncio.Task[None]]]
     resolver: Resolver
     peers: ShardClient  # channels to the other consumer processes, for proxied requests
     verifier: Verifier  # checks each request's token (NO_AUTH when authorization is off)

@@ -14,6 +14,14 @@ Invariants:
   it) fails no other shard. It is closed as the shard ends (5 s for queued appends, then
   aborted).
 * The store is destroyed and the readers stopped on every ending.
+* Per-shard state: once the store is built and its checkpoint restored, the app's
+  ``new_shard_state(shard, store)`` (if it has one) is called, before the readers start and
+  any other callback; its result is ``state`` for this runtime's life, the same object in every
+  callback. It is dropped as the shard ends (left, or failed: ``state`` then raises), with the
+  store. A runtime is one start of the shard: the process makes a new one (and so a new state)
+  each time the shard starts here again.
+* ``assignment`` is set by the process from its keyspace on every reconciliation, so it follows
+  the keyspace (status writes included).
 * ``progress()`` is the read-through and publish-at offsets of the last completed
   transaction, its read-through extended past input sequenced to nothing since (discarded
   duplicates, rolled-back transactions): what Stat's read-your-writes and ``--lag`` use.
@@ -31,11 +39,12 @@ import logging
 import time
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 from gazette.client import AppendService, JournalClient, list_journals
 from gazette.consumer import metrics
-from gazette.consumer.interfaces import Application, MessageProducer, OpFuture
+from gazette.consumer.errors import ShardStateError
+from gazette.consumer.interfaces import Application, Assignment, MessageProducer, OpFuture
 from gazette.consumer.recovery import HintsStore, new_player, recover, remove_dir
 from gazette.consumer.source import ShardSource
 from gazette.consumer.transaction import TransactionLoop, Txn, TxnConfig
@@ -51,13 +60,16 @@ __all__ = ["ShardRuntime"]
 log = logging.getLogger(__name__)
 
 StatusWriter = Callable[[str, pc.ReplicaStatus], Awaitable[None]]
+S = TypeVar("S")
+
+_NO_STATE: Any = object()  # before new_shard_state made the state, and after the shard ended
 
 
-class ShardRuntime:
-    """A shard assigned to this process as primary (implements the ``Shard`` role)."""
+class ShardRuntime(Generic[S]):
+    """A shard assigned to this process as primary (implements the ``Shard[S]`` role)."""
 
-    def __init__(self, fqn: str, spec: pc.ShardSpec, app: Application, client: JournalClient,
-                 write_status: StatusWriter, *,
+    def __init__(self, fqn: str, spec: pc.ShardSpec, app: Application[Any, Any, Any], client: JournalClient,
+                 write_status: StatusWriter, *, assignment: Assignment | None = None,
                  hints: HintsStore | None = None, player: Player | None = None,
                  hint_interval: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.fqn = fqn
@@ -71,7 +83,11 @@ class ShardRuntime:
         self.stopping = asyncio.Event()
         self.ready = asyncio.Event()  # set once the checkpoint is restored and the loop runs
         self.store: Any = None
-        self.assignment: Any = None  # the keyspace entry of this process's assignment
+        # This process's assignment, as the keyspace holds it: the process sets it anew on
+        # every reconciliation (after each keyspace update).
+        self.assignment = assignment if assignment is not None else Assignment()
+        self._state: S = _NO_STATE
+        self._state_phase = "before new_shard_state made it"
         self.recovered_hints: FSMHints | None = None  # what the store was recovered from
         self.recorder: Recorder | None = None
         self.hints = hints
@@ -91,6 +107,14 @@ class ShardRuntime:
         """Deprecated alias of ``stopping`` (one event had two names)."""
         warnings.warn("Shard.done is deprecated: use Shard.stopping", DeprecationWarning, stacklevel=2)
         return self.stopping
+
+    @property
+    def state(self) -> S:
+        """The app's state of this start of the shard (see the module docstring)."""
+        state = self._state
+        if state is _NO_STATE:
+            raise ShardStateError(f"shard {self.spec.id}: shard.state was read {self._state_phase}")
+        return state
 
     def progress(self) -> tuple[Mapping[str, int], Mapping[str, int]]:
         return dict(self._read_through), dict(self._publish_at)
@@ -192,6 +216,8 @@ class ShardRuntime:
             raise
         try:
             checkpoint: pc.Checkpoint = await _maybe(store.restore_checkpoint(self))
+            new_state = getattr(self.app, "new_shard_state", None)
+            self._state = cast(S, await _maybe(new_state(self, store)) if new_state is not None else None)
             if recorder is not None and self.hints is not None and self.recovered_hints is not None:
                 await self.hints.store_recovered(self.recovered_hints, self.assignment)
             sel = pb.LabelSelector()
@@ -222,6 +248,8 @@ class ShardRuntime:
                 await source.aclose()
                 await self._final_hints()
         finally:
+            # Dropped with the store: a restart of the shard starts from the store alone.
+            self._state, self._state_phase = _NO_STATE, "after the shard ended"
             store.destroy()
             if self.player is not None:
                 remove_dir(self.player.dir)

@@ -50,7 +50,7 @@ import enum
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from gazette.consumer.envelopes import is_ack
 from gazette.consumer.errors import TransactionError
@@ -171,7 +171,7 @@ def _resolved() -> OpFuture:
 class TransactionLoop:
     """Runs a shard's transactions until its input ends (see the module docstring)."""
 
-    def __init__(self, shard: Shard, app: Application, store: Store, publisher: Publisher[Any],
+    def __init__(self, shard: Shard[Any], app: Application[Any, Any, Any], store: Store, publisher: Publisher[Any],
                  source: MessageSource, *, config: TxnConfig, write_acks: WriteAcks,
                  pending_appends: Callable[[], Sequence[Awaitable[Any]]] = lambda: (),
                  clock: Clock | None = None,
@@ -193,7 +193,7 @@ class TransactionLoop:
         self._closed = False  # the source ended
         self._async_consume = inspect.iscoroutinefunction(app.consume_message)
         self._receive_acks = bool(getattr(app, "receive_acks", True))
-        self._begin_finisher = app if isinstance(app, BeginFinisher) else None
+        self._begin_finisher: BeginFinisher[Any, Any] | None = app if isinstance(app, BeginFinisher) else None
 
     async def run(self, recovered: pc.Checkpoint | None = None) -> None:
         """Re-publishes the recovered checkpoint's ACK intents, then runs transactions until
@@ -334,8 +334,9 @@ class TransactionLoop:
         env: Envelope | None = None
         try:
             if self._async_consume:
+                consume_async = cast(Callable[..., Awaitable[None]], app.consume_message)
                 for env in batch:
-                    await app.consume_message(shard, store, env, pub)
+                    await consume_async(shard, store, env, pub)
             else:
                 consume = app.consume_message
                 for env in batch:

@@ -24,7 +24,9 @@ import binascii
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any, ClassVar, Final, Protocol, TypeVar
+from typing import Any, ClassVar, Final, Generic, Protocol
+
+from typing_extensions import TypeVar
 
 from .errors import MessageDecodeError
 from .uuid import UUID, ZERO_UUID, UUIDColumns, uuid_columns, uuid_from_int
@@ -67,14 +69,19 @@ class Message(Protocol):
         ...
 
 
+M = TypeVar("M", default=Any)
+"""An envelope's message type: ``Envelope[Word]`` for a consumer reading ``Word`` messages (bare
+``Envelope``: any message)."""
+
+
 @dataclass(slots=True)
-class Envelope:
+class Envelope(Generic[M]):
     """A message with the journal and ``[begin, end)`` byte offsets it was read from."""
 
     journal: str
     begin: int
     end: int
-    message: Any
+    message: M
 
 
 def parse_uuid_int(text: str) -> int:

@@ -51,7 +51,7 @@ class ConsumerHarness:
     ``processes`` consumer processes share the shards (each takes ``limit`` at most);
     ``app_args`` are parsed with the consumer's flags and the app's own (``add_flags``)."""
 
-    def __init__(self, app: Application, *, journals: str, shards: str, etcd_url: str | None = None,
+    def __init__(self, app: Application[Any, Any, Any], *, journals: str, shards: str, etcd_url: str | None = None,
                  processes: int = 1, root: Path | None = None, limit: int = 64,
                  timeout: float = 60.0, app_args: Sequence[str] = ()) -> None:
         self.app = app
@@ -154,7 +154,7 @@ class ConsumerHarness:
 
     # -- helpers -------------------------------------------------------------------------
 
-    def runtime(self, shard_id: str) -> ShardRuntime | None:
+    def runtime(self, shard_id: str) -> ShardRuntime[Any] | None:
         """The shard's running primary (None while it is not serving)."""
         for proc in self.processes:
             entry = proc.shards.get(shard_id)

@@ -12,7 +12,9 @@ The app counts inputs by key into PostgreSQL and publishes one derived message p
 * Soak (``soak``): under a steady input, consumer processes are killed (SIGKILL) and drained
   (SIGTERM) and restarted, repeatedly, for minutes. Afterwards the per-key counts equal the
   input exactly and a read-committed reader of the outputs sees every derived message exactly
-  once. ``SOAK_SECONDS`` sets the duration (default 180).
+  once. ``SOAK_SECONDS`` sets the duration (default 180). It runs twice: with the untyped app
+  above, and with ``examples.typed_counter`` (typed messages, per-shard state, written from
+  ``gazette.consumer`` and ``gazette.message`` alone) on the same journals, tables and checks.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from consumer_support import (
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from examples.typed_counter import Input
 from gazette.allocator.keys import assignments_prefix, items_key
 from gazette.client import AppendService, JournalClient
 from gazette.consumer.stores.sql import SQLStore
@@ -53,6 +56,8 @@ from gazette.testing.cluster import Cluster
 from gazette.testing.etcd import unique_prefix
 
 PARTS = 4
+ROOT = Path(__file__).resolve().parents[2]
+APPS = {"untyped": "soakapp:App", "typed": "examples.typed_counter:TypedCounter"}
 
 
 def _journals() -> str:
@@ -85,7 +90,7 @@ async def _setup(cluster: Cluster, dsn: str, tmp_path: Path, shards: int) -> Asy
         spec.max_txn_duration.seconds = 1
         await etcd.put(items_key(prefix, spec.id).encode(), spec.SerializeToString())
     (tmp_path / "soakapp.py").write_text(SQL_COUNTING_APP)
-    env = consumer_env(cluster.env(), PYTHONPATH=str(tmp_path), ETCD_ADDRESS=cluster.etcd_url,
+    env = consumer_env(cluster.env(), PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", ETCD_ADDRESS=cluster.etcd_url,
                        ETCD_PREFIX=prefix, ETCD_LEASE="2s", LOG_FORMAT="text",
                        STORE_DSN=dsn.replace("postgresql://", "postgresql+psycopg://", 1))
     try:
@@ -179,13 +184,39 @@ async def _derived_complete(client: JournalClient, n: int) -> Counter[int] | Non
     return seen if len(seen) >= n else None
 
 
+@pytest.mark.timeout(240)
+async def test_typed_app_counts_exactly_once(cluster: Cluster, postgres_db: str, tmp_path: Path) -> None:
+    """``examples.typed_counter`` as a process, fed typed inputs: counts and outputs exact (the
+    soak's checks, without its faults)."""
+    async with _setup(cluster, postgres_db, tmp_path, shards=2) as (etcd, prefix, engine, env):
+        proc = ConsumerProc("cons-typed", env, tmp_path, app=APPS["typed"])
+        proc.start()
+        try:
+            expect: Counter[str] = Counter()
+            async with JournalClient(cluster.broker.address) as client, AppendService(client) as svc:
+                pub = Publisher(svc)
+                inputs = [Input(key=f"k{i % 7}", seq=i) for i in range(120)]
+                for i in range(0, len(inputs), 40):
+                    part = f"in/part-00{(i // 40) % 2}"
+                    await pub.publish_committed_many(lambda m, p=part: (p, "application/x-ndjson"), inputs[i:i + 40])
+                    expect.update(m.key for m in inputs[i:i + 40])
+                await svc.flush()
+                await wait_until(lambda: _counts_are(engine, dict(expect)), 120, "typed counts")
+                derived = await wait_until(lambda: _derived_complete(client, len(inputs)), 60, "derived messages")
+                assert derived == Counter(range(len(inputs))), "each derived message exactly once"
+        finally:
+            proc.terminate()
+
+
 @pytest.mark.soak
 @pytest.mark.timeout(1800)
-async def test_exactly_once_under_kills_and_restarts(cluster: Cluster, postgres_db: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("app", sorted(APPS))
+async def test_exactly_once_under_kills_and_restarts(cluster: Cluster, postgres_db: str, tmp_path: Path,
+                                                     app: str) -> None:
     duration = float(os.environ.get("SOAK_SECONDS", "180"))
     rng = random.Random(int(os.environ.get("SOAK_SEED", "7")))
     async with _setup(cluster, postgres_db, tmp_path, shards=PARTS) as (etcd, prefix, engine, env):
-        procs = [ConsumerProc(f"cons-{i}", env, tmp_path) for i in range(3)]
+        procs = [ConsumerProc(f"cons-{i}", env, tmp_path, app=APPS[app]) for i in range(3)]
         for p in procs:
             p.start()
         expect: Counter[str] = Counter()
@@ -232,7 +263,7 @@ async def test_exactly_once_under_kills_and_restarts(cluster: Cluster, postgres_
             dupes = {s: n for s, n in derived.items() if n != 1}
             assert not dupes, f"derived messages seen more than once: {list(dupes.items())[:10]}"
             assert set(derived) == set(range(sent))
-            print(f"\nsoak: {sent} inputs over {duration:.0f}s, faults {dict(stats)}; counts exact, "
+            print(f"\nsoak ({app} app): {sent} inputs over {duration:.0f}s, faults {dict(stats)}; counts exact, "
                   f"{len(derived)} derived messages each seen once")
         finally:
             stop.set()

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from consumer_support import CountingApp, journals_yaml, shards_yaml
+from consumer_support import CountingApp, journals_yaml, shards_yaml, wait_until
 
+from gazette.protocol import consumer_pb2 as pc
 from gazette.testing.consumer import ConsumerHarness
 
 SHARDS = shards_yaml("part-000", "part-001")
@@ -25,6 +26,16 @@ async def test_an_app_test_in_a_few_lines(gazette_consumer: Any) -> None:
         await h.read_through()
         assert app.counts == {"a": 6, "b": 1}
         assert h.runtime("count-000") is not None and h.store("count-001") is not None
+        # Shard.assignment follows the keyspace: made when the assignment was IDLE, it shows the
+        # PRIMARY status the shard wrote since (the process refreshes it on each update).
+        rt = h.runtime("count-000")
+
+        async def primary() -> bool:
+            return rt.assignment.status.code == pc.ReplicaStatus.PRIMARY
+
+        await wait_until(primary, 30, "the runtime's assignment to show PRIMARY")
+        assert rt.assignment.slot == 0 and rt.assignment.key.split("/")[-1].startswith("count-000#")
+        assert rt.assignment.mod_revision > rt.assignment.create_revision
 
 
 class ProducingApp(CountingApp):

@@ -40,3 +40,20 @@ def test_hello_messages_appends_and_reads_committed(cluster: Cluster) -> None:
         assert lines[0].startswith("published 2 greetings")
         assert [ln.split(": ", 1)[1] for ln in lines[1:-1]] == ["Hello, Ada!", "Hello, Grace!"]
         assert lines[-1] == "read 2 of them back, committed"
+
+
+def test_typed_counter_uses_only_consumer_and_message_names() -> None:
+    """examples/typed_counter.py (mypy strict checks it with the examples) is written from
+    ``gazette.consumer`` and ``gazette.message`` alone, names each exports."""
+    import gazette.consumer
+    import gazette.message
+
+    tree = ast.parse((EXAMPLES / "typed_counter.py").read_text())
+    modules = {gazette.consumer.__name__: gazette.consumer, gazette.message.__name__: gazette.message}
+    froms = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("gazette")]
+    assert {n.module for n in froms} == set(modules)
+    for n in froms:
+        names = {a.name for a in n.names}
+        assert names <= set(modules[n.module or ""].__all__), names - set(modules[n.module or ""].__all__)
+    assert not [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+                if a.name.startswith("gazette")]

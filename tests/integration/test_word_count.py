@@ -1,11 +1,13 @@
 """word-count end to end: two counter processes (``examples.word_count.counter:Counter``), four
 shards on RocksDB with hot standbys, documents published through ``wordcountctl publish`` to
 either process, and the model queried through either: every bi-gram counted exactly, exact
-queries proxied to the owning shard, and ``--shard`` scans that together hold the corpus."""
+queries proxied to the owning shard, and ``--shard`` scans that together hold the corpus. And
+the one-command demo (``python -m examples.word_count.demo``) runs end to end."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -15,12 +17,13 @@ import grpc
 import pytest
 from consumer_support import example_run, read_through_sources
 
+from examples.word_count import demo
 from examples.word_count import word_count_pb2 as wc
 from examples.word_count import word_count_pb2_grpc as wc_grpc
 from examples.word_count.messages import ngrams
 from gazette.client import JournalClient
 from gazette.rpc.channel import insecure_channel
-from gazette.testing.cluster import Cluster
+from gazette.testing.cluster import Cluster, http_status
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "word_count"
@@ -87,3 +90,29 @@ async def test_word_count_counts_a_corpus_exactly(cluster: Cluster, tmp_path: Pa
                 assert "names a prefix or a shard" in (info.value.details() or "")
             finally:
                 await channel.close()
+
+
+@pytest.mark.timeout(300)
+def test_word_count_demo_runs_end_to_end_with_one_command(tmp_path: Path) -> None:
+    """``python -m examples.word_count.demo``: etcd, a broker, two counters, the shards, a corpus
+    published and every bi-gram counted exactly once; then everything it started is stopped."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("BROKER_ADDRESS", "ETCD_ADDRESS", "ETCD_PREFIX", "CONSUMER_ADDRESS", "LOG_LEVEL")}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, "-m", "examples.word_count.demo", "--dir", str(tmp_path / "demo")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=280, check=False)
+    logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+                     for p in sorted((tmp_path / "demo" / "logs").glob("*.log")))
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{logs}"
+    out = proc.stdout
+    expected = Counter(ngrams(demo.CORPUS, 2))
+    assert f"word-count: all {len(expected)} bi-grams counted exactly once" in out, out
+    assert out.count("| PRIMARY") == 4, out
+    assert "    10  it was" in out and "query 'was the' through " in out, out
+    assert "stopped the counters, the broker and etcd" in out, out
+    # Nothing it started answers any more.
+    broker = out.split("broker at ", 1)[1].split()[0]
+    etcd = out.split("etcd at ", 1)[1].split()[0]
+    counters = out.split("two counter processes at ", 1)[1].splitlines()[0].split(", ")
+    for url in (f"{broker}/debug/ready", f"{etcd}/health", *(f"{c}/debug/ready" for c in counters)):
+        assert http_status(url, timeout=0.5) is None, url
