@@ -24,10 +24,12 @@ BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
 
 def test_every_python_block_is_one_a_test_runs() -> None:
     """A block added to the guide must be given a test here (this fails until it is)."""
-    assert len(BLOCKS) == 3, "a python block was added to or removed from the guide"
+    assert len(BLOCKS) == 4, "a python block was added to or removed from the guide"
     assert BLOCKS[0].startswith("# wordcount.py\n")
     assert "def new_store(self, shard, recorder)" in BLOCKS[1]
     assert "async def test_wordcount(gazette_consumer)" in BLOCKS[2]
+    # Run by tests/integration/test_sql_store_sync.py::test_the_guides_sync_app_runs.
+    assert BLOCKS[3].startswith("# sync_wordcount.py\n")
 
 
 def _wordcount() -> types.ModuleType:
