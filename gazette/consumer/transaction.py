@@ -47,7 +47,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
@@ -60,6 +62,8 @@ from gazette.message import Envelope, ProducerState, Publisher, build_checkpoint
 from gazette.message.publisher import AckIntent
 from gazette.protocol import consumer_pb2 as pc
 from gazette.tasks import cancel_and_wait
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "PRODUCER_PRUNE_HORIZON_NS",
@@ -204,6 +208,7 @@ class TransactionLoop:
         self.prev = Txn(commit=_resolved(), acks=self._acks(intents, _resolved()),
                         checkpoint=recovered or pc.Checkpoint())
         txn = Txn()
+        cancelled = False
         try:
             while True:
                 txn = Txn()
@@ -216,14 +221,24 @@ class TransactionLoop:
                 if txn.consumed == 0:  # input ended and drained; the previous one resolved
                     return
                 self.prev = txn
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
         finally:
             # Outcomes nobody will look at once the loop ended (a fenced zombie's commit and
             # the ACKs failing after it), marked seen before anything is awaited here: a
             # cancelled loop's await below re-raises its cancellation and skips what follows.
             for t in (self.prev, txn):
-                for f in (t.commit, *t.acks):
-                    if f is not None:
-                        f.add_done_callback(_retrieve)
+                if t.commit is not None and cancelled:
+                    # A commit failing after the loop was cancelled is a fenced zombie's,
+                    # usually: said once, in one line (nothing else reports it, as the
+                    # loop's own failure reports a commit failing while it runs).
+                    t.commit.add_done_callback(functools.partial(
+                        _report_commit, getattr(self.shard, "fqn", "?")))
+                elif t.commit is not None:
+                    t.commit.add_done_callback(_retrieve)
+                for f in t.acks:
+                    f.add_done_callback(_retrieve)
             if self._read is not None:
                 await cancel_and_wait(self._read)
 
@@ -437,6 +452,12 @@ class TransactionLoop:
         finally:
             if timer is not None:
                 timer.cancel()
+
+
+def _report_commit(fqn: str, f: asyncio.Future[Any]) -> None:
+    """Logs, in one line, a commit that failed after its loop ended (and marks it seen)."""
+    if not f.cancelled() and (err := f.exception()) is not None:
+        log.warning("shard %s: a commit outstanding as its transactions ended failed: %s", fqn, err)
 
 
 def _retrieve(f: asyncio.Future[Any]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -518,10 +519,13 @@ async def _cancel_then_fail_pending() -> None:
     await h.quiet()
 
 
-async def test_a_cancelled_loop_leaves_no_unretrieved_commit_or_ack_failure() -> None:
+async def test_a_cancelled_loop_leaves_no_unretrieved_commit_or_ack_failure(
+        caplog: pytest.LogCaptureFixture) -> None:
     """A fenced zombie's shard is cancelled while its commit and ACK are pending; both fail
     afterwards (the fence, then DependencyFailed). Nothing logs "exception was never
-    retrieved": the loop's ending owns those outcomes."""
+    retrieved": the loop's ending owns those outcomes, and says in one line that the commit
+    failed (the zombie's fence is the operator's to see; the ACK's failure follows from it)."""
+    caplog.set_level(logging.WARNING, logger="gazette.consumer.transaction")
     loop = asyncio.get_running_loop()
     reports: list[dict[str, Any]] = []
     previous = loop.get_exception_handler()
@@ -530,5 +534,7 @@ async def test_a_cancelled_loop_leaves_no_unretrieved_commit_or_ack_failure() ->
         await _cancel_then_fail_pending()
         gc.collect()  # the futures are garbage now: unretrieved failures would be reported
         assert not [r for r in reports if "never retrieved" in r.get("message", "")], reports
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1 and "failed: fenced" in lines[0] and not caplog.records[0].exc_info
     finally:
         loop.set_exception_handler(previous)
