@@ -19,11 +19,16 @@ from urllib.parse import parse_qsl
 import grpc
 import jwt
 from google.protobuf.message import DecodeError
-from multidict import MultiDict, MultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
 
 # Imported here, inside fuzz/run.py's instrumentation, so that their coverage guides campaigns.
 from gazette import auth
-from gazette.broker.http_gateway import BadRequest, parse_append_request, parse_read_request
+from gazette.broker.http_gateway import (
+    BadRequest,
+    UnsupportedEncoding,
+    parse_append_request,
+    parse_read_request,
+)
 from gazette.consumer.shardspace import parse_yaml as parse_shard_yaml
 from gazette.errors import GazetteError
 from gazette.journalspace import apply_request
@@ -187,22 +192,29 @@ def shard_specs(data: bytes) -> None:
 
 
 class _Request:
-    """What the gateway's parsers read of an aiohttp request (its path match, method, query)."""
+    """What the gateway's parsers read of an aiohttp request (its path match, method, query,
+    headers)."""
 
-    def __init__(self, method: str, journal: str, query: str) -> None:
+    def __init__(self, method: str, journal: str, query: str, encoding: str | None) -> None:
         self.method = method
         self.match_info = {"journal": journal}
         self.query = MultiDictProxy(MultiDict(parse_qsl(query, keep_blank_values=True)))
+        headers = CIMultiDict[str]()
+        if encoding is not None:
+            headers["Content-Encoding"] = encoding
+        self.headers = CIMultiDictProxy(headers)
 
 
 def gateway_request(data: bytes) -> None:
-    """A gateway path and query (``journal?key=value``) through the read and append parsers."""
+    """A gateway path, query and content coding (``journal?key=value#coding``) through the
+    read and append parsers."""
     text = data.decode("utf-8", "replace")
+    text, hash_, coding = text.partition("#")
     journal, _, query = text.partition("?")
     for method, parse in (("GET", parse_read_request), ("HEAD", parse_read_request),
                           ("PUT", parse_append_request)):
-        with contextlib.suppress(BadRequest):
-            parse(_Request(method, journal, query))  # type: ignore[arg-type]
+        with contextlib.suppress(BadRequest, UnsupportedEncoding):
+            parse(_Request(method, journal, query, coding if hash_ else None))  # type: ignore[arg-type]
 
 
 _KEYED = auth.KeyedAuth("c2VjcmV0 AA==", clock=lambda: 1_800_000_000.0)
