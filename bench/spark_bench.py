@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gazette.client.sync import SyncJournalClient  # noqa: E402
 from gazette.message.uuid import ACK_TXN, CONTINUE_TXN, build_uuid  # noqa: E402
 from gazette.protocol import protocol_pb2 as pb  # noqa: E402
-from gazette.testing.cluster import Cluster, wait_until  # noqa: E402
+from gazette.testing.cluster import Cluster  # noqa: E402
 from gazette.testing.etcd import start_test_etcd, unique_prefix  # noqa: E402
+from gazette.testing.eventually import eventually_sync  # noqa: E402
 
 SCHEMA = "id long, customer string, amount double, kind string"
 JOURNALS = {"bench/spark/raw": pb.NONE, "bench/spark/gz": pb.GZIP}
@@ -123,7 +124,7 @@ def main() -> None:
                     ends, files = _persisted(client, cluster.file_root)
                     return (ends, files) if all(len(f) >= 4 for f in files.values()) else None
 
-                ends, files = wait_until(ready, 120.0, message="fragments persisted")
+                ends, files = eventually_sync(ready, "fragments persisted", 120.0)
             for name in JOURNALS:
                 size = sum(Path(f).stat().st_size for f in files[name])
                 print(f"{name}: {len(files[name])} persisted fragments, {size / 1e6:.1f} MB "

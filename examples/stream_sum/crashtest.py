@@ -52,8 +52,9 @@ from gazette.errors import GazetteError
 from gazette.etcd import connect
 from gazette.protocol import consumer_pb2 as pc
 from gazette.testing.cluster import BrokerProcess, Cluster
-from gazette.testing.consumer_proc import ConsumerProc, consumer_endpoints, consumer_env, wait_for
+from gazette.testing.consumer_proc import ConsumerProc, consumer_endpoints, consumer_env
 from gazette.testing.etcd_process import EtcdProcess, free_port
+from gazette.testing.eventually import eventually
 
 __all__ = ["FAULTS", "CrashTest", "main"]
 
@@ -180,7 +181,7 @@ class CrashTest:
             self.consumers.append(self._new_consumer())
         etcd = await connect(self.etcd.url)
         try:
-            endpoints = await wait_for(lambda: consumer_endpoints(etcd, CONSUMER_PREFIX), 120, "summers announced")
+            endpoints = await eventually(lambda: consumer_endpoints(etcd, CONSUMER_PREFIX), "summers announced", 120)
         finally:
             await etcd.close()
         await asyncio.to_thread(self._gazctl, "shards", "apply", "--consumer.address", endpoints[0],

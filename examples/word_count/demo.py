@@ -32,8 +32,9 @@ from examples.word_count.messages import ngrams
 from gazette.client import JournalClient, write_head
 from gazette.consumer import ShardClient
 from gazette.rpc.channel import insecure_channel
-from gazette.testing.cluster import Cluster, console_script, free_port, http_status, wait_until
+from gazette.testing.cluster import Cluster, console_script, free_port, http_status
 from gazette.testing.etcd_process import EtcdProcess
+from gazette.testing.eventually import eventually_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = Path(__file__).resolve().parent
@@ -141,7 +142,7 @@ def _run(work: Path, text: str, top: int) -> int:
             procs = [_start_counter(p, env, log_dir) for p in ports]
             try:
                 for ep, proc in zip(endpoints, procs, strict=True):
-                    wait_until(_ready_or_exited(ep, proc), 60, message=f"counter {ep} ready")
+                    eventually_sync(_ready_or_exited(ep, proc), f"counter {ep} ready", 60)
                     if proc.poll() is not None:
                         print(f"counter {ep} exited: see {log_dir}", file=sys.stderr)
                         return 1
@@ -151,7 +152,7 @@ def _run(work: Path, text: str, top: int) -> int:
                 if rc != 0:
                     print(err, file=sys.stderr)
                     return 1
-                listing = wait_until(_all_primary(cluster, endpoints[0]), 120, message="every shard PRIMARY")
+                listing = eventually_sync(_all_primary(cluster, endpoints[0]), "every shard PRIMARY", 120)
                 print(listing.rstrip())
                 return asyncio.run(_publish_and_check(broker.address, endpoints, text, top))
             finally:

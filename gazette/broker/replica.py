@@ -40,7 +40,7 @@ from gazette.broker.fragment import Index, Persister, Spool, SpoolSnapshot
 from gazette.fragment import Fragment
 from gazette.protocol import protocol_pb2 as pb
 from gazette.stores import Stores, walk_all_stores
-from gazette.tasks import Supervisor, cancel_and_wait
+from gazette.tasks import Supervisor, cancel_and_wait, wait_first
 
 if TYPE_CHECKING:
     from gazette.broker.pipeline import Pipeline
@@ -74,7 +74,7 @@ async def acquire_unless(lock: asyncio.Lock, signal: asyncio.Event | None) -> bo
     acq = asyncio.ensure_future(lock.acquire())
     try:
         try:
-            await _first(acq, signal)
+            await wait_first(acq, signal.wait())
         finally:  # a no-op once it won; else cancelled and settled, on any ending
             await cancel_and_wait(acq)
     except BaseException:
@@ -88,16 +88,6 @@ def _won(acq: asyncio.Future[Any]) -> bool:
     return acq.done() and not acq.cancelled() and acq.exception() is None
 
 
-async def _first(fut: asyncio.Future[Any], signal: asyncio.Event) -> bool:
-    """Waits for ``fut`` or ``signal``, whichever first; True if ``fut`` finished."""
-    sig = asyncio.ensure_future(signal.wait())
-    try:
-        await asyncio.wait((fut, sig), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        sig.cancel()
-    return fut.done()
-
-
 async def wait_unless(event: asyncio.Event, signal: asyncio.Event | None) -> bool:
     """Waits for ``event``; False if ``signal`` is set first."""
     if event.is_set():
@@ -107,11 +97,7 @@ async def wait_unless(event: asyncio.Event, signal: asyncio.Event | None) -> boo
         return True
     if signal.is_set():
         return False
-    ev = asyncio.ensure_future(event.wait())
-    try:
-        await _first(ev, signal)
-    finally:
-        ev.cancel()
+    await wait_first(event.wait(), signal.wait())
     return event.is_set()
 
 

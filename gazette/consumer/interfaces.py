@@ -155,8 +155,10 @@ class Store(Protocol):
         """The last committed checkpoint (an empty one for a new store)."""
         ...
 
-    def destroy(self) -> None:
-        """Releases the store's resources (the shard left, or failed)."""
+    def destroy(self) -> Awaitable[None] | None:
+        """Releases the store's resources (the shard left, or failed). It may return the release
+        still in progress (an asynchronous close), which the shard awaits as it ends (for up to
+        5 s, then cancels it)."""
         ...
 
 

@@ -13,7 +13,7 @@ Invariants:
   non-primary assignment of a shard with a recovery log runs a hot standby (``standby``),
   which a promotion hands to the new primary; without a log it is reported STANDBY at once.
 * A shard's failure is written FAILED on its assignment and ends that shard alone; the process
-  and its other shards carry on. ``gazctl shards unassign --failed`` (to come) frees it.
+  and its other shards carry on. ``gazctl shards unassign --failed`` frees it.
 * Draining (SIGTERM): zero capacity is announced, the allocator moves the shards to other
   members, and each local shard is cancelled as its assignment goes.
 """

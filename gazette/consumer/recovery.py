@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -44,8 +43,7 @@ from gazette.recoverylog import (
     take_over,
 )
 
-__all__ = ["HintsStore", "RecoveryError", "new_player", "pick_first_hints", "recover", "recovery_log",
-           "remove_dir"]
+__all__ = ["HintsStore", "RecoveryError", "new_player", "pick_first_hints", "recover", "recovery_log"]
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +163,3 @@ async def recover(player: Player, spec: pc.ShardSpec) -> Recorder:
                                              "author": f"{recorder.author:08x}",
                                              "files": len(recorder.fsm.live_nodes)})
     return recorder
-
-
-def remove_dir(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)

@@ -45,7 +45,7 @@ from gazette.client import AppendService, JournalClient, list_journals
 from gazette.consumer import metrics
 from gazette.consumer.errors import ShardStateError
 from gazette.consumer.interfaces import Application, Assignment, MessageProducer, OpFuture
-from gazette.consumer.recovery import HintsStore, new_player, recover, remove_dir
+from gazette.consumer.recovery import HintsStore, new_player, recover
 from gazette.consumer.source import ShardSource
 from gazette.consumer.transaction import TransactionLoop, Txn, TxnConfig
 from gazette.errors import GazetteError
@@ -54,6 +54,7 @@ from gazette.message.publisher import AckIntent
 from gazette.protocol import consumer_pb2 as pc
 from gazette.protocol import protocol_pb2 as pb
 from gazette.recoverylog import FSMHints, Player, Recorder, RecoveryLogError
+from gazette.tasks import Supervisor, cancel_and_wait
 
 __all__ = ["ShardRuntime"]
 
@@ -96,6 +97,8 @@ class ShardRuntime(Generic[S]):
         self._clock = clock
         self._hints_at = clock()
         self._hints_task: asyncio.Task[bool] | None = None
+        # The shard's own background tasks (hint writes): none outlives the shard.
+        self._tasks = Supervisor(f"shard {spec.id}", "log")
         self._write_status = write_status
         self._source: ShardSource | None = None
         self._read_through: dict[str, int] = {}
@@ -151,8 +154,8 @@ class ShardRuntime(Generic[S]):
         except RecoveryLogError:
             return None  # a batch is pending: next transaction
         self._hints_at = self._clock()
-        task = self._hints_task = asyncio.ensure_future(self.hints.store_recorded(hints, self.assignment))
-        task.add_done_callback(_log_hints_failure)
+        task = self._hints_task = self._tasks.spawn("storing recovery-log hints",
+                                                    self.hints.store_recorded(hints, self.assignment))
         return task
 
     def _write_acks(self, intents: Sequence[AckIntent], after: OpFuture) -> list[Any]:
@@ -175,8 +178,11 @@ class ShardRuntime(Generic[S]):
             await self._write_status(self.spec.id, pc.ReplicaStatus(
                 code=pc.ReplicaStatus.FAILED, errors=[f"{type(err).__name__}: {err}"]))
         finally:
-            await self._close_appends()
-            self.stopping.set()
+            try:
+                await self._close_appends()
+            finally:
+                await self._tasks.aclose()
+                self.stopping.set()
 
     async def _close_appends(self) -> None:
         """Lets the shard's queued appends (ACKs of committed transactions) finish for up to
@@ -212,7 +218,7 @@ class ShardRuntime(Generic[S]):
             store = self.store = await _maybe(self.app.new_store(self, recorder))
         except BaseException:
             if self.player is not None:
-                remove_dir(self.player.dir)
+                await self.player.aclose()
             raise
         try:
             checkpoint: pc.Checkpoint = await _maybe(store.restore_checkpoint(self))
@@ -250,26 +256,38 @@ class ShardRuntime(Generic[S]):
         finally:
             # Dropped with the store: a restart of the shard starts from the store alone.
             self._state, self._state_phase = _NO_STATE, "after the shard ended"
-            store.destroy()
-            if self.player is not None:
-                remove_dir(self.player.dir)
+            try:
+                await _settle("closing the store", store.destroy(), self.spec.id)
+            finally:
+                if self.player is not None:
+                    await self.player.aclose()  # its playback ended; removes its directory
 
     async def _final_hints(self) -> None:
         """Writes the hints as the shard leaves (often while it is being cancelled: the write
-        gets 5 s, then is cancelled)."""
+        gets 5 s, then is cancelled), after a write in progress."""
         if self._hints_task is not None and not self._hints_task.done():
             await asyncio.wait([self._hints_task])
         task = self._start_hints_write()
         if task is not None:
-            done, _ = await asyncio.wait([task], timeout=5.0)
-            if not done:
-                task.cancel()
-                await asyncio.wait([task])
+            await _settle("storing recovery-log hints", task, self.spec.id, report=False)
 
 
-def _log_hints_failure(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("storing recovery-log hints failed", extra={"err": str(task.exception())})
+async def _settle(step: str, closing: Awaitable[Any] | None, shard: str, *, within: float = 5.0,
+                  report: bool = True) -> None:
+    """Awaits ``closing`` (a store's close, the last hint write: the shard's own) for up to
+    ``within`` seconds, then cancels it. Its failure is logged (unless its owner reports it):
+    the shard is ending anyway. Re-raises the shard's own cancellation once it settled."""
+    if closing is None:
+        return
+    task = asyncio.ensure_future(closing)
+    done, _ = await asyncio.wait([task], timeout=within)
+    if not done:
+        log.warning("a step of a shard's end did not finish in time; cancelled",
+                    extra={"shard": shard, "step": step, "within": within})
+    elif report and not task.cancelled() and task.exception() is not None:
+        log.warning("a step of a shard's end failed",
+                    extra={"shard": shard, "step": step, "err": str(task.exception())})
+    await cancel_and_wait(task)  # a no-op once it ended
 
 
 async def _maybe(result: Any) -> Any:

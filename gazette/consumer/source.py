@@ -2,10 +2,11 @@
 
 Each source journal is read by its own task (``JournalSource`` → ``ReadUncommittedIter``:
 retrying reads, framing and batch decoding), which puts decoded, *uncommitted* batches into
-one bounded queue (``read_channel_size`` batches). The transaction loop takes them with
-``read`` and turns them into committed messages with ``sequence``, through the shard's one
-``Sequencer`` (Gazette shares one across a shard's sources), replaying older ranges when a
-commit refers to messages evicted from its ring.
+one bounded queue (``read_channel_size`` batches; the message layer's ``FanIn``). The
+transaction loop takes them with ``read`` and turns them into committed messages with
+``sequence``, through the shard's one ``Sequencer`` (Gazette shares one across a shard's
+sources) and the message layer's replay protocol (``sequence_committed``), replaying older
+ranges when a commit refers to messages evicted from its ring.
 
 Invariants:
 
@@ -22,20 +23,20 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gazette.client import JournalClient
 from gazette.message import Envelope, ProducerState, Sequencer, flatten_producer_states
+from gazette.message.fanin import FanIn
 from gazette.message.framing import Framing
-from gazette.message.iterators import Decoder, ReadUncommittedIter, read_replay
+from gazette.message.iterators import Decoder, ReadUncommittedIter, read_replay, sequence_committed
 from gazette.message.reading import batch_decoder, framing_of_spec, message_framing
 from gazette.message.source import JournalSource, replay_opener
 from gazette.message.uuid import UUIDColumns
 from gazette.protocol import consumer_pb2 as pc
 from gazette.protocol import protocol_pb2 as pb
-from gazette.tasks import Supervisor
 
 __all__ = ["ShardSource"]
 
@@ -45,16 +46,6 @@ class _Batch:
     journal: str
     envelopes: list[Envelope]
     uuids: UUIDColumns | None
-
-
-class _Failed:
-    __slots__ = ("err",)
-
-    def __init__(self, err: Exception) -> None:
-        self.err = err
-
-
-_END = object()
 
 
 class ShardSource:
@@ -79,10 +70,8 @@ class ShardSource:
         self.sequencer = Sequencer(
             {j: cp.sources[j].read_through for j in cp.sources}, flatten_producer_states(cp),
             ring_size=spec.ring_buffer_size or 4096)
-        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=max(1, spec.read_channel_size or 128))
-        self._readers = Supervisor(f"shard {spec.id} readers", "collect")
-        self._live = 0
-        self._replay = replay_opener(client)
+        self._readers = FanIn[_Batch](f"shard {spec.id} readers", max(1, spec.read_channel_size or 128))
+        self._replay_opener = replay_opener(client)
         self._producer = producer  # an async iterator of envelope batches, replacing the readers
         self._replay_range = replay  # (journal, begin, end) -> envelopes, with a producer
         self.write_heads: dict[str, int] = {}  # last write head seen per source journal
@@ -90,77 +79,49 @@ class ShardSource:
     def start(self) -> None:
         """Starts one reader task per source journal (or one over the app's producer)."""
         if self._producer is not None:
-            self._readers.spawn("producer", self._pump_producer(self._producer))
-            self._live += 1
+            self._readers.add("producer", self._produced(self._producer))
             return
         for journal, offset in self._offsets.items():
-            self._readers.spawn(journal, self._pump(journal, offset))
-            self._live += 1
+            self._readers.add(journal, self._batches(journal, offset))
 
     async def aclose(self) -> None:
         await self._readers.aclose()
 
-    async def _pump(self, journal: str, offset: int) -> None:
+    async def _batches(self, journal: str, offset: int) -> AsyncIterator[_Batch]:
         framing, decode = self._codecs[journal]
         src = JournalSource(self.client, journal, offset, block=self.block)
         it = ReadUncommittedIter(src, framing, decode)
         heads = self.write_heads
-        try:
-            while True:
-                envs, uuids = await it.next_batch_with_uuids()
-                heads[journal] = src.reader.write_head
-                if not envs:
-                    break
-                await self._queue.put(_Batch(journal, envs, uuids))
-        except Exception as err:  # noqa: BLE001 - delivered in order to the transaction loop
-            await self._queue.put(_Failed(err))
-            return
-        await self._queue.put(_END)
+        while True:
+            envs, uuids = await it.next_batch_with_uuids()
+            heads[journal] = src.reader.write_head
+            if not envs:
+                return
+            yield _Batch(journal, envs, uuids)
 
-    async def _pump_producer(self, batches: Any) -> None:
-        try:
-            async for batch in batches:
-                if batch:
-                    envs = list(batch)
-                    self.write_heads[envs[-1].journal] = envs[-1].end
-                    await self._queue.put(_Batch(envs[0].journal, envs, None))
-        except Exception as err:  # noqa: BLE001 - delivered in order to the transaction loop
-            await self._queue.put(_Failed(err))
-            return
-        await self._queue.put(_END)
+    async def _produced(self, batches: Any) -> AsyncIterator[_Batch]:
+        async for batch in batches:
+            if batch:
+                envs = list(batch)
+                self.write_heads[envs[-1].journal] = envs[-1].end
+                yield _Batch(envs[0].journal, envs, None)
+
+    async def _replay(self, journal: str, begin: int, end: int) -> Sequence[Envelope]:
+        if self._replay_range is not None:  # the app's producer replays its own ranges
+            replayed = self._replay_range(journal, begin, end)
+            if asyncio.iscoroutine(replayed):
+                replayed = await replayed
+            return replayed  # type: ignore[no-any-return]
+        framing, decode = self._codecs[journal]
+        return await read_replay(self._replay_opener, framing, decode, journal, begin, end)
 
     # -- MessageSource --------------------------------------------------------------------
 
     async def read(self) -> _Batch | None:
-        while self._live:
-            item = await self._queue.get()
-            if item is _END:
-                self._live -= 1
-                continue
-            if isinstance(item, _Failed):
-                raise item.err
-            return item  # type: ignore[no-any-return]
-        return None
+        return await self._readers.get()
 
     async def sequence(self, item: _Batch) -> Sequence[Envelope]:
-        seq = self.sequencer
-        batch, uuids = item.envelopes, item.uuids
-        out: list[Envelope] = []
-        i = 0
-        while i < len(batch):
-            i = seq.queue_and_drain(batch, out, i, uuids)
-            if seq.dequeuing():  # ACK_COMMIT_REPLAY: read the older part of the sequence again
-                journal, begin, end = seq.replay_range()
-                if self._replay_range is not None:
-                    replayed = self._replay_range(journal, begin, end)
-                    if asyncio.iscoroutine(replayed):
-                        replayed = await replayed
-                    seq.start_replay(replayed)
-                else:
-                    framing, decode = self._codecs[journal]
-                    seq.start_replay(await read_replay(self._replay, framing, decode, journal, begin, end))
-                seq.drain_committed(out)
-        return out
+        return await sequence_committed(self.sequencer, item.envelopes, item.uuids, self._replay)
 
     def has_pending(self) -> bool:
         return self.sequencer.has_pending()

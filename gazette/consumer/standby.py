@@ -27,6 +27,7 @@ from gazette.consumer.recovery import HintsStore, RecoveryError, new_player
 from gazette.consumer.shard import StatusWriter
 from gazette.protocol import consumer_pb2 as pc
 from gazette.recoverylog import Player
+from gazette.tasks import wait_first
 
 __all__ = ["StandbyReplica"]
 
@@ -58,11 +59,7 @@ class StandbyReplica:
             player = self.player = await new_player(self.client, self.spec, await self.hints.pick(),
                                                     root=self._root)
             playing = player.start()
-            tailing = asyncio.ensure_future(player.tailing.wait())
-            try:
-                await asyncio.wait([playing, tailing], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                tailing.cancel()
+            await wait_first(playing, player.tailing.wait())
             if playing.done():
                 playing.result()  # a PlaybackError, with the log and offset
                 raise RecoveryError(f"shard {sid}: standby playback ended unasked")

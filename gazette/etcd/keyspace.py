@@ -41,6 +41,7 @@ import grpc
 
 from gazette.etcd.errors import EtcdError
 from gazette.protocol import protocol_pb2 as pb
+from gazette.tasks import cancel_and_wait
 
 __all__ = [
     "KeySpaceError",
@@ -390,8 +391,7 @@ class KeySpace:
                 self._apply_responses(responses)
         finally:
             call.cancel()
-            reader.cancel()
-            await asyncio.wait([reader])
+            await cancel_and_wait(reader)
 
     async def _read_stream(
         self, call: Any, create: Any, queue: asyncio.Queue[Any]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -49,8 +49,10 @@ __all__ = [
     "Decoder",
     "ReadCommittedIter",
     "ReadUncommittedIter",
+    "Replay",
     "ReplayOpener",
     "read_replay",
+    "sequence_committed",
 ]
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,11 @@ Decoder = Callable[[Sequence[Any]], Sequence[Any]]
 
 #: Opens a bounded source of ``journal`` content over ``[begin, end)``, for replays.
 ReplayOpener = Callable[[str, int, int], ChunkSource]
+
+#: The envelopes of ``journal`` over ``[begin, end)``, read again for a sequencer's replay
+#: (``ACK_COMMIT_REPLAY``): :func:`read_replay` over a :data:`ReplayOpener`, an app's own
+#: ``replay_range``, or Spark's retained blocks.
+Replay = Callable[[str, int, int], Awaitable[Sequence[Envelope]]]
 
 
 class ReadUncommittedIter:
@@ -269,28 +276,44 @@ class ReadCommittedIter:
 
     async def next_batch(self) -> list[Envelope]:
         """The next committed messages (at least one), or ``[]`` once the source ended."""
-        seq = self.sequencer
         while True:
             batch, uuids = await self._uncommitted.next_batch_with_uuids()
             if not batch:
                 return []
-            out: list[Envelope] = []
-            i = 0
-            while i < len(batch):
-                i = seq.queue_and_drain(batch, out, i, uuids)
-                if seq.dequeuing():
-                    # ACK_COMMIT_REPLAY: the sequence began before the ring's oldest entry.
-                    journal, begin, end = seq.replay_range()
-                    seq.start_replay(await read_replay(
-                        self._open_replay, self._framing, self._decode, journal, begin, end))
-                    seq.drain_committed(out)
+            out = await sequence_committed(self.sequencer, batch, uuids, self._replay)
             if out:
                 return out
+
+    async def _replay(self, journal: str, begin: int, end: int) -> list[Envelope]:
+        return await read_replay(self._open_replay, self._framing, self._decode, journal, begin, end)
 
     async def __aiter__(self) -> AsyncIterator[Envelope]:
         while batch := await self.next_batch():
             for env in batch:
                 yield env
+
+
+async def sequence_committed(seq: Sequencer, batch: Sequence[Envelope], uuids: UUIDColumns | None,
+                             replay: Replay) -> list[Envelope]:
+    """The committed envelopes that ``batch`` (uncommitted, in journal order; ``uuids`` its
+    UUID fields when known) releases from ``seq``, in commit order: the read-committed replay
+    protocol, driven from here alone (``ReadCommittedIter``, the consumer's ``ShardSource``,
+    Spark's committed mode).
+
+    Each envelope is queued and what it commits drained (``queue_and_drain``); when a commit
+    refers to a sequence begun before the ring's oldest entry (``ACK_COMMIT_REPLAY``: the
+    sequencer is ``dequeuing``), its range is read again through ``replay``, handed to the
+    sequencer, and drained before the next envelope is queued.
+    """
+    out: list[Envelope] = []
+    i = 0
+    while i < len(batch):
+        i = seq.queue_and_drain(batch, out, i, uuids)
+        if seq.dequeuing():
+            journal, begin, end = seq.replay_range()
+            seq.start_replay(await replay(journal, begin, end))
+            seq.drain_committed(out)
+    return out
 
 
 async def read_replay(open_replay: ReplayOpener, framing: Framing, decode: Decoder,

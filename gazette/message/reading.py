@@ -19,13 +19,13 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from gazette.client import JournalClient
 from gazette.client.listing import Selector, get_journal, list_journals
 from gazette.message.errors import MessageError, UnknownContentTypeError
+from gazette.message.fanin import FanIn
 from gazette.message.framing import (
     CONTENT_TYPE,
     CSVFraming,
@@ -38,7 +38,6 @@ from gazette.message.message import Envelope, JSONMessage
 from gazette.message.sequencer import Sequencer
 from gazette.message.source import JournalSource, replay_opener
 from gazette.protocol import protocol_pb2 as pb
-from gazette.tasks import Supervisor
 
 __all__ = [
     "batch_decoder", "framing_of_spec", "message_framing", "read_committed", "read_uncommitted",
@@ -94,45 +93,17 @@ async def _specs(client: JournalClient, journal_or_selector: Selector) -> list[p
     return [j.spec for j in resp.journals]
 
 
-class _Failed:
-    __slots__ = ("err",)
-
-    def __init__(self, err: Exception) -> None:
-        self.err = err
-
-
-_END = object()
-
-
 async def _merge(iters: Sequence[AsyncIterator[Envelope]]) -> AsyncIterator[Envelope]:
     if len(iters) == 1:
         async for env in iters[0]:
             yield env
         return
     # A bounded queue: a slow consumer of the merge holds every reader back.
-    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1024)
-
-    async def pump(it: AsyncIterator[Envelope]) -> None:
-        try:
-            async for env in it:
-                await queue.put(env)
-        except Exception as err:  # noqa: BLE001 - delivered to the consumer of the merge
-            await queue.put(_Failed(err))
-            return
-        await queue.put(_END)
-
-    async with Supervisor("read", "log") as readers:  # closing it stops every reader
+    async with FanIn[Envelope]("read", 1024) as readers:  # closing it stops every reader
         for i, it in enumerate(iters):
-            readers.spawn(f"journal {i}", pump(it))
-        live = len(iters)
-        while live:
-            item = await queue.get()
-            if item is _END:
-                live -= 1
-            elif isinstance(item, _Failed):
-                raise item.err
-            else:
-                yield item
+            readers.add(f"journal {i}", it)
+        while (item := await readers.get()) is not None:
+            yield item
 
 
 async def read_committed(

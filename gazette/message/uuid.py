@@ -48,9 +48,11 @@ __all__ = [
     "get_flags",
     "get_producer_id",
     "new_producer_id",
+    "UUIDWords",
     "uuid_columns",
     "uuid_text",
     "uuid_columns_of_ints",
+    "uuid_words",
     "uuid_from_int",
 ]
 
@@ -287,15 +289,26 @@ _SWAP: Final = sys.byteorder == "little"
 _Q_OK: Final = array.array("Q").itemsize == 8 and array.array("H").itemsize == 2
 
 
-def _big_endian_words(buf: bytes | bytearray, typecode: str) -> list[int]:
+class UUIDWords(NamedTuple):
+    """The producer (48-bit), clock and flags of many UUIDs as machine words (``array``
+    ``'Q'``, ``'Q'``, ``'H'``, native byte order): :func:`uuid_columns` as buffers, which
+    numpy views without a copy (``np.frombuffer``)."""
+
+    producers: array.array[int]
+    clocks: array.array[int]
+    flags: array.array[int]
+
+
+def _native_words(buf: bytes | bytearray, typecode: str) -> array.array[int]:
     words = array.array(typecode, buf)
     if _SWAP:
         words.byteswap()
-    return words.tolist()
+    return words
 
 
-def uuid_columns(raw: bytes) -> UUIDColumns:
-    """The columns of ``len(raw) // 16`` UUIDs given as consecutive 16-byte big-endian values.
+def uuid_words(raw: bytes) -> UUIDWords:
+    """The fields of ``len(raw) // 16`` UUIDs given as consecutive 16-byte big-endian values:
+    the one decoder of a UUID's clock bits for batches (the read path's, and Spark's).
 
     Fields are gathered with strided slices (one C-level copy per byte of a field, for all
     UUIDs at once) into big-endian words, so no per-UUID arithmetic runs in Python: the
@@ -306,11 +319,13 @@ def uuid_columns(raw: bytes) -> UUIDColumns:
     """
     n = len(raw) // 16
     if not _Q_OK or n * 16 != len(raw):
-        return uuid_columns_of_ints(
+        cols = uuid_columns_of_ints(
             [int.from_bytes(raw[i : i + 16], "big") for i in range(0, n * 16, 16)]
         )
+        return UUIDWords(array.array("Q", cols.producers), array.array("Q", cols.clocks),
+                         array.array("H", cols.flags))
     if n == 0:
-        return UUIDColumns([], [], [])
+        return UUIDWords(array.array("Q"), array.array("Q"), array.array("H"))
     producer = bytearray(8 * n)
     for k in range(6):
         producer[2 + k :: 8] = raw[10 + k :: 16]
@@ -329,11 +344,20 @@ def uuid_columns(raw: bytes) -> UUIDColumns:
     flags = bytearray(2 * n)
     flags[0::2] = raw[8::16].translate(_FLAGS_HIGH)
     flags[1::2] = raw[9::16]
-    return UUIDColumns(
-        _big_endian_words(producer, "Q"),
-        _big_endian_words(clocks, "Q"),
-        _big_endian_words(flags, "H"),
+    return UUIDWords(
+        _native_words(producer, "Q"), _native_words(clocks, "Q"), _native_words(flags, "H")
     )
+
+
+def uuid_columns(raw: bytes) -> UUIDColumns:
+    """The columns of ``len(raw) // 16`` UUIDs given as consecutive 16-byte big-endian values
+    (:func:`uuid_words`, as lists)."""
+    if not _Q_OK or len(raw) % 16:
+        return uuid_columns_of_ints(
+            [int.from_bytes(raw[i : i + 16], "big") for i in range(0, len(raw) // 16 * 16, 16)]
+        )
+    words = uuid_words(raw)
+    return UUIDColumns(words.producers.tolist(), words.clocks.tolist(), words.flags.tolist())
 
 
 def uuid_columns_of_ints(values: list[int]) -> UUIDColumns:

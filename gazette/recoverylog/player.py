@@ -56,6 +56,7 @@ from gazette.recoverylog.fsm import FSM
 from gazette.recoverylog.hints import FSMHints
 from gazette.recoverylog.ops import HEADER_LENGTH, decode_header, decode_op, new_author
 from gazette.recoverylog.recorder import Recorder, handoff_op
+from gazette.tasks import cancel_and_wait, wait_first
 
 __all__ = ["STAGING_DIR", "PlaybackProgress", "Player", "PlayerState", "apply_for_playback", "take_over"]
 
@@ -150,15 +151,14 @@ class _LogReader:
         rr = self._rr
         if block and interrupt is not None:
             task = asyncio.ensure_future(rr.__anext__())
-            waiter = asyncio.ensure_future(interrupt.wait())
             try:
-                await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+                await wait_first(task, interrupt.wait())
             finally:
-                waiter.cancel()
                 if not task.done():
-                    task.cancel()
-                    await asyncio.wait([task])
-                    await self.close()
+                    try:
+                        await cancel_and_wait(task)
+                    finally:
+                        await self.close()
             if task.cancelled():
                 raise _Interrupted
             try:
@@ -288,14 +288,12 @@ class Player:
 
     async def aclose(self) -> None:
         """Cancels a started playback, waits for it to end, and removes the directory."""
-        task = self._task
-        if task is not None:
-            if not task.done():
-                task.cancel()
-            await asyncio.wait([task])
-            if not task.cancelled():
-                task.exception()  # retrieved: its owner already reported it, or never will need to
-        await asyncio.to_thread(shutil.rmtree, self.dir, ignore_errors=True)
+        try:
+            if self._task is not None:
+                # Its failure is retrieved: its owner already reported it, or never will need to.
+                await cancel_and_wait(self._task)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, self.dir, ignore_errors=True)
 
     async def play(self) -> FSM:
         """Plays the log until finished or handed off; returns the recovered FSM."""

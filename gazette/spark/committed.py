@@ -2,8 +2,9 @@
 
 Runs in Spark's Python workers over one journal, block by block, in order. Each message is
 given to :class:`~gazette.message.sequencer.Sequencer` as an envelope whose message names its
-row, with its UUID fields computed for the whole block (``uuid_columns``); what the
-Sequencer commits becomes the rows to keep. So committed mode drops exactly what Gazette's
+row, with its UUID fields computed for the whole block (``uuid_columns``), through the
+message layer's replay protocol (``sequence_committed``); what the Sequencer commits becomes
+the rows to keep. So committed mode drops exactly what Gazette's
 ``ReadCommittedIter`` drops: duplicates (clocks at or below the producer's last ACK) and
 rolled-back messages, and it holds back what no ACK has committed yet.
 
@@ -27,10 +28,11 @@ import numpy as np
 import numpy.typing as npt
 
 from gazette.message.errors import ReplayError
+from gazette.message.iterators import sequence_committed
 from gazette.message.message import Envelope
 from gazette.message.sequencer import ProducerState, Sequencer
 from gazette.message.uuid import ProducerID, uuid_columns
-from gazette.spark.rows import Parsed, flags_of
+from gazette.spark.rows import Parsed, uuid_fields
 
 __all__ = ["CommittedFilter", "ProducerTuple"]
 
@@ -42,18 +44,6 @@ _OUTSIDE, _CONTINUE, _ACK = 0, 1, 2
 
 Reread = Callable[[int, int], Awaitable[list[tuple[Parsed, npt.NDArray[np.uint8]]]]]
 """Reads ``[begin, end)`` of the journal again, as parsed blocks with their UUID bytes."""
-
-
-def _uuid_fields(raw: npt.NDArray[np.uint8]
-                 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint16]]:
-    """Producer (48-bit), clock and flags of each UUID, as Gazette reads them."""
-    b = raw.astype(np.uint64)
-    producers = (b[:, 10] << 40 | b[:, 11] << 32 | b[:, 12] << 24 | b[:, 13] << 16
-                 | b[:, 14] << 8 | b[:, 15])
-    ticks = ((b[:, 6] & 0x0F) << 56 | b[:, 7] << 48 | b[:, 4] << 40 | b[:, 5] << 32
-             | b[:, 0] << 24 | b[:, 1] << 16 | b[:, 2] << 8 | b[:, 3])
-    clocks = ticks << np.uint64(4) | ((b[:, 8] >> np.uint64(2)) & np.uint64(0x0F))
-    return producers.astype(np.uint64), clocks.astype(np.uint64), flags_of(raw)
 
 
 class _RowRef:
@@ -107,7 +97,7 @@ class CommittedFilter:
         self._rows += n
         if n == 0:
             return []
-        producers, clocks, flags = _uuid_fields(raw)
+        producers, clocks, flags = uuid_fields(raw)
         committed: list[npt.NDArray[np.int64]] = []
         # Producers with a sequence open from earlier blocks: the Sequencer takes their
         # messages up to their first commit point (an ACK, or an OUTSIDE_TXN clobbering it).
@@ -191,19 +181,10 @@ class CommittedFilter:
         envs = [Envelope(journal, b, e, _RowRef(first + i, raw, i))
                 for i, b, e in zip(rows.tolist(), begins, ends, strict=True)]
         cols = uuid_columns(raw[rows].tobytes())
-        out: list[Envelope] = []
-        seq = self._seq
-        i = 0
-        while i < len(envs):
-            i = seq.queue_and_drain(envs, out, i, cols)
-            if seq.dequeuing():
-                # ACK_COMMIT_REPLAY: the sequence began before the ring's oldest entry.
-                _, begin, end = seq.replay_range()
-                seq.start_replay(await self._replay(begin, end))
-                seq.drain_committed(out)
+        out = await sequence_committed(self._seq, envs, cols, self._replay)
         return np.fromiter((e.message.row for e in out), dtype=np.int64, count=len(out))
 
-    async def _replay(self, begin: int, end: int) -> list[Envelope]:
+    async def _replay(self, _journal: str, begin: int, end: int) -> list[Envelope]:
         """Envelopes of ``[begin, end)``: from the retained blocks when they reach back that
         far, else re-read (a transaction open at a checkpoint the reading resumed from)."""
         read = [b for b in self._blocks if not b.replayed and len(b.parsed)]

@@ -44,6 +44,7 @@ from gazette.message.framing import (
     CONTENT_TYPE_PROTO_FIXED,
     framing_for_content_type,
 )
+from gazette.message.uuid import uuid_words
 from gazette.spark.errors import ContentError
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "message_fields",
     "parse_block",
     "uuid_bytes",
+    "uuid_fields",
 ]
 
 log = logging.getLogger(__name__)
@@ -334,10 +336,18 @@ def flags_of(raw: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint16]:
     return (((raw[:, 8].astype(np.uint16) & 0x03) << 8) | raw[:, 9]).astype(np.uint16)
 
 
+def uuid_fields(raw: npt.NDArray[np.uint8]
+                ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint16]]:
+    """Producer (48-bit), clock and flags of each UUID, as Gazette reads them: the message
+    layer's decoder (``uuid_words``), viewed as arrays without a copy (read-only)."""
+    words = uuid_words(raw.tobytes())
+    return (np.frombuffer(words.producers, dtype=np.uint64),
+            np.frombuffer(words.clocks, dtype=np.uint64),
+            np.frombuffer(words.flags, dtype=np.uint16))
+
+
 def _publish_times(raw: npt.NDArray[np.uint8], valid: npt.NDArray[np.bool_]) -> pa.Array:
-    be = raw.astype(np.uint64)
-    ticks = ((be[:, 6] & 0x0F) << 56 | be[:, 7] << 48 | be[:, 4] << 40 | be[:, 5] << 32
-             | be[:, 0] << 24 | be[:, 1] << 16 | be[:, 2] << 8 | be[:, 3])
+    ticks = uuid_fields(raw)[1] >> np.uint64(4)  # a clock is its 60-bit timestamp, then 4 counter bits
     micros = (ticks.astype(np.int64) - _UUID_EPOCH_TICKS) // 10
     return pa.array(micros, pa.timestamp("us", tz="UTC"), mask=~valid)
 

@@ -33,7 +33,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, NamedTuple, TypeVar
@@ -47,7 +47,6 @@ __all__ = [
     "Cluster",
     "GazctlResult",
     "free_port",
-    "wait_until",
     "console_script",
 ]
 
@@ -63,26 +62,6 @@ class BrokerStartError(GazetteError, RuntimeError):
     """A broker exited, or did not become ready, before its start deadline."""
 
 
-
-
-def wait_until(
-    cond: Callable[[], T | None],
-    timeout: float = 30.0,
-    *,
-    interval: float = _POLL_INTERVAL,
-    message: str = "condition",
-) -> T:
-    """Polls `cond` until it returns something truthy, and returns that; TimeoutError after
-    `timeout` seconds, naming `message`. Polling is the synchronisation here: the condition is
-    observed in other processes, which offer nothing to block on."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"{message} not met within {timeout}s")
-        time.sleep(interval)
 
 
 def console_script(name: str) -> str:
@@ -401,11 +380,6 @@ class Cluster:
             proc.stdout.decode(errors="replace"),
             proc.stderr.decode(errors="replace"),
         )
-
-    def wait_until(
-        self, cond: Callable[[], T | None], timeout: float = 30.0, message: str = "condition"
-    ) -> T:
-        return wait_until(cond, timeout, message=message)
 
     def close(self) -> None:
         """Kills every broker (SIGKILL) and deletes the cluster's etcd prefix.

@@ -8,12 +8,9 @@ reaped.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -23,7 +20,7 @@ from gazette.allocator.keys import members_prefix
 from gazette.protocol import consumer_pb2 as pc
 from gazette.testing.cluster import console_script
 
-__all__ = ["ConsumerProc", "consumer_endpoints", "consumer_env", "wait_for"]
+__all__ = ["ConsumerProc", "consumer_endpoints", "consumer_env"]
 
 T = TypeVar("T")
 
@@ -103,16 +100,3 @@ async def consumer_endpoints(etcd: aetcd.Client, prefix: str) -> list[str]:
             out.append(spec.process_spec.endpoint)
     return out
 
-
-async def wait_for(cond: Callable[[], Awaitable[T | None]], limit: float, what: str,
-                   interval: float = 0.2) -> T:
-    """Polls ``cond`` until it returns something truthy (returned) or ``limit`` seconds pass
-    (AssertionError naming ``what``)."""
-    deadline = time.monotonic() + limit
-    while True:
-        got = await cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit}s waiting for {what}")
-        await asyncio.sleep(interval)  # polling external processes, not synchronisation

@@ -26,13 +26,14 @@ from gazette.message.reading import read_committed
 from gazette.message.uuid import ACK_TXN, get_flags
 from gazette.protocol import consumer_pb2 as pc
 from gazette.testing.cluster import Cluster
-from gazette.testing.consumer_proc import ConsumerProc, consumer_endpoints, consumer_env, wait_for
+from gazette.testing.consumer_proc import ConsumerProc, consumer_endpoints, consumer_env
 from gazette.testing.etcd import unique_prefix
+from gazette.testing.eventually import eventually
 
 __all__ = [
     "COUNTS_DDL", "EMBEDDED_COUNTING_APP", "JOURNALS", "SQL_COUNTING_APP", "ConsumerProc", "CountingApp",
     "ExampleRun", "check_counted_once", "consumer_endpoints", "consumer_env", "derived_docs", "example_run", "inflict_faults",
-    "journal_tree", "journals_yaml", "read_through_sources", "shard_replicas", "shards_yaml", "unassign_failed", "wait_for_consumers", "wait_until",
+    "journal_tree", "journals_yaml", "read_through_sources", "shard_replicas", "shards_yaml", "unassign_failed", "wait_for_consumers",
 ]
 
 
@@ -188,17 +189,13 @@ EMBEDDED_COUNTING_APP = textwrap.dedent('''
 COUNTS_DDL = "CREATE TABLE IF NOT EXISTS counts (k TEXT PRIMARY KEY, n BIGINT NOT NULL)"
 
 
-async def wait_until(cond: Any, limit: float, what: str, interval: float = 0.2) -> Any:
-    return await wait_for(cond, limit, what, interval)
-
-
 async def wait_for_consumers(etcd: aetcd.Client, prefix: str, n: int, limit: float = 60) -> list[str]:
     """The endpoints of the consumer processes under ``prefix``, once there are ``n``."""
     async def announced() -> list[str] | None:
         eps = await consumer_endpoints(etcd, prefix)
         return eps if len(eps) >= n else None
 
-    got: list[str] = await wait_until(announced, limit, f"{n} consumers announced")
+    got: list[str] = await eventually(announced, f"{n} consumers announced", limit)
     return got
 
 

@@ -131,7 +131,7 @@ async def put_journal(client: aetcd.Client, root: str, name: str, replication: i
     await client.put(items_key(root, name).encode(), spec.SerializeToString())
 
 
-async def wait_until(ks: KeySpace, cond: Callable[[State], bool], what: str) -> State:
+async def keyspace_until(ks: KeySpace, cond: Callable[[State], bool], what: str) -> State:
     """Waits (bounded) until `cond` holds for the keyspace's state."""
     async with asyncio.timeout(DEADLINE):
         while True:
@@ -185,7 +185,7 @@ async def test_converge_leave_and_drain(etcd: EtcdFixture) -> None:
     async with observer(etcd) as ks, cluster(etcd, members) as brokers:
         for name, r in JOURNALS.items():
             await put_journal(etcd.client, etcd.prefix, name, r)
-        state = await wait_until(ks, converged(JOURNALS), "journals are assigned")
+        state = await keyspace_until(ks, converged(JOURNALS), "journals are assigned")
         per_member = Counter(a.decoded.suffix for a in state.assignments)
         assert sum(per_member.values()) == 9 and max(per_member.values()) <= 4
 
@@ -201,7 +201,7 @@ async def test_converge_leave_and_drain(etcd: EtcdFixture) -> None:
         assert brokers["b"].allocate_task is not None
         async with asyncio.timeout(DEADLINE):
             await brokers["b"].allocate_task
-        state = await wait_until(
+        state = await keyspace_until(
             ks,
             lambda s: converged(JOURNALS)(s)
             and all(a.decoded.suffix != "b" for a in s.assignments),
@@ -213,7 +213,7 @@ async def test_converge_leave_and_drain(etcd: EtcdFixture) -> None:
         # c leaves (its lease is revoked): its journals are reassigned to a and d.
         await brokers["c"].stop()
         want = {**JOURNALS, "j3": 2}  # Two members left: j3 can have only two replicas.
-        state = await wait_until(
+        state = await keyspace_until(
             ks,
             lambda s: converged(want)(s) and all(a.decoded.suffix != "c" for a in s.assignments),
             "c's journals are reassigned",
@@ -226,14 +226,14 @@ async def test_leader_failover(etcd: EtcdFixture) -> None:
     async with observer(etcd) as ks, cluster(etcd, members) as brokers:
         for name, r in JOURNALS.items():
             await put_journal(etcd.client, etcd.prefix, name, r)
-        await wait_until(ks, converged(JOURNALS), "journals are assigned")
+        await keyspace_until(ks, converged(JOURNALS), "journals are assigned")
         assert not brokers["b"].rounds and not brokers["c"].rounds
 
         # The leader goes away; b (next oldest) takes over and repairs a's replicas.
         await brokers["a"].stop()
         await put_journal(etcd.client, etcd.prefix, "j6", 2)
         want = {**JOURNALS, "j6": 2, "j3": 2}  # Two members left: j3 can have only two.
-        state = await wait_until(ks, converged(want), "b repairs the allocation")
+        state = await keyspace_until(ks, converged(want), "b repairs the allocation")
         assert brokers["b"].rounds and not brokers["c"].rounds
         assert {a.decoded.suffix for a in state.assignments} == {"b", "c"}
 

@@ -30,10 +30,10 @@ from gazette.testing.cluster import (
     BrokerStartError,
     Cluster,
     http_status,
-    wait_until,
 )
 from gazette.testing.etcd import unique_prefix
 from gazette.testing.etcd_process import EtcdProcess
+from gazette.testing.eventually import eventually_sync
 
 DEADLINE = 30.0
 
@@ -94,7 +94,7 @@ def new_journal(errs: Cluster, stub: pb_grpc.JournalStub, length: int = 1 << 17)
         return any(j.route.primary != -1 for r in stub.List(lr, timeout=DEADLINE)
                    for j in r.journals)
 
-    wait_until(assigned, DEADLINE, message=f"{name} has a primary")
+    eventually_sync(assigned, f"{name} has a primary", DEADLINE)
     return name
 
 
@@ -396,10 +396,8 @@ def assert_rolled_back(errs: Cluster, stub: pb_grpc.JournalStub, name: str,
     assert content(broker, name) == expected
 
     directory = errs.file_root / name
-    first = wait_until(
-        lambda: next((p for p in directory.glob("0000000000000000-*.sz")), None)
-        if directory.is_dir() else None,
-        DEADLINE, message="first fragment persisted")
+    first = eventually_sync(lambda: next((p for p in directory.glob("0000000000000000-*.sz")), None)
+        if directory.is_dir() else None, "first fragment persisted", DEADLINE)
     raw = codecs.decompress(pb.SNAPPY, first.read_bytes())
     end_offset = int(first.name.split("-")[1], 16)
     assert raw == expected[:end_offset]
@@ -428,8 +426,7 @@ def test_grpc_client_cancels_mid_append(errs: Cluster, stub: pb_grpc.JournalStub
     call = stub.Append.future(requests(), timeout=DEADLINE)
     try:
         # The broker has every abandoned byte in its spool, uncommitted.
-        wait_until(lambda: any(s >= 7 + len(abandoned) for s in spool_sizes(broker)),
-                   DEADLINE, message="abandoned content reached the spool")
+        eventually_sync(lambda: any(s >= 7 + len(abandoned) for s in spool_sizes(broker)), "abandoned content reached the spool", DEADLINE)
         assert content(broker, name) == b"before\n"  # readers never see uncommitted bytes
     finally:
         call.cancel()
@@ -452,8 +449,7 @@ def test_http_client_disconnects_mid_put(errs: Cluster, stub: pb_grpc.JournalStu
             "Content-Type: application/octet-stream\r\n\r\n".encode()
         )
         sock.sendall(sent)  # half of the promised body
-        wait_until(lambda: any(s >= 7 + len(sent) for s in spool_sizes(broker)),
-                   DEADLINE, message="partial body reached the spool")
+        eventually_sync(lambda: any(s >= 7 + len(sent) for s in spool_sizes(broker)), "partial body reached the spool", DEADLINE)
         assert content(broker, name) == b"before\n"
     # The socket is closed: the broker must roll the partial append back.
     assert_rolled_back(errs, stub, name, b"before\n")

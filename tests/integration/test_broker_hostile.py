@@ -21,9 +21,10 @@ from google.protobuf.duration_pb2 import Duration
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.rpc.channel import Channel
-from gazette.testing.cluster import Cluster, wait_until
+from gazette.testing.cluster import Cluster
 from gazette.testing.etcd import unique_prefix
 from gazette.testing.etcd_process import EtcdProcess
+from gazette.testing.eventually import eventually_sync
 
 DEADLINE = 30.0
 
@@ -54,7 +55,7 @@ def new_journal(cluster: Cluster, store: str = "file:///") -> str:
             lr.selector.include.labels.add(name="name", value=name)
             return any(j.route.primary != -1 for r in stub.List(lr, timeout=DEADLINE) for j in r.journals)
 
-        wait_until(assigned, DEADLINE, message=f"{name} has a primary")
+        eventually_sync(assigned, f"{name} has a primary", DEADLINE)
     finally:
         channel.close()
     return name
@@ -138,7 +139,7 @@ def test_blocking_http_readers_that_disconnect_log_no_traceback(hostile: Cluster
         channel.close()
     # The handlers wake on the commit and end as they will; give them a moment to log.
     with contextlib.suppress(TimeoutError):
-        wait_until(lambda: "Traceback" in log_since(hostile, mark), 5.0, message="a traceback")
+        eventually_sync(lambda: "Traceback" in log_since(hostile, mark), "a traceback", 5.0)
     text = log_since(hostile, mark)
     assert "Traceback" not in text and "ERRO" not in text, text[-4000:]
 

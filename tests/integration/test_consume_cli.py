@@ -17,6 +17,7 @@ from gazette.allocator.keys import items_key
 from gazette.protocol import consumer_pb2 as pc
 from gazette.testing.cluster import Cluster, console_script
 from gazette.testing.etcd import unique_prefix
+from gazette.testing.eventually import eventually_sync
 
 SPECS = journals_yaml("part-000")
 
@@ -70,8 +71,7 @@ def test_gazette_consume_runs_an_app_and_drains(cluster: Cluster, tmp_path: Path
         lines = "".join(json.dumps({"n": i}) + "\n" for i in range(50))
         rc, _, err = cluster.gazctl("journals", "append", "-l", "name=in/part-000", stdin=lines)
         assert rc == 0, err
-        cluster.wait_until(lambda: count_file.exists() and json.loads(count_file.read_text())["seen"] == 50,
-                           60, message="the app consumed all 50 messages")
+        eventually_sync(lambda: count_file.exists() and json.loads(count_file.read_text())["seen"] == 50, "the app consumed all 50 messages", 60)
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)

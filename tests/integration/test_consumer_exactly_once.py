@@ -38,7 +38,6 @@ from consumer_support import (
     consumer_env,
     inflict_faults,
     unassign_failed,
-    wait_until,
 )
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -54,6 +53,7 @@ from gazette.message.uuid import ACK_TXN, get_flags
 from gazette.protocol import consumer_pb2 as pc
 from gazette.testing.cluster import Cluster
 from gazette.testing.etcd import unique_prefix
+from gazette.testing.eventually import eventually
 
 PARTS = 4
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,9 +133,9 @@ async def test_zombie_primary_is_fenced(cluster: Cluster, postgres_db: str, tmp_
         b = ConsumerProc("cons-b", env, tmp_path)
         a.start()
         try:
-            await wait_until(lambda: _first_primary(etcd, prefix, "cons-a"), 60, "cons-a primary of count-000")
+            await eventually(lambda: _first_primary(etcd, prefix, "cons-a"), "cons-a primary of count-000", 60)
             b.start()
-            await wait_until(lambda: _endpoints_n(etcd, prefix, 2), 60, "cons-b announced")
+            await eventually(lambda: _endpoints_n(etcd, prefix, 2), "cons-b announced", 60)
             async with JournalClient(cluster.broker.address) as client, AppendService(client) as svc:
                 pub = Publisher(svc)
                 docs = [{"key": "k", "seq": i} for i in range(20)] + [{"key": "zombie", "seq": 20}]
@@ -143,19 +143,18 @@ async def test_zombie_primary_is_fenced(cluster: Cluster, postgres_db: str, tmp_
                     await pub.publish_committed(lambda m: ("in/part-000", "application/x-ndjson"), JSONMessage(**d))
                 await svc.flush()
                 # cons-a froze itself mid-transaction; its lease lapses and cons-b takes over.
-                await wait_until(lambda: _true(a.stopped()), 60, "cons-a to freeze")
-                await wait_until(lambda: _first_primary(etcd, prefix, "cons-b"), 60, "cons-b primary after the lease")
+                await eventually(lambda: _true(a.stopped()), "cons-a to freeze", 60)
+                await eventually(lambda: _first_primary(etcd, prefix, "cons-b"), "cons-b primary after the lease", 60)
                 # The zombie's open SQL transaction holds row locks on the counts it wrote, so
                 # cons-b's writes of the same keys wait on it (PostgreSQL semantics; see
                 # docs/consumers.md on idle_in_transaction_session_timeout).
                 a.signal(signal.SIGCONT)  # the zombie resumes and tries to commit
                 # FencedError's own words: its class name shows only when a traceback is
                 # logged, which depends on which of the zombie's paths meets the fence first.
-                await wait_until(lambda: _true("was updated (by a new primary)" in a.log_text()),
-                                 60, "the zombie's commit to fail on the fence")
-                await wait_until(lambda: _counts_are(engine, {"k": 20, "zombie": 1}), 60, "cons-b to count")
+                await eventually(lambda: _true("was updated (by a new primary)" in a.log_text()), "the zombie's commit to fail on the fence", 60)
+                await eventually(lambda: _counts_are(engine, {"k": 20, "zombie": 1}), "cons-b to count", 60)
                 assert await _counts(engine) == {"k": 20, "zombie": 1}
-                derived = await wait_until(lambda: _derived_complete(client, 21), 60, "derived messages")
+                derived = await eventually(lambda: _derived_complete(client, 21), "derived messages", 60)
                 assert derived == Counter(range(21)), "each derived message exactly once"
         finally:
             a.terminate()
@@ -201,8 +200,8 @@ async def test_typed_app_counts_exactly_once(cluster: Cluster, postgres_db: str,
                     await pub.publish_committed_many(lambda m, p=part: (p, "application/x-ndjson"), inputs[i:i + 40])
                     expect.update(m.key for m in inputs[i:i + 40])
                 await svc.flush()
-                await wait_until(lambda: _counts_are(engine, dict(expect)), 120, "typed counts")
-                derived = await wait_until(lambda: _derived_complete(client, len(inputs)), 60, "derived messages")
+                await eventually(lambda: _counts_are(engine, dict(expect)), "typed counts", 120)
+                derived = await eventually(lambda: _derived_complete(client, len(inputs)), "derived messages", 60)
                 assert derived == Counter(range(len(inputs))), "each derived message exactly once"
         finally:
             proc.terminate()
@@ -257,9 +256,9 @@ async def test_exactly_once_under_kills_and_restarts(cluster: Cluster, postgres_
                 await restart_failed()
                 return await _counts(engine) == dict(expect)
 
-            await wait_until(converged, 300, "per-key counts to equal the input", interval=1.0)
+            await eventually(converged, "per-key counts to equal the input", 300, interval=1.0)
             async with JournalClient(cluster.broker.address) as client:
-                derived = await wait_until(lambda: _derived_complete(client, sent), 300, "derived messages", interval=1.0)
+                derived = await eventually(lambda: _derived_complete(client, sent), "derived messages", 300, interval=1.0)
             dupes = {s: n for s, n in derived.items() if n != 1}
             assert not dupes, f"derived messages seen more than once: {list(dupes.items())[:10]}"
             assert set(derived) == set(range(sent))

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from consumer_support import CountingApp, journals_yaml, shards_yaml, wait_until
+from consumer_support import CountingApp, journals_yaml, shards_yaml
 
 from gazette.protocol import consumer_pb2 as pc
 from gazette.testing.consumer import ConsumerHarness
+from gazette.testing.eventually import eventually
 
 SHARDS = shards_yaml("part-000", "part-001")
 
@@ -33,7 +34,7 @@ async def test_an_app_test_in_a_few_lines(gazette_consumer: Any) -> None:
         async def primary() -> bool:
             return rt.assignment.status.code == pc.ReplicaStatus.PRIMARY
 
-        await wait_until(primary, 30, "the runtime's assignment to show PRIMARY")
+        await eventually(primary, "the runtime's assignment to show PRIMARY", 30)
         assert rt.assignment.slot == 0 and rt.assignment.key.split("/")[-1].startswith("count-000#")
         assert rt.assignment.mod_revision > rt.assignment.create_revision
 

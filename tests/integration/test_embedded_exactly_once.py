@@ -33,7 +33,6 @@ from consumer_support import (
     inflict_faults,
     journal_tree,
     unassign_failed,
-    wait_until,
 )
 
 from gazette.allocator.keys import items_key
@@ -43,6 +42,7 @@ from gazette.message import JSONMessage, Publisher
 from gazette.protocol import consumer_pb2 as pc
 from gazette.testing.cluster import Cluster
 from gazette.testing.etcd import unique_prefix
+from gazette.testing.eventually import eventually
 
 PARTS = 2
 
@@ -129,7 +129,7 @@ async def test_embedded_exactly_once_under_kills_and_restarts(cluster: Cluster, 
                 docs = await derived_docs(client)
             return docs if len(docs) >= n_sent else None
 
-        docs = await wait_until(all_derived, 300, "every input's derived message", interval=1.0)
+        docs = await eventually(all_derived, "every input's derived message", 300, interval=1.0)
         check_counted_once(docs, sent, n_sent)  # type: ignore[arg-type]
 
         # Each shard's log alone replays to its exact counts.

@@ -56,6 +56,7 @@ from gazette.message.mapping import MappingFunc
 from gazette.message.source import JournalSource
 from gazette.protocol import protocol_pb2 as pb
 from gazette.testing.cluster import Cluster
+from gazette.testing.eventually import eventually
 
 JOURNALS = [f"exactly-once/part-{i:03d}" for i in range(4)]
 TXNS = 8
@@ -84,15 +85,6 @@ class LossyAppends:
             self.lost_responses += 1
             raise TransportError(grpc.StatusCode.UNAVAILABLE, "injected: response lost")
         return resp
-
-
-async def eventually(cond: Any, what: str) -> None:
-    """Polls the async ``cond`` until true, under the deadline of ``PATIENCE`` seconds."""
-    deadline = asyncio.get_running_loop().time() + PATIENCE
-    while not await cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"{what} not within {PATIENCE}s")
-        await asyncio.sleep(0.05)  # Polling interval; the condition is the synchronisation.
 
 
 async def create_journals(client: JournalClient) -> pb.ListResponse:

@@ -11,6 +11,7 @@ import pytest
 
 import gazette
 from gazette.testing.cluster import Cluster
+from gazette.testing.eventually import eventually_sync
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -30,8 +31,7 @@ def test_hello_messages_appends_and_reads_committed(cluster: Cluster) -> None:
     cluster.add_broker("local", "calm-otter")
     rc, _, err = cluster.gazctl("journals", "apply", "--specs", str(EXAMPLES / "journals.yaml"))
     assert rc == 0, err
-    cluster.wait_until(lambda: "examples/greetings" in cluster.gazctl("journals", "list", "--primary").stdout,
-                       message="examples/greetings is listed")
+    eventually_sync(lambda: "examples/greetings" in cluster.gazctl("journals", "list", "--primary").stdout, "examples/greetings is listed")
     for _attempt in range(2):  # the second run also sees the first's messages, and skips them
         out = subprocess.run([sys.executable, str(EXAMPLES / "hello_messages.py"), "Ada", "Grace"],
                              env=cluster.env(), capture_output=True, text=True, timeout=120)

@@ -23,7 +23,8 @@ import pytest
 from gazette.message.mapping import modulo_mapping, rendezvous_mapping
 from gazette.message.uuid import OUTSIDE_TXN, get_clock, get_flags, get_producer_id
 from gazette.protocol import protocol_pb2 as pb
-from gazette.testing.cluster import BrokerProcess, Cluster, console_script, wait_until
+from gazette.testing.cluster import BrokerProcess, Cluster, console_script
+from gazette.testing.eventually import eventually_sync
 
 DEADLINE = 30.0
 RIDES = [f"examples/rides/part-{i:03d}" for i in range(4)]
@@ -91,7 +92,7 @@ def broker(cluster: Cluster) -> Iterator[BrokerProcess]:
         journals = json.loads(out).get("journals", [])
         return len(journals) == 7 and all(j["route"].get("primary", -1) >= 0 for j in journals)
 
-    wait_until(all_assigned, DEADLINE, message="every journal has a primary")
+    eventually_sync(all_assigned, "every journal has a primary", DEADLINE)
     yield b
     assert "Traceback" not in b.log_text(), b.log_text()[-4000:]
 

@@ -34,7 +34,6 @@ from consumer_support import (
     derived_docs,
     journal_tree,
     shard_replicas,
-    wait_until,
 )
 
 from gazette.allocator.keys import items_key
@@ -44,6 +43,7 @@ from gazette.message import JSONMessage, Publisher
 from gazette.protocol import consumer_pb2 as pc
 from gazette.testing.cluster import Cluster
 from gazette.testing.etcd import unique_prefix
+from gazette.testing.eventually import eventually
 
 LEASE = 2.0  # seconds: the consumers' etcd lease TTL
 
@@ -89,43 +89,39 @@ async def test_hot_standby_takes_over_a_killed_primary_and_fences_a_zombie(clust
     PRIMARY, STANDBY = pc.ReplicaStatus.PRIMARY, pc.ReplicaStatus.STANDBY
     a.start()
     try:
-        await wait_until(lambda: replicas_are({0: ("cons-a", PRIMARY)}), 60, "cons-a primary")
+        await eventually(lambda: replicas_are({0: ("cons-a", PRIMARY)}), "cons-a primary", 60)
         b.start()
-        await wait_until(lambda: replicas_are({0: ("cons-a", PRIMARY), 1: ("cons-b", STANDBY)}), 60,
-                         "cons-b to tail the log as STANDBY")
+        await eventually(lambda: replicas_are({0: ("cons-a", PRIMARY), 1: ("cons-b", STANDBY)}), "cons-b to tail the log as STANDBY", 60)
         async with JournalClient(cluster.broker.address) as client, AppendService(client) as svc:
             pub = Publisher(svc)
             await publish(pub, [f"k{i % 5}" for i in range(100)])
             await svc.flush()
-            await wait_until(lambda: all_derived(client), 60, "the first 100 inputs processed")
+            await eventually(lambda: all_derived(client), "the first 100 inputs processed", 60)
 
             # kill -9 of the primary: the standby takes over from where it tails.
             await asyncio.to_thread(a.kill)
             killed = time.monotonic()
-            await wait_until(lambda: replicas_are({0: ("cons-b", PRIMARY)}), 60, "cons-b promoted",
-                             interval=0.05)
+            await eventually(lambda: replicas_are({0: ("cons-b", PRIMARY)}), "cons-b promoted", 60, interval=0.05)
             failover = time.monotonic() - killed
             promoted = [ln for ln in b.log_text().splitlines() if "shard assigned as primary" in ln]
             assert promoted and re.search(r"from_standby=True", promoted[-1]), promoted
             await publish(pub, [f"k{i % 5}" for i in range(100)])
             await svc.flush()
-            check_counted_once(await wait_until(lambda: all_derived(client), 60, "200 inputs processed"),
+            check_counted_once(await eventually(lambda: all_derived(client), "200 inputs processed", 60),
                                 sent, n_sent)
 
             # A zombie: cons-b stops itself mid-transaction; cons-a (a standby again) takes over.
             a.start()
-            await wait_until(lambda: replicas_are({0: ("cons-b", PRIMARY), 1: ("cons-a", STANDBY)}), 60,
-                             "cons-a to tail the log as STANDBY")
+            await eventually(lambda: replicas_are({0: ("cons-b", PRIMARY), 1: ("cons-a", STANDBY)}), "cons-a to tail the log as STANDBY", 60)
             await publish(pub, ["k0", "k1", "zombie", "k2"])
             await svc.flush()
-            await wait_until(lambda: _true(b.stopped()), 60, "cons-b to freeze mid-transaction")
-            await wait_until(lambda: replicas_are({0: ("cons-a", PRIMARY)}), 60, "cons-a promoted")
+            await eventually(lambda: _true(b.stopped()), "cons-b to freeze mid-transaction", 60)
+            await eventually(lambda: replicas_are({0: ("cons-a", PRIMARY)}), "cons-a promoted", 60)
             b.signal(signal.SIGCONT)
-            await wait_until(lambda: _true("is fenced by another author" in b.log_text()), 60,
-                             "the zombie's commit to fail on the log's fence")
+            await eventually(lambda: _true("is fenced by another author" in b.log_text()), "the zombie's commit to fail on the log's fence", 60)
             await publish(pub, ["k3", "zombie"])
             await svc.flush()
-            check_counted_once(await wait_until(lambda: all_derived(client), 60, "every input processed"),
+            check_counted_once(await eventually(lambda: all_derived(client), "every input processed", 60),
                                 sent, n_sent)
         print(f"\nhot standby: promoted {failover:.2f}s after kill -9 (lease TTL {LEASE:.0f}s); "
               f"{n_sent} inputs, each counted once")

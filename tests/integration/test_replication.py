@@ -39,7 +39,8 @@ from google.protobuf.duration_pb2 import Duration
 from gazette.fragment import codecs
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
-from gazette.testing.cluster import BrokerProcess, Cluster, wait_until
+from gazette.testing.cluster import BrokerProcess, Cluster
+from gazette.testing.eventually import eventually_sync
 
 DEADLINE = 60.0
 LEASE = ("--etcd.lease", "2s")
@@ -129,7 +130,7 @@ def append_eventually(stub: pb_grpc.JournalStub, name: str, data: bytes) -> pb.A
             return None
         return resp
 
-    resp = wait_until(attempt, DEADLINE, message=f"{name} accepts appends")
+    resp = eventually_sync(attempt, f"{name} accepts appends", DEADLINE)
     assert resp.status == pb.OK, pb.Status.Name(resp.status)
     return resp
 
@@ -139,7 +140,7 @@ def wait_replicated(stub: pb_grpc.JournalStub, name: str, n: int) -> pb.Route:
         r = route_of(stub, name)
         return r if len(r.members) == n and r.primary != -1 else None
 
-    return wait_until(full, DEADLINE, message=f"{name} assigned to {n} brokers")
+    return eventually_sync(full, f"{name} assigned to {n} brokers", DEADLINE)
 
 
 def read_local(stub: pb_grpc.JournalStub, name: str) -> bytes:
@@ -286,8 +287,7 @@ def writing(writers: list[Writer]) -> Iterator[None]:
 def wait_acked(writers: list[Writer], more: int, message: str) -> None:
     """Waits until every writer has ``more`` acknowledged appends beyond its count now."""
     before = [len(w.acked) for w in writers]
-    wait_until(lambda: all(len(w.acked) >= n + more for w, n in zip(writers, before, strict=True)),
-               DEADLINE, message=message)
+    eventually_sync(lambda: all(len(w.acked) >= n + more for w, n in zip(writers, before, strict=True)), message, DEADLINE)
 
 
 def test_appends_through_any_broker_land_once_on_every_replica(cluster: Cluster, stubs: Stubs) -> None:
@@ -339,8 +339,7 @@ def test_primary_killed_mid_stream_loses_no_acknowledged_append(cluster: Cluster
     wait_replicated(stubs(brokers[0]), name, 3)
     append_eventually(stubs(brokers[0]), name, b'{"first": true}\n')
 
-    victim = wait_until(lambda: primary_of(stubs(brokers[0]), name, brokers), DEADLINE,
-                        message="a primary")
+    victim = eventually_sync(lambda: primary_of(stubs(brokers[0]), name, brokers), "a primary", DEADLINE)
     survivors = [b for b in brokers if b is not victim]
     writers = [Writer(stubs(b), name, b.broker_id) for b in survivors[:2]]
     with writing(writers):
@@ -352,9 +351,8 @@ def test_primary_killed_mid_stream_loses_no_acknowledged_append(cluster: Cluster
             p = primary_of(stubs(survivors[0]), name, brokers)
             return p if p is not None and p is not victim else None
 
-        wait_until(new_primary, DEADLINE, message="a new primary once the lease expired")
-        wait_until(lambda: all(len(w.acked) >= n + 20 for w, n in zip(writers, acked, strict=True)),
-                   DEADLINE, message="appends acknowledged under the new primary")
+        eventually_sync(new_primary, "a new primary once the lease expired", DEADLINE)
+        eventually_sync(lambda: all(len(w.acked) >= n + 20 for w, n in zip(writers, acked, strict=True)), "appends acknowledged under the new primary", DEADLINE)
 
     content = http_read(survivors[0], name)
     assert content.startswith(b'{"first": true}\n')
@@ -369,7 +367,7 @@ def test_primary_killed_mid_stream_loses_no_acknowledged_append(cluster: Cluster
         def serves(b: BrokerProcess = b) -> bool:
             return http_read(b, name) == content
 
-        wait_until(serves, DEADLINE, message=f"{b.broker_id} serves the journal")
+        eventually_sync(serves, f"{b.broker_id} serves the journal", DEADLINE)
     stop_all(survivors)
     assert_tiles(stored_fragments(cluster, name), content)
     assert_no_tracebacks(survivors)
@@ -397,7 +395,7 @@ def test_index_beyond_the_head_needs_reset_head(cluster: Cluster, stubs: Stubs) 
     def refused() -> bool:
         return append(stub, name, b'{"during": 1}\n').status == pb.INDEX_HAS_GREATER_OFFSET
 
-    wait_until(refused, DEADLINE, message="INDEX_HAS_GREATER_OFFSET")
+    eventually_sync(refused, "INDEX_HAS_GREATER_OFFSET", DEADLINE)
     rc, out, err = cluster.gazctl("journals", "reset-head", "-l", f"name={name}")
     assert rc == 0, err
     resp = append(stub, name, b'{"after": 1}\n')
@@ -489,7 +487,7 @@ def test_rolling_restart_under_appends(cluster: Cluster, stubs: Stubs, tmp_path:
             def flowing(before: list[int] = before) -> bool:
                 return all(len(w.acked) >= n + 10 for w, n in zip(writers, before, strict=True))
 
-            wait_until(flowing, DEADLINE, message=f"appends flowing after restarting {bid}")
+            eventually_sync(flowing, f"appends flowing after restarting {bid}", DEADLINE)
 
     for n, w in zip(names, writers, strict=True):
         content = http_read(gateway, n)
@@ -523,7 +521,7 @@ def test_repeated_primary_kills_under_appends(cluster: Cluster, stubs: Stubs) ->
     writers = [Writer(stubs(gateway), name, f"w{i}") for i in range(2)]
     with writing(writers):
         for round_ in range(3):
-            victim = wait_until(lambda: primary_of(stubs(gateway), name, brokers), DEADLINE, message="a primary")
+            victim = eventually_sync(lambda: primary_of(stubs(gateway), name, brokers), "a primary", DEADLINE)
             before = [len(w.acked) for w in writers]
             victim.kill()
             brokers.remove(victim)
@@ -532,7 +530,7 @@ def test_repeated_primary_kills_under_appends(cluster: Cluster, stubs: Stubs) ->
             def flowing(before: list[int] = before) -> bool:
                 return all(len(w.acked) >= n + 20 for w, n in zip(writers, before, strict=True))
 
-            wait_until(flowing, DEADLINE, message=f"appends acknowledged after kill {round_}")
+            eventually_sync(flowing, f"appends acknowledged after kill {round_}", DEADLINE)
 
     content = http_read(gateway, name)
     assert_acked_exactly_once(content, writers)
@@ -541,7 +539,7 @@ def test_repeated_primary_kills_under_appends(cluster: Cluster, stubs: Stubs) ->
         def serves(b: BrokerProcess = b) -> bool:
             return http_read(b, name) == content
 
-        wait_until(serves, DEADLINE, message=f"{b.broker_id} serves the journal")
+        eventually_sync(serves, f"{b.broker_id} serves the journal", DEADLINE)
     stop_all([*running, gateway])
     stored = http_read_all_from_store(cluster, name)
     assert stored[: len(content)] == content
@@ -561,7 +559,7 @@ def test_frozen_peer_is_routed_around(cluster: Cluster, stubs: Stubs) -> None:
     wait_replicated(stubs(brokers[0]), name, 3)
     append_eventually(stubs(brokers[0]), name, b'{"first": true}\n')
 
-    primary = wait_until(lambda: primary_of(stubs(brokers[0]), name, brokers), DEADLINE, message="a primary")
+    primary = eventually_sync(lambda: primary_of(stubs(brokers[0]), name, brokers), "a primary", DEADLINE)
     route = route_of(stubs(primary), name)
     members = {(m.zone, m.suffix) for m in route.members}
     frozen = next(b for b in brokers if b is not primary and member_id(b) in members)

@@ -26,7 +26,8 @@ from gazette.client import JournalClient, RetryReader
 from gazette.fragment import codecs, parse_content_name
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
-from gazette.testing.cluster import BrokerProcess, Cluster, wait_until
+from gazette.testing.cluster import BrokerProcess, Cluster
+from gazette.testing.eventually import eventually_sync
 from gazette.testing.s3 import create_bucket, s3_client
 
 DEADLINE = 30.0
@@ -84,8 +85,7 @@ def primaries(stub: pb_grpc.JournalStub, prefix: str) -> dict[str, str]:
 
 
 def wait_assigned(stub: pb_grpc.JournalStub, prefix: str, names: list[str], broker: str) -> None:
-    wait_until(lambda: all(primaries(stub, prefix).get(n) == broker for n in names), DEADLINE,
-               message=f"{names} have primary {broker}")
+    eventually_sync(lambda: all(primaries(stub, prefix).get(n) == broker for n in names), f"{names} have primary {broker}", DEADLINE)
 
 
 def grpc_append(stub: pb_grpc.JournalStub, journal: str, body: bytes,
@@ -180,7 +180,7 @@ def test_fragments_persist_to_s3_and_read_back(
                 raise
             return None
 
-    missing = wait_until(checked, DEADLINE, message="the named store is checked")
+    missing = eventually_sync(checked, "the named store is checked", DEADLINE)
     assert missing.status == pb.FRAGMENT_STORE_UNHEALTHY
     assert "NoSuchBucket" in missing.store_health_error
 
@@ -193,8 +193,7 @@ def test_fragments_persist_to_s3_and_read_back(
         written[name] = b"".join(lines)
 
     # Spools rolled while appending are persisted by the running broker.
-    wait_until(lambda: all(stored_content(s3, s3_bucket, n)[1] >= 2 for n in names.values()),
-               DEADLINE, message="fragments persisted to S3 while the broker runs")
+    eventually_sync(lambda: all(stored_content(s3, s3_bucket, n)[1] >= 2 for n in names.values()), "fragments persisted to S3 while the broker runs", DEADLINE)
 
     # Draining persists the rest: S3 then holds every byte.
     assert first.stop() == 0
@@ -212,8 +211,7 @@ def test_fragments_persist_to_s3_and_read_back(
     wait_assigned(stub, prefix, list(names.values()), "second")
     for name, data in written.items():
         # Until its first listing of the store, the broker has nothing to serve (416), as Gazette.
-        got = wait_until(functools.partial(http_read_or_none, second, name), DEADLINE,
-                         message=f"{name} readable from the new broker")
+        got = eventually_sync(functools.partial(http_read_or_none, second, name), f"{name} readable from the new broker", DEADLINE)
         assert got == data
 
         # The client library reads each fragment from its signed S3 URL.
@@ -251,5 +249,4 @@ def test_append_refused_while_primary_store_unhealthy(
 
     # Once the bucket exists the store recovers and appends go through.
     create_bucket(s3_server, bucket)
-    wait_until(lambda: grpc_append(stub, name, b'{"ok": true}\n').status == pb.OK, DEADLINE,
-               message="append accepted once the store is healthy")
+    eventually_sync(lambda: grpc_append(stub, name, b'{"ok": true}\n').status == pb.OK, "append accepted once the store is healthy", DEADLINE)

@@ -33,6 +33,7 @@ from gazette.message import Envelope, JSONMessage, ProducerState
 from gazette.message.publisher import AckIntent
 from gazette.message.uuid import ACK_TXN, get_flags
 from gazette.protocol import consumer_pb2 as pc
+from gazette.testing.eventually import eventually
 
 FQN = "/gazette/consumers/test/items/shard-000"
 DEADLINE = 60.0  # generous: a busy 2-core machine
@@ -91,12 +92,14 @@ async def _read_through(engine: Engine) -> int:
 
 async def _until(cond: Any, what: str, run: asyncio.Task[None] | None = None) -> None:
     """Waits for ``cond`` (with a deadline); a failed ``run`` raises its error at once."""
-    async with asyncio.timeout(DEADLINE):
-        while not cond():
-            if run is not None and run.done():
-                run.result()
-                raise AssertionError(f"the transaction loop ended before: {what}")
-            await asyncio.sleep(0.001)
+
+    def met() -> bool:
+        if run is not None and run.done():
+            run.result()
+            raise AssertionError(f"the transaction loop ended before: {what}")
+        return bool(cond())
+
+    await eventually(met, what, DEADLINE, interval=0.001)
 
 
 async def test_commit_restore_and_fence(engine: Engine) -> None:

@@ -29,7 +29,8 @@ import yaml
 
 from gazette.fragment import codecs
 from gazette.protocol import protocol_pb2 as pb
-from gazette.testing.cluster import BrokerProcess, Cluster, console_script, wait_until
+from gazette.testing.cluster import BrokerProcess, Cluster, console_script
+from gazette.testing.eventually import eventually_sync
 
 EXAMPLE_YAML = """\
 name: example/journal
@@ -102,8 +103,7 @@ def apply_ok(cluster: Cluster, spec: str, *, assigned: bool = True) -> int:
     m = APPLIED.match(err.strip())
     assert m is not None, err
     if assigned:
-        wait_until(lambda: all(p not in ("", "<none>") for p in primaries(cluster).values()),
-                   DEADLINE, message="every journal has a primary")
+        eventually_sync(lambda: all(p not in ("", "<none>") for p in primaries(cluster).values()), "every journal has a primary", DEADLINE)
     return int(m.group(1))
 
 
@@ -498,7 +498,7 @@ def test_foobar_hierarchy_and_selectors(cluster: Cluster, walrus: BrokerProcess)
     names = ("example/journal", "foobar/part-000", "foobar/part-001", "foobar/part-002")
 
     expect = {n: "busy-walrus" for n in names}
-    wait_until(lambda: primaries(cluster) == expect, DEADLINE, message="all journals assigned")
+    eventually_sync(lambda: primaries(cluster) == expect, "all journals assigned", DEADLINE)
     rc, out, err = cluster.gazctl("journals", "list", "--primary")
     assert out == table(*((n, "busy-walrus") for n in names), headers=("NAME", "PRIMARY"))
 
@@ -563,7 +563,7 @@ def test_fragment_files_are_content_addressed(
         return end
 
     # Spools roll once they exceed 1024 bytes; closed spools are persisted in the background.
-    wait_until(lambda: persisted_through() >= 2048, DEADLINE, message="fragments persisted")
+    eventually_sync(lambda: persisted_through() >= 2048, "fragments persisted", DEADLINE)
 
     files = sorted(p for p in directory.iterdir() if FRAGMENT_NAME.match(p.name))
     assert len(files) >= 2
@@ -620,7 +620,7 @@ def test_second_broker_takes_a_share(cluster: Cluster, walrus: BrokerProcess) ->
         ok = set(got.values()) == {"busy-walrus", "calm-otter"} and len(got) == 12
         return got if ok else None
 
-    assignment = wait_until(balanced, 60.0, message="both brokers primary for some journals")
+    assignment = eventually_sync(balanced, "both brokers primary for some journals", 60.0)
     assert set(assignment) == set(journals)
 
     # Reads and appends work through either broker; the other proxies.
@@ -645,8 +645,7 @@ def test_second_broker_takes_a_share(cluster: Cluster, walrus: BrokerProcess) ->
     # takes every journal back, and no committed byte is lost.
     before = {name: http_get(walrus.url(name)) for name in journals}
     assert second.stop(DEADLINE) == 0
-    wait_until(lambda: set(primaries(cluster).values()) == {"busy-walrus"}, DEADLINE,
-               message="the first broker is primary for every journal again")
+    eventually_sync(lambda: set(primaries(cluster).values()) == {"busy-walrus"}, "the first broker is primary for every journal again", DEADLINE)
     for name in journals:
         assert http_get(walrus.url(name)) == before[name]
         http_put(walrus.url(name), b'{"after": "drain"}\n')

@@ -12,7 +12,8 @@ from google.protobuf.duration_pb2 import Duration
 from gazette.client.sync import SyncJournalClient
 from gazette.message.uuid import ACK_TXN, CONTINUE_TXN, OUTSIDE_TXN, build_uuid
 from gazette.protocol import protocol_pb2 as pb
-from gazette.testing.cluster import Cluster, wait_until
+from gazette.testing.cluster import Cluster
+from gazette.testing.eventually import eventually_sync
 
 __all__ = ["ACK_TXN", "CONTINUE_TXN", "OUTSIDE_TXN", "Msg", "apply_journal", "append_lines",
            "doc_lines", "wait_persisted"]
@@ -56,7 +57,7 @@ def wait_persisted(client: SyncJournalClient, journal: str, at_least: int = 2) -
         frags = client.list_fragments(journal).fragments
         return sum(1 for f in frags if f.spec.backing_store) >= at_least or None
 
-    wait_until(persisted, 30.0, message=f"{at_least} fragments of {journal} persisted")
+    eventually_sync(persisted, f"{at_least} fragments of {journal} persisted", 30.0)
 
 
 def cluster_root(cluster: Cluster) -> str:

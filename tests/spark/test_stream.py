@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from gazette.client.sync import SyncJournalClient
-from gazette.testing.cluster import Cluster, wait_until
+from gazette.testing.cluster import Cluster
+from gazette.testing.eventually import eventually_sync
 
 from .support import ACK_TXN, CONTINUE_TXN, OUTSIDE_TXN, append_lines, apply_journal, doc_lines
 
@@ -100,12 +101,12 @@ def test_processing_time_trigger_sees_appends_as_they_come(spark: Any, cluster: 
                 return n if n >= want else None
 
             want = 10
-            wait_until(count, 120.0, message="the first 10 rows")
+            eventually_sync(count, "the first 10 rows", 120.0)
             # Content appended while the query runs (not yet persisted: read from the broker).
             append_lines(client, "spark/live/a", doc_lines((p, 100 + i, OUTSIDE_TXN, {"n": 10 + i})
                                                            for i in range(5)))
             want = 15
-            wait_until(count, 120.0, message="the appended rows")
+            eventually_sync(count, "the appended rows", 120.0)
         finally:
             query.stop()
     rows = sorted(r.n for r in spark.sql("select n from live_a").collect())

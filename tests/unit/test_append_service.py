@@ -10,7 +10,7 @@ Nothing sleeps: a test waits on events, or gives the event loop a bounded number
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 
 import grpc
@@ -42,6 +42,7 @@ from gazette.message import (
 )
 from gazette.message.mapping import MappingFunc
 from gazette.protocol import protocol_pb2 as pb
+from gazette.testing.eventually import eventually
 from gazette.testing.fake_broker import FakeBroker, FakeCluster, start_broker
 
 # What the next RPC does: commit, fail before committing, or commit and then fail (the
@@ -98,12 +99,9 @@ async def turns(n: int = 20) -> None:
         await asyncio.sleep(0)
 
 
-async def until(cond: object, limit: int = 1000) -> None:
-    for _ in range(limit):
-        if callable(cond) and cond():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition not reached within the event loop turn budget")
+async def until(cond: Callable[[], object]) -> None:
+    """The fakes need loop turns, not time: polls once per turn."""
+    await eventually(cond, "condition", interval=0)
 
 
 async def test_small_appends_coalesce_into_ordered_batches() -> None:

@@ -37,6 +37,7 @@ from gazette.message.publisher import AckIntent
 from gazette.protocol import consumer_pb2 as pc
 from gazette.protocol import protocol_pb2 as pb
 from gazette.tasks import cancel_and_wait
+from gazette.testing.eventually import eventually
 
 
 class FakeClock:
@@ -183,11 +184,7 @@ class Harness:
         self.task = asyncio.ensure_future(self.loop.run())
 
     async def until(self, cond: Callable[[], bool]) -> None:
-        for _ in range(10_000):  # a deadline counted in loop turns; the fakes need no time
-            if cond():
-                return
-            await asyncio.sleep(0)
-        raise AssertionError("condition not reached")
+        await eventually(cond, "condition", interval=0)  # the fakes need loop turns, not time
 
     async def quiet(self) -> None:
         for _ in range(20):  # let the loop run to its next wait

@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +27,7 @@ import pytest
 from gazette.server import fds
 from gazette.server.fds import FdBudget, raise_nofile_limit, reserve_for
 from gazette.testing.cluster import Cluster
+from gazette.testing.eventually import eventually
 
 SERVER = Path(__file__).with_name("fd_server.py")
 DEADLINE = 30.0
@@ -69,15 +70,6 @@ def test_budget_keeps_a_reserve() -> None:
 
 
 # --- a child server under a lowered limit ------------------------------------------------------
-
-
-async def eventually(cond: Callable[[], bool], what: str, within: float = DEADLINE) -> None:
-    """Polls a condition of another process (its log file: nothing to await) under a deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not cond():
-        assert loop.time() < deadline, f"{what}: not met within {within}s"
-        await asyncio.sleep(0.02)
 
 
 @dataclass

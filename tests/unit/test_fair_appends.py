@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,6 +25,7 @@ from test_pipeline_fsm import FSMBroker, do_append
 from gazette.broker import append as append_mod
 from gazette.broker.flow import READ_AHEAD, FlowControlUnderflow, ReadAhead, StallWatch
 from gazette.protocol import protocol_pb2 as pb
+from gazette.testing.eventually import eventually
 
 DEADLINE = 30.0
 STALLED = 50
@@ -36,15 +37,6 @@ class _Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-async def until(cond: Callable[[], bool], within: float = DEADLINE) -> None:
-    """Polls a condition (some of it met by worker threads: nothing to await) under a deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not cond():
-        assert loop.time() < deadline, f"not met within {within}s"
-        await asyncio.sleep(0.005)
 
 
 @pytest.fixture
@@ -84,7 +76,7 @@ async def test_stalled_appends_do_not_queue_ahead_of_a_healthy_one(policed: tupl
     tasks = [asyncio.ensure_future(append_mod.append(
         broker, pb.AppendRequest(journal=JOURNAL), stalled(b"x" * (i % 2) * 10)))  # type: ignore[arg-type]
         for i in range(STALLED)]
-    await until(lambda: stalls == STALLED)
+    await eventually(lambda: stalls == STALLED, "every append stalled")
 
     # The healthy append completes while every stalled one is still open (the clock is
     # frozen: none of them is ever aborted by itself).
@@ -97,7 +89,7 @@ async def test_stalled_appends_do_not_queue_ahead_of_a_healthy_one(policed: tupl
 
     # One second of silence (their whole budget) later, each is aborted where it stands.
     clock.now += 1.2
-    await until(lambda: all(t.done() for t in tasks))
+    await eventually(lambda: all(t.done() for t in tasks), "every append ended")
     for t in tasks:
         with pytest.raises(FlowControlUnderflow):
             t.result()
@@ -124,7 +116,7 @@ async def test_a_streaming_append_queues_once_it_sent_read_ahead_bytes(policed: 
     holder = asyncio.ensure_future(append_mod.append(
         broker, pb.AppendRequest(journal=JOURNAL), big_then_stall()))  # type: ignore[arg-type]
     await asyncio.wait_for(asked.wait(), DEADLINE)
-    await until(lambda: broker.replica.spool.delta == READ_AHEAD)
+    await eventually(lambda: broker.replica.spool.delta == READ_AHEAD, "the spool holds the read-ahead")
     healthy = asyncio.ensure_future(do_append(broker, b"healthy\n"))
     clock.now += 1.2  # the holder's budget is spent
     with pytest.raises(FlowControlUnderflow):

@@ -12,7 +12,7 @@ import base64
 import io
 import os
 import struct
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
@@ -35,6 +35,7 @@ from gazette.message.errors import MappingError
 from gazette.message.framing import FIXED_FRAME_WORD
 from gazette.message.mapping import modulo_mapping, rendezvous_mapping
 from gazette.protocol import protocol_pb2 as pb
+from gazette.testing.eventually import eventually
 from gazette.testing.fake_broker import FakeBroker, FakeCluster, start_broker
 
 # Gazette's message/routines_test.go fixtures: key -> partition index.
@@ -331,11 +332,11 @@ async def test_journals_created_while_appending_are_mapped_to(broker: FakeBroker
     try:
         feed.write(b"foobar/part-001\nbefore\n")
         feed.flush()
-        await wait_for(lambda: content(broker, "foobar/part-001") == b"before\n")
+        await eventually(lambda: content(broker, "foobar/part-001") == b"before\n", "the first append lands", 10.0)
         broker.cluster.create("foobar/part-new", {})
         lists = sum(1 for c in broker.calls if c[0] == "List")
         # Two more listings: at least one began after the journal was created.
-        await wait_for(lambda: sum(1 for c in broker.calls if c[0] == "List") >= lists + 2)
+        await eventually(lambda: sum(1 for c in broker.calls if c[0] == "List") >= lists + 2, "two more listings", 10.0)
         feed.write(b"foobar/part-new\nafter\n")
         feed.close()
         assert await run == 0, err.getvalue()
@@ -346,9 +347,3 @@ async def test_journals_created_while_appending_are_mapped_to(broker: FakeBroker
         stdin.close()
     assert content(broker, "foobar/part-new") == b"after\n"
 
-
-async def wait_for(cond: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.005)  # Polling a condition under a deadline, not a sync sleep.

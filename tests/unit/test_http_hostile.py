@@ -19,9 +19,10 @@ import pytest
 
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
-from gazette.testing.cluster import Cluster, wait_until
+from gazette.testing.cluster import Cluster
 from gazette.testing.etcd import unique_prefix
 from gazette.testing.etcd_process import EtcdProcess
+from gazette.testing.eventually import eventually_sync
 
 DEADLINE = 30.0
 
@@ -59,7 +60,7 @@ def journal(gw: Cluster, stub: pb_grpc.JournalStub) -> str:
         lr.selector.include.labels.add(name="name", value=name)
         return any(j.route.primary != -1 for r in stub.List(lr, timeout=DEADLINE) for j in r.journals)
 
-    wait_until(assigned, DEADLINE, message=f"{name} has a primary")
+    eventually_sync(assigned, f"{name} has a primary", DEADLINE)
     return name
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gazette.testing.cluster import Cluster, console_script, wait_until
+from gazette.testing.cluster import Cluster, console_script
 from gazette.testing.etcd import unique_prefix
+from gazette.testing.eventually import eventually_sync
 
 APP = textwrap.dedent('''
     from gazette.consumer.stores.memory import MemoryStore
@@ -68,8 +69,7 @@ def test_consumer_process_refuses_hostile_http(cluster: Cluster, tmp_path: Path)
             m = re.search(r"consumer started.*endpoint=http://127\.0\.0\.1:(\d+)", log_path.read_text())
             return int(m.group(1)) if m else None
 
-        wait_until(lambda: endpoint() is not None or proc.poll() is not None, DEADLINE,
-                   message="the consumer started")
+        eventually_sync(lambda: endpoint() is not None or proc.poll() is not None, "the consumer started", DEADLINE)
         port = endpoint()
         assert port is not None, log_path.read_text()[-3000:]
         cases = [

@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 
 from gazette.server.mux import H2_PREFACE, Multiplexer
 from gazette.server.splice import THREAD_NAME
+from gazette.testing.eventually import eventually
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 TIMEOUT = 30.0
@@ -59,15 +60,6 @@ def is_process(pid: int) -> bool:
 # Where the splice runs: the helper process (the broker's default), threads of this process,
 # those threads where os.splice does not exist (a buffer copy).
 MODES = ["helper-process", "in-process", "in-process-no-splice"]
-
-
-async def eventually(cond: Callable[[], bool], what: str, within: float = TIMEOUT) -> None:
-    """Polls a condition observed in other threads (nothing to await) under a deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not cond():
-        assert loop.time() < deadline, f"{what}: not met within {within}s"
-        await asyncio.sleep(0.005)
 
 
 async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

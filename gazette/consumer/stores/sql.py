@@ -67,7 +67,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from gazette.consumer.errors import ConsumerError
 from gazette.consumer.interfaces import OpFuture, Shard
 from gazette.protocol import consumer_pb2 as pc
-from gazette.tasks import Supervisor
 
 __all__ = ["CHECKPOINTS", "EngineKindError", "FencedError", "PreviousCommitFailed", "SQLStore", "SyncSQLStore"]
 
@@ -146,6 +145,7 @@ class SQLStore:
         self.engine = engine
         self.fence = 0
         self._txn: AsyncConnection | None = None
+        self._closing: asyncio.Task[None] | None = None  # the close destroy() started
 
     @staticmethod
     async def create_tables(engine: AsyncEngine) -> None:
@@ -188,14 +188,14 @@ class SQLStore:
         finally:
             await asyncio.shield(conn.close())
 
-    def destroy(self) -> None:
+    def destroy(self) -> asyncio.Task[None] | None:
+        """Closes the open transaction's connection (rolled back as it closes): the close in
+        progress is returned, for the shard to await (``destroy`` is synchronous, as Gazette's)."""
         conn, self._txn = self._txn, None
-        if conn is not None:  # rolled back as the connection closes
-            _CLOSING.spawn("close", conn.close())
-
-
-_CLOSING = Supervisor("sql store: closing connections", "log")
-"""Owns the closes ``destroy`` (synchronous, as Gazette's) starts."""
+        if conn is None:
+            return None
+        self._closing = asyncio.ensure_future(conn.close())  # referenced until it ends
+        return self._closing
 
 
 # -- synchronous SQLAlchemy -------------------------------------------------------------------
