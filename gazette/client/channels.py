@@ -17,7 +17,8 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import Any, Self, TypeVar
 from urllib.parse import urlsplit
 
 from gazette.auth import Authorizer, authorize_channel
@@ -25,7 +26,7 @@ from gazette.rpc.channel import insecure_channel, secure_channel
 from gazette.rpc.seam import ChannelFactory, RpcChannel
 from gazette.rpc.tls import ClientTLS
 
-__all__ = ["CHANNEL_OPTIONS", "ChannelPool", "apply_in_batches", "channel_for", "grpc_target"]
+__all__ = ["CHANNEL_OPTIONS", "ChannelPool", "PooledClient", "apply_in_batches", "channel_for", "grpc_target"]
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -108,6 +109,23 @@ class ChannelPool:
         channels, self._channels, self._stubs = self._channels, {}, {}
         for channel in channels.values():
             await channel.close()
+
+
+class PooledClient:
+    """A client whose channels are its ``channels`` pool: an async context manager that closes
+    them on exit (``JournalClient``, ``ShardClient``)."""
+
+    channels: ChannelPool
+
+    async def close(self) -> None:
+        await self.channels.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
 
 
 async def apply_in_batches(changes: Sequence[C], batch_size: int,

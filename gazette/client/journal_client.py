@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Sequence
-from types import TracebackType
 from typing import Any
 
 import grpc
@@ -25,6 +24,7 @@ from gazette.auth import Authorizer
 from gazette.client.channels import (
     CHANNEL_OPTIONS,
     ChannelPool,
+    PooledClient,
     apply_in_batches,
     channel_for,
     grpc_target,
@@ -72,7 +72,7 @@ def label_selector(include: Iterable[tuple[str, str]] = (),
     return sel
 
 
-class JournalClient:
+class JournalClient(PooledClient):
     """Async client of the Journal service, routing by journal.
 
     Channels to brokers come from ``channel_factory`` (default: ``gazette.rpc``'s, or grpcio's
@@ -114,16 +114,6 @@ class JournalClient:
         """A transport failure at ``endpoint``: stop routing ``journal`` there."""
         if endpoint != self.address:
             self.routes.invalidate(journal)
-
-    async def close(self) -> None:
-        await self.channels.close()
-
-    async def __aenter__(self) -> JournalClient:
-        return self
-
-    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.close()
 
     # --- raw calls ------------------------------------------------------------------
 

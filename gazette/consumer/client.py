@@ -13,13 +13,18 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from types import TracebackType
 from typing import Any
 
 import grpc
 
 from gazette.auth import Authorizer
-from gazette.client.channels import CHANNEL_OPTIONS, ChannelPool, apply_in_batches, grpc_target
+from gazette.client.channels import (
+    CHANNEL_OPTIONS,
+    ChannelPool,
+    PooledClient,
+    apply_in_batches,
+    grpc_target,
+)
 from gazette.client.journal_client import DEFAULT_ADDRESS, rpc_error
 from gazette.consumer.errors import ConsumerError
 from gazette.protocol import consumer_pb2 as pc
@@ -53,7 +58,7 @@ class ShardStatusError(ConsumerError):
         return shard_status_name(self.status)
 
 
-class ShardClient:
+class ShardClient(PooledClient):
     def __init__(self, address: str = DEFAULT_ADDRESS, *,
                  channel_factory: ChannelFactory = insecure_channel,
                  tls: ClientTLS | None = None, auth: Authorizer | None = None) -> None:
@@ -68,16 +73,6 @@ class ShardClient:
 
     def stub(self, endpoint: str | None = None) -> Any:
         return self.channels.stub(endpoint or self.address, pc_grpc.ShardStub)
-
-    async def close(self) -> None:
-        await self.channels.close()
-
-    async def __aenter__(self) -> ShardClient:
-        return self
-
-    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.close()
 
     async def _call(self, method: str, req: Any, endpoint: str | None = None) -> Any:
         try:

@@ -38,15 +38,10 @@ from gazette.consumer.shard import ShardRuntime
 from gazette.etcd.keyspace import KeySpace, KeyValue
 from gazette.protocol import consumer_pb2 as pc
 from gazette.protocol import protocol_pb2 as pb
-from gazette.server.cluster import (
-    ForeignCluster,
-    MisroutedRequest,
-    check_proxy_header,
-    response_header,
-)
+from gazette.server import cluster
 from gazette.tasks import wait_first
 
-__all__ = ["ForeignCluster", "MisroutedRequest", "Resolution", "Resolver", "ResolverHost", "replica_statuses"]
+__all__ = ["Resolution", "Resolver", "ResolverHost", "replica_statuses"]
 
 
 class ResolverHost(Protocol):
@@ -88,7 +83,7 @@ class Resolver:
                       proxy_header: pb.Header | None = None,
                       read_through: Mapping[str, int] | None = None) -> Resolution:
         host, ks = self.host, self.host.keyspace
-        revision = check_proxy_header(ks, host.local_id, proxy_header)
+        revision = cluster.check_proxy_header(ks, host.local_id, proxy_header)
         if revision > ks.header.revision:
             await ks.wait_for_revision(revision)
         while True:
@@ -138,7 +133,7 @@ class Resolver:
         item = ks.search(items_key(ks.root, shard_id))
         spec = item.value if item is not None and isinstance(item.value, pc.ShardSpec) else None
         route = item_route(ks, shard_id)[0] if spec is not None else pb.Route(primary=-1)
-        hdr = response_header(ks, local, route)  # the local primary, or the author of an error status
+        hdr = cluster.response_header(ks, local, route)  # the local primary, or the author of an error status
         res = Resolution(pc.Status.OK, hdr, spec)
         primary = route.members[route.primary] if route.primary != -1 else None
         if spec is None:
