@@ -37,14 +37,9 @@ from gazette.errors import GazetteError
 from gazette.etcd.keyspace import KeySpace, KeyValue
 from gazette.protocol import labels
 from gazette.protocol import protocol_pb2 as pb
-from gazette.server.cluster import (
-    ForeignCluster,
-    MisroutedRequest,
-    check_proxy_header,
-    response_header,
-)
+from gazette.server import cluster
 
-__all__ = ["ForeignCluster", "MisroutedRequest", "Resolution", "Resolver", "ResolverStopped", "route_key"]
+__all__ = ["Resolution", "Resolver", "ResolverStopped", "route_key"]
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +113,7 @@ class Resolver:
         return keys.items_key(self.ks.root, journal)
 
     def header(self, route: pb.Route | None = None, process_id: pb.ProcessSpec.ID | None = None) -> pb.Header:
-        return response_header(self.ks, process_id if process_id is not None else self.local_id, route)
+        return cluster.response_header(self.ks, process_id if process_id is not None else self.local_id, route)
 
     async def resolve(
         self,
@@ -142,7 +137,7 @@ class Resolver:
     async def _resolve(self, journal: str, may_proxy: bool, require_primary: bool,
                        min_etcd_revision: int, proxy_header: pb.Header | None) -> Resolution:
         journal = journal.split(";", 1)[0]  # strip Gazette's ";meta" suffix
-        min_etcd_revision = max(min_etcd_revision, check_proxy_header(self.ks, self.local_id, proxy_header))
+        min_etcd_revision = max(min_etcd_revision, cluster.check_proxy_header(self.ks, self.local_id, proxy_header))
         if min_etcd_revision > self.ks.revision:
             await self.ks.wait_for_revision(min_etcd_revision)
 
