@@ -21,7 +21,10 @@ from .errors import (
 from .model import Assignment, Entry, Item, Member
 from .solver import Desired, solve
 from .specs import (
+    attach_endpoints,
     desired_replication,
+    init_route,
+    item_route,
     journal_is_consistent,
     member_capacity,
     route_of,
@@ -54,8 +57,11 @@ __all__ = [
     "TxnFailedError",
     "allocate",
     "announce",
+    "attach_endpoints",
     "converge",
     "desired_replication",
+    "init_route",
+    "item_route",
     "journal_is_consistent",
     "member_capacity",
     "route_of",

@@ -9,6 +9,10 @@
   is no route at all). A journal is consistent when every assignment advertises the Route
   implied by the assignments themselves (same members, same primary), i.e. all replicas
   have synchronised with the current topology.
+* An item's Route (Gazette's ``Route.Init`` and ``AttachEndpoints``, one copy for brokers and
+  consumers): its assignments' members in key order (which is member order), the primary the
+  member of slot 0 (else -1), and, when it has members, one endpoint per member from the
+  member's spec ("" for a member missing from the keyspace, as Gazette).
 * Consumers: an assignment's value is a ReplicaStatus. A replica is consistent when STANDBY
   or PRIMARY; a FAILED replica is consistent only if the primary has failed too (swapping
   one failed replica for another is harmless, and it frees the primary to move).
@@ -16,11 +20,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
-from gazette.allocator.keys import parse_assignment_key, parse_item_key, parse_member_key
-from gazette.etcd.keyspace import KeyValue
+from gazette.allocator.keys import (
+    item_assignments_prefix,
+    members_key,
+    parse_assignment_key,
+    parse_item_key,
+    parse_member_key,
+)
+from gazette.etcd.keyspace import KeySpace, KeyValue
 from gazette.protocol import consumer_pb2
 from gazette.protocol import protocol_pb2 as pb
 
@@ -73,14 +83,48 @@ def assignment_entry(root: str, kv: KeyValue) -> Entry[Assignment]:
     return Entry(kv.key, a, kv.raw, kv.create_revision, kv.mod_revision, kv.lease)
 
 
-def route_of(assignments: Sequence[Entry[Assignment]]) -> pb.Route:
-    """The Route implied by an item's assignments (in key order); primary -1 if none."""
+class _Slot(Protocol):
+    """An assignment's member and slot (an ``AssignmentKey`` or an allocator ``Assignment``)."""
+
+    @property
+    def zone(self) -> str: ...
+    @property
+    def suffix(self) -> str: ...
+    @property
+    def slot(self) -> int: ...
+
+
+def init_route(assignments: Iterable[_Slot]) -> pb.Route:
+    """Gazette's ``Route.Init``: the members of an item's assignments (given in key order,
+    which is member order), the primary the member of slot 0; primary -1 if none."""
     route = pb.Route(primary=-1)
     for i, a in enumerate(assignments):
-        if a.decoded.slot == 0:
+        if a.slot == 0:
             route.primary = i
-        route.members.add(zone=a.decoded.zone, suffix=a.decoded.suffix)
+        route.members.add(zone=a.zone, suffix=a.suffix)
     return route
+
+
+def attach_endpoints(ks: KeySpace, route: pb.Route) -> None:
+    """Gazette's ``Route.AttachEndpoints``: one endpoint per member, from its member spec (a
+    BrokerSpec or ConsumerSpec) in ``ks``; "" for a member missing from the keyspace."""
+    del route.endpoints[:]
+    for m in route.members:
+        kv = ks.search(members_key(ks.root, m.zone, m.suffix))
+        route.endpoints.append(kv.value.process_spec.endpoint if kv is not None and kv.value is not None else "")
+
+
+def item_route(ks: KeySpace, item: str) -> tuple[pb.Route, Sequence[KeyValue]]:
+    """The Route of ``item`` in ``ks``, endpoints attached, and its assignments in key order."""
+    assignments = ks.prefixed(item_assignments_prefix(ks.root, item))
+    route = init_route(parse_assignment_key(ks.root, kv.key) for kv in assignments)
+    attach_endpoints(ks, route)
+    return route, assignments
+
+
+def route_of(assignments: Sequence[Entry[Assignment]]) -> pb.Route:
+    """The Route implied by an item's assignments (in key order); primary -1 if none."""
+    return init_route(a.decoded for a in assignments)
 
 
 def routes_equivalent(a: pb.Route, b: pb.Route | None) -> bool:

@@ -223,13 +223,6 @@ class State:
         limit = self.effective_limit(i)
         return counts[i] / limit if limit > 0 else float("inf")
 
-    def zone_counts(self) -> dict[str, int]:
-        """Number of assignments per member zone."""
-        out: dict[str, int] = {}
-        for a in self.assignments:
-            out[a.decoded.zone] = out.get(a.decoded.zone, 0) + 1
-        return out
-
 
 def leader_view(ks: KeySpace, local_key: str) -> tuple[Entry[Member] | None, bool]:
     """(local member entry or None, whether it leads), reading only the member keys."""

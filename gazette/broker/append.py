@@ -51,7 +51,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from gazette.allocator import desired_replication
 from gazette.auth import Claims
@@ -144,8 +144,15 @@ ERROR = "error"
 PROXY = "proxy"
 
 
-_Acks = tuple["Pipeline", "Replica", "asyncio.Future[None]", "asyncio.Future[None]", bool, "ReplicationError | None"]
-"""What an append needs to read its acknowledgements (see ``AppendFSM._send_final``)."""
+class _Acks(NamedTuple):
+    """What an append needs to read its acknowledgements (see ``AppendFSM._send_final``)."""
+
+    pln: Pipeline
+    replica: Replica
+    wait_for: asyncio.Future[None]  # the previous append has read its acknowledgements
+    close_after: asyncio.Future[None]  # set once ours are read: the next append's turn
+    sent: bool  # our commit (or rollback) was proposed to the peers
+    send_err: ReplicationError | None  # a peer's send failed by then
 
 
 class AppendFSM:
@@ -535,11 +542,11 @@ class AppendFSM:
         # append arrived at once, its content and commit leave for each peer in one write.
         acks = self._send_final(final, regs)
         if local_only:
-            await self._finish(*acks)
+            await self._finish(acks)
         else:
             # Shielded: the acknowledgements on the streams must be read by us, in turn,
             # whatever happens to the client's RPC meanwhile.
-            finishing = asyncio.ensure_future(self._finish(*acks))
+            finishing = asyncio.ensure_future(self._finish(acks))
             try:
                 await asyncio.shield(finishing)
             except asyncio.CancelledError:
@@ -582,12 +589,11 @@ class AppendFSM:
         if send_err is not None or not sent:
             self._retire(expect_err=True)  # peers roll back; its shutdown reads after our turn
         self.release()
-        return pln, replica, wait_for, close_after, sent, send_err
+        return _Acks(pln, replica, wait_for, close_after, sent, send_err)
 
-    async def _finish(self, pln: Pipeline, replica: Replica, wait_for: asyncio.Future[None],
-                      close_after: asyncio.Future[None], sent: bool,
-                      send_err: ReplicationError | None) -> None:
+    async def _finish(self, acks: _Acks) -> None:
         """Reads our acknowledgements in turn, then lets the next append read its own."""
+        pln, replica, wait_for, close_after, sent, send_err = acks
         try:
             await wait_for
             if sent:

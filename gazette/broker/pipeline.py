@@ -41,6 +41,7 @@ from typing import Protocol
 
 import grpc
 
+from gazette.allocator import routes_equivalent
 from gazette.broker.fragment import Spool
 from gazette.errors import GazetteError
 from gazette.fragment import Fragment
@@ -368,7 +369,7 @@ class Pipeline:
             if resp.status == pb.OK:
                 continue
             if resp.status == pb.WRONG_ROUTE:
-                if (not _routes_equivalent(resp.header.route, self.route)
+                if (not routes_equivalent(resp.header.route, self.route)
                         and resp.header.etcd.revision > self.header.etcd.revision):
                     read_through = max(read_through, resp.header.etcd.revision)
                     continue
@@ -433,10 +434,6 @@ class Pipeline:
             assert sender is not None
             self._cancelled.add(i)
             sender.cancel()
-
-
-def _routes_equivalent(a: pb.Route, b: pb.Route) -> bool:
-    return a.primary == b.primary and list(a.members) == list(b.members)
 
 
 def _short(resp: pb.ReplicateResponse) -> str:

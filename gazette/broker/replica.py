@@ -193,10 +193,6 @@ class Replica:
     def request_pulse(self) -> None:
         self._pulse_now.set()
 
-    async def wait_primary_ready(self) -> None:
-        """Waits for an index refresh begun after this replica became primary."""
-        await self._primary_refreshed.wait()
-
     @property
     def primary_refreshed(self) -> asyncio.Event:
         return self._primary_refreshed

@@ -38,17 +38,18 @@ from typing import Any, cast
 
 import grpc
 
+from gazette.allocator import routes_equivalent
 from gazette.broker.context import BrokerContext
 from gazette.broker.fragment import Spool
 from gazette.broker.fragment.spool import ContentWrite
 from gazette.broker.replica import acquire_unless
-from gazette.broker.resolver import ForeignCluster, MisroutedRequest
 from gazette.broker.wire import Content, decode_request
 from gazette.errors import GazetteError
 from gazette.fragment.errors import SpoolError
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import validate
 from gazette.protocol.errors import ValidationError
+from gazette.server.cluster import ForeignCluster, MisroutedRequest
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +104,6 @@ class _Validator:
         self._shape = shape
 
 
-def _routes_equivalent(a: pb.Route, b: pb.Route) -> bool:
-    return a.primary == b.primary and list(a.members) == list(b.members)
-
-
 def _status(status: int, header: pb.Header) -> pb.ReplicateResponse:
     resp = pb.ReplicateResponse(status=status)  # type: ignore[arg-type]
     resp.header.CopyFrom(header)
@@ -141,7 +138,7 @@ async def serve(broker: BrokerContext, requests: AsyncIterator[Any]) -> AsyncIte
         if res.status != pb.OK:
             yield _status(res.status, res.header)
             return
-        if not _routes_equivalent(res.route, first.header.route):
+        if not routes_equivalent(res.route, first.header.route):
             yield _status(pb.WRONG_ROUTE, res.header)
             return
         replica = res.replica

@@ -30,13 +30,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from gazette.allocator import keys
+from gazette.allocator import item_route, keys
 from gazette.auth import Claims
 from gazette.broker.replica import Replica
 from gazette.errors import GazetteError
 from gazette.etcd.keyspace import KeySpace, KeyValue
 from gazette.protocol import labels
 from gazette.protocol import protocol_pb2 as pb
+from gazette.server import cluster
+
+__all__ = ["Resolution", "Resolver", "ResolverStopped", "route_key"]
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +49,6 @@ class ResolverStopped(GazetteError):
     the client retries elsewhere."""
 
     grpc_code = "UNAVAILABLE"
-
-
-class MisroutedRequest(GazetteError):
-    """A proxied request reached a process other than the one its sender resolved (a broker
-    restarted on the address of one whose etcd lease has not yet lapsed): the sender's route
-    is stale, which a retry after the route updates mends."""
-
-    grpc_code = "UNAVAILABLE"
-
-
-class ForeignCluster(GazetteError):
-    """A proxied request comes from a broker of another etcd cluster: a deployment error."""
-
-    grpc_code = "FAILED_PRECONDITION"
 
 
 @dataclass
@@ -120,40 +109,11 @@ class Resolver:
         self._cache_rev = -1
         keyspace.observers.append(self.update_replicas)
 
-    # Key helpers over Gazette's layout.
     def _item_key(self, journal: str) -> str:
         return keys.items_key(self.ks.root, journal)
 
-    def _assign_prefix(self, journal: str) -> str:
-        return f"{self.ks.root}/assign/{journal}#"
-
-    def route_of(self, assignments: list[KeyValue]) -> pb.Route:
-        """Gazette's Route.Init + AttachEndpoints over a journal's assignment keys."""
-        members: list[tuple[tuple[str, str], int]] = []
-        for kv in assignments:
-            a = keys.parse_assignment_key(self.ks.root, kv.key)
-            members.append(((a.zone, a.suffix), a.slot))
-        members.sort()
-        route = pb.Route(primary=-1)
-        for i, ((zone, suffix), slot) in enumerate(members):
-            route.members.add(zone=zone, suffix=suffix)
-            if slot == 0:
-                route.primary = i
-        endpoints = []
-        for (zone, suffix), _ in members:
-            mkv = self.ks.search(keys.members_key(self.ks.root, zone, suffix))
-            endpoints.append(mkv.value.process_spec.endpoint if mkv is not None and mkv.value is not None else "")
-        if any(endpoints):
-            route.endpoints.extend(endpoints)
-        return route
-
     def header(self, route: pb.Route | None = None, process_id: pb.ProcessSpec.ID | None = None) -> pb.Header:
-        hdr = pb.Header()
-        hdr.process_id.CopyFrom(process_id if process_id is not None else self.local_id)
-        if route is not None:
-            hdr.route.CopyFrom(route)
-        hdr.etcd.CopyFrom(self.ks.header.to_proto())
-        return hdr
+        return cluster.response_header(self.ks, process_id if process_id is not None else self.local_id, route)
 
     async def resolve(
         self,
@@ -177,21 +137,7 @@ class Resolver:
     async def _resolve(self, journal: str, may_proxy: bool, require_primary: bool,
                        min_etcd_revision: int, proxy_header: pb.Header | None) -> Resolution:
         journal = journal.split(";", 1)[0]  # strip Gazette's ";meta" suffix
-        if proxy_header is not None and proxy_header.HasField("etcd"):
-            hdr_etcd = proxy_header.etcd
-            own = self.ks.header.to_proto()
-            if hdr_etcd.cluster_id and own.cluster_id and hdr_etcd.cluster_id != own.cluster_id:
-                raise ForeignCluster(
-                    f"request Etcd ClusterId doesn't match our own ({hdr_etcd.cluster_id} vs {own.cluster_id})"
-                )
-            min_etcd_revision = max(min_etcd_revision, hdr_etcd.revision)
-        if proxy_header is not None and proxy_header.HasField("process_id"):
-            pid = proxy_header.process_id
-            if (pid.zone or pid.suffix) and _id_key(pid) != _id_key(self.local_id):
-                raise MisroutedRequest(
-                    f"request ProcessId doesn't match our own ({pid.zone}#{pid.suffix} vs "
-                    f"{self.local_id.zone}#{self.local_id.suffix})"
-                )
+        min_etcd_revision = max(min_etcd_revision, cluster.check_proxy_header(self.ks, self.local_id, proxy_header))
         if min_etcd_revision > self.ks.revision:
             await self.ks.wait_for_revision(min_etcd_revision)
 
@@ -204,10 +150,9 @@ class Resolver:
         if cached is not None:
             return cached
 
-        assignments = list(self.ks.prefixed(self._assign_prefix(journal)))
+        route, assignments = item_route(self.ks, journal)
         item = self.ks.search(self._item_key(journal))
         spec: pb.JournalSpec | None = item.value if item is not None else None
-        route = self.route_of(assignments)
 
         process_id = pb.ProcessSpec.ID()
         if require_primary and route.primary != -1:
@@ -228,7 +173,7 @@ class Resolver:
             spec=spec,
             item_mod_revision=item.mod_revision if item is not None else 0,
             item_create_revision=item.create_revision if item is not None else 0,
-            assignments=assignments,
+            assignments=list(assignments),
         )
         is_local = _id_key(process_id) == _id_key(self.local_id)
         if is_local and self.replicas is None:
@@ -260,8 +205,7 @@ class Resolver:
         self._cache.clear()
         local: dict[str, tuple[pb.JournalSpec, int, bool]] = {}
         sigs: dict[str, list[tuple[str, int]]] = {}
-        prefix = f"{self.ks.root}/assign/"
-        for kv in self.ks.prefixed(prefix):
+        for kv in self.ks.prefixed(keys.assignments_prefix(self.ks.root)):
             a = keys.parse_assignment_key(self.ks.root, kv.key)
             sigs.setdefault(a.item, []).append((kv.key, kv.mod_revision))
             if (a.zone, a.suffix) != _id_key(self.local_id):

@@ -40,7 +40,7 @@ from gazette.broker.replica import Replica
 from gazette.broker.replicate import FailedPeerStream, GrpcPeerStream
 from gazette.broker.resolver import Resolution, Resolver
 from gazette.broker.service import JournalService
-from gazette.client.journal_client import channel_for
+from gazette.client.channels import ChannelPool
 from gazette.etcd import txn
 from gazette.etcd.keyspace import KeySpace
 from gazette.fragment import Fragment
@@ -48,6 +48,7 @@ from gazette.protocol import labels
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.rpc.channel import insecure_channel
+from gazette.server import cluster
 from gazette.server.grpc import CHANNEL_OPTIONS, GrpcServer, add_service
 from gazette.server.process import MemberProcess
 from gazette.stores import Stores
@@ -88,7 +89,8 @@ class Broker(MemberProcess):
         self.persister = Persister(self.stores, self._spec_for, on_persisted=self._on_persisted)
         self.store_health = StoreHealth(self.stores)
         self.resolver = Resolver(self.keyspace, self.local_id, self._new_replica)
-        self._channels: dict[str, Any] = {}  # grpc.aio.Channel-like
+        # Peers' calls carry tokens this broker signs for the capability they need.
+        self.peers = ChannelPool(_PEER_CHANNEL_OPTIONS, insecure_channel, config.peer_tls, self.auth)
         self._replicate_calls: dict[str, Any] = {}
 
     # -- wiring ------------------------------------------------------------------------
@@ -108,17 +110,8 @@ class Broker(MemberProcess):
         if replica is not None:
             replica.index.add_remote(fragment)
 
-    def _channel(self, endpoint: str) -> tuple[str, Any]:
-        ch = self._channels.get(endpoint)
-        if ch is None:
-            # Peers' calls carry tokens this broker signs for the capability they need.
-            ch = channel_for(endpoint, insecure_channel, _PEER_CHANNEL_OPTIONS,
-                             self.config.peer_tls, self.auth)
-            self._channels[endpoint] = ch
-        return endpoint, ch
-
     def peer_stub(self, endpoint: str) -> pb_grpc.JournalStub:
-        return pb_grpc.JournalStub(self._channel(endpoint)[1])  # type: ignore[no-untyped-call]
+        return self.peers.stub(endpoint, pb_grpc.JournalStub)
 
     def dial_replicate(self, route: pb.Route, i: int) -> PeerStream:
         """Opens a Replicate stream to member ``i`` of ``route`` (requests go pre-serialized)."""
@@ -126,12 +119,12 @@ class Broker(MemberProcess):
         if not endpoint:
             m = route.members[i]
             return FailedPeerStream(ConnectionError(f"no endpoint for broker {m.zone}#{m.suffix}"))
-        target, ch = self._channel(endpoint)
-        mc = self._replicate_calls.get(target)
+        mc = self._replicate_calls.get(endpoint)
         if mc is None:
-            mc = ch.stream_stream("/protocol.Journal/Replicate", request_serializer=wire.raw_request,
-                                  response_deserializer=pb.ReplicateResponse.FromString)
-            self._replicate_calls[target] = mc
+            mc = self.peers.channel(endpoint).stream_stream(
+                "/protocol.Journal/Replicate", request_serializer=wire.raw_request,
+                response_deserializer=pb.ReplicateResponse.FromString)
+            self._replicate_calls[endpoint] = mc
         return GrpcPeerStream(mc())
 
     def broker_spec(self, exiting: bool = False) -> pb.BrokerSpec:
@@ -177,8 +170,8 @@ class Broker(MemberProcess):
         self.resolver.stop_serving()
 
     async def closed(self) -> None:
-        for ch in self._channels.values():
-            await ch.close()
+        self._replicate_calls.clear()
+        await self.peers.close()
 
     async def update_assignments(self, replica: Replica, res: Resolution) -> int:
         """Advertises ``res.route`` (synchronised by the caller's pipeline) in every assignment
@@ -229,18 +222,12 @@ class Broker(MemberProcess):
         resp = pb.ListResponse(status=pb.OK)
         resp.header.CopyFrom(self.resolver.header())
         resp.header.ClearField("process_id")
-        items_prefix = keys.items_key(self.keyspace.root, "")
         max_mod = -1
-        for kv in self.keyspace.prefixed(items_prefix):
-            spec: pb.JournalSpec | None = kv.value
-            if spec is None:
-                continue
-            ext = labels.with_meta_labels(labels.LabelSet.from_proto(spec.labels), spec.name)
-            if not selector.matches(ext) or (claims is not None and not claims.permits(ext)):
-                continue
+        for item in cluster.list_items(self.keyspace, pb.JournalSpec, selector, claims, labels.with_meta_labels):
+            kv = item.kv
             j = resp.journals.add(mod_revision=kv.mod_revision, create_revision=kv.create_revision)
-            j.spec.CopyFrom(spec)
-            j.route.CopyFrom(self.resolver.route_of(list(self.keyspace.prefixed(f"{self.keyspace.root}/assign/{spec.name}#"))))
+            j.spec.CopyFrom(kv.value)
+            j.route.CopyFrom(item.route)
             max_mod = max(max_mod, kv.mod_revision)
         return resp, (len(resp.journals), max_mod)
 
@@ -248,16 +235,9 @@ class Broker(MemberProcess):
                              unchanged: list[tuple[str, int]] | None = None) -> pb.ApplyResponse:
         """Applies journal spec changes in one etcd transaction; ``unchanged`` adds (key,
         mod revision) comparisons (a suspension also requires the assignments unchanged)."""
-        root = self.keyspace.root
-        changes = [
-            txn.ItemChange(keys.items_key(root, ch.upsert.name), ch.upsert.SerializeToString(), ch.expect_mod_revision)
-            if ch.HasField("upsert") else txn.ItemChange(keys.items_key(root, ch.delete), None, ch.expect_mod_revision)
-            for ch in req.changes
-        ]
-        resp = await txn.apply_changes(self.etcd, changes, [txn.Cmp(k, "mod", rev) for k, rev in (unchanged or [])])
-        out = pb.ApplyResponse(status=pb.OK if resp.succeeded else pb.ETCD_TRANSACTION_FAILED)
-        if resp.succeeded:
-            await self.keyspace.wait_for_revision(resp.header.revision)
+        changes = [cluster.SpecChange.of(ch, "name") for ch in req.changes]
+        applied = await cluster.apply_spec_changes(self.etcd, self.keyspace, changes, unchanged or ())
+        out = pb.ApplyResponse(status=pb.OK if applied else pb.ETCD_TRANSACTION_FAILED)
         out.header.CopyFrom(self.resolver.header())
         return out
 

@@ -44,6 +44,7 @@ from gazette.errors import GazetteError, ValidationError
 from gazette.protocol import labels, validate
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.server import cluster
 from gazette.server.edge import grpc_edge
 
 log = logging.getLogger(__name__)
@@ -132,13 +133,8 @@ class JournalService(pb_grpc.JournalServicer):
     async def Apply(self, request: pb.ApplyRequest, context: Any) -> pb.ApplyResponse:
         claims = self._verify(context, auth.APPLY)
         validate.validate_apply_request(request)
-        if not claims.unrestricted:
-            for ch in request.changes:
-                # Upserts are scoped by the journal's labels and meta-labels, deletes by name.
-                name = ch.upsert.name if ch.HasField("upsert") else ch.delete
-                ls = labels.LabelSet.from_proto(ch.upsert.labels) if ch.HasField("upsert") else labels.LabelSet()
-                if not claims.permits(labels.with_meta_labels(ls, name)):
-                    raise auth.PermissionDenied(f"not authorized to {name}")
+        cluster.check_changes_permitted(
+            claims, [cluster.SpecChange.of(ch, "name") for ch in request.changes], labels.with_meta_labels)
         return await self.broker.apply_journals(request)
 
     # -- Read -------------------------------------------------------------------------

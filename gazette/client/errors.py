@@ -6,7 +6,7 @@ Invariants:
 - Transport failures (a gRPC status other than OK) are ``TransportError`` and carry the
   gRPC code; ``transient`` says whether a retry may succeed.
 - The hierarchy hangs off gazette.protocol.errors: ``ClientError`` is a ``GazetteError``
-  and ``BrokerStatusError`` is also a ``StatusError``, so ``status_of`` works on it.
+  and ``BrokerStatusError`` is also a ``StatusError`` (its ``status`` the response's).
 """
 
 from __future__ import annotations

@@ -15,14 +15,20 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Sequence
-from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit
 
 import grpc
 from google.protobuf import duration_pb2
 
-from gazette.auth import Authorizer, authorize_channel
+from gazette.auth import Authorizer
+from gazette.client.channels import (
+    CHANNEL_OPTIONS,
+    ChannelPool,
+    PooledClient,
+    apply_in_batches,
+    channel_for,
+    grpc_target,
+)
 from gazette.client.errors import (
     ApplyError,
     FragmentsError,
@@ -32,57 +38,24 @@ from gazette.client.errors import (
 )
 from gazette.client.route_cache import RouteCache, pick
 from gazette.protocol import protocol_pb2 as pb
-from gazette.rpc.channel import insecure_channel, secure_channel
-from gazette.rpc.seam import ChannelFactory, RpcChannel
+from gazette.rpc.channel import insecure_channel
+from gazette.rpc.seam import ChannelFactory
 from gazette.rpc.tls import ClientTLS
 
 # The generated stubs are untyped; load them as Any rather than type-check generated code.
 pb_grpc: Any = importlib.import_module("gazette.protocol.protocol_pb2_grpc")
 
-DEFAULT_ADDRESS = "http://localhost:8080"
-
-# Brokers send content chunks of just under 32 KiB, but List and ListFragments answers
-# can be large; accept up to 16 MiB as Gazette's clients do.
-CHANNEL_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.max_receive_message_length", 16 << 20),
-    ("grpc.max_send_message_length", 16 << 20),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 5000),
+__all__ = [
+    "CHANNEL_OPTIONS",
+    "DEFAULT_ADDRESS",
+    "JournalClient",
+    "channel_for",
+    "grpc_target",
+    "label_selector",
+    "rpc_error",
 ]
 
-
-def grpc_target(endpoint: str) -> tuple[str, bool]:
-    """Map a broker endpoint (``http://host:port``, ``https://...``, ``unix://path`` or
-    a bare ``host:port``) to a gRPC dial target and whether it needs TLS."""
-    endpoint = endpoint.strip()
-    if not endpoint:
-        raise ValueError("empty broker address")
-    if "://" not in endpoint:
-        return endpoint, False
-    parts = urlsplit(endpoint)
-    if parts.scheme == "unix":
-        return f"unix:{parts.netloc}{parts.path}", False
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"unsupported broker address scheme {parts.scheme!r} in {endpoint!r}")
-    if not parts.hostname:
-        raise ValueError(f"broker address {endpoint!r} has no host")
-    tls = parts.scheme == "https"
-    port = parts.port or (443 if tls else 80)
-    host = parts.hostname
-    if ":" in host:  # IPv6 literal.
-        host = f"[{host}]"
-    return f"{host}:{port}", tls
-
-
-def channel_for(endpoint: str, factory: ChannelFactory, options: Sequence[tuple[str, Any]],
-                tls: ClientTLS | None = None, auth: Authorizer | None = None) -> RpcChannel:
-    """A channel to ``endpoint``: a TLS channel trusting ``tls`` for ``https://``, else
-    ``factory``'s; its calls carry ``auth``'s tokens."""
-    target, secure = grpc_target(endpoint)
-    if secure:
-        return authorize_channel(secure_channel(target, options, tls), auth)
-    return authorize_channel(factory(target, list(options)), auth)
-
+DEFAULT_ADDRESS = "http://localhost:8080"
 
 def rpc_error(err: grpc.aio.AioRpcError, endpoint: str = "", journal: str = "") -> TransportError:
     return TransportError(err.code(), err.details() or "", endpoint, journal)
@@ -99,7 +72,7 @@ def label_selector(include: Iterable[tuple[str, str]] = (),
     return sel
 
 
-class JournalClient:
+class JournalClient(PooledClient):
     """Async client of the Journal service, routing by journal.
 
     Channels to brokers come from ``channel_factory`` (default: ``gazette.rpc``'s, or grpcio's
@@ -115,23 +88,14 @@ class JournalClient:
         self.address = address
         self.zone = zone
         self.routes = route_cache if route_cache is not None else RouteCache()
-        self._options = list(CHANNEL_OPTIONS) + list(channel_options)
-        self._channel_factory = channel_factory
         self.tls, self.auth = tls, auth
-        self._channels: dict[str, RpcChannel] = {}
-        self._stubs: dict[str, Any] = {}
+        self.channels = ChannelPool(list(CHANNEL_OPTIONS) + list(channel_options), channel_factory, tls, auth)
 
     # --- channels and routing -------------------------------------------------------
 
     def stub(self, endpoint: str | None = None) -> Any:
         """Stub for ``endpoint`` (the default address when None)."""
-        endpoint = endpoint or self.address
-        stub = self._stubs.get(endpoint)
-        if stub is None:
-            channel = self._channels[endpoint] = channel_for(
-                endpoint, self._channel_factory, self._options, self.tls, self.auth)
-            stub = self._stubs[endpoint] = pb_grpc.JournalStub(channel)
-        return stub
+        return self.channels.stub(endpoint or self.address, pb_grpc.JournalStub)
 
     def endpoint_for(self, journal: str, require_primary: bool,
                      route: pb.Route | None = None) -> str:
@@ -139,7 +103,7 @@ class JournalClient:
         else by the cached route, else the default address."""
         if route is None or len(route.members) == 0:
             route = self.routes.route(journal)
-        chosen = pick(route, require_primary, self.zone, self._channels)
+        chosen = pick(route, require_primary, self.zone, self.channels)
         return chosen or self.address
 
     def update_route(self, journal: str, route: pb.Route | None) -> None:
@@ -150,18 +114,6 @@ class JournalClient:
         """A transport failure at ``endpoint``: stop routing ``journal`` there."""
         if endpoint != self.address:
             self.routes.invalidate(journal)
-
-    async def close(self) -> None:
-        channels, self._channels, self._stubs = self._channels, {}, {}
-        for channel in channels.values():
-            await channel.close()
-
-    async def __aenter__(self) -> JournalClient:
-        return self
-
-    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.close()
 
     # --- raw calls ------------------------------------------------------------------
 
@@ -196,20 +148,19 @@ class JournalClient:
         """Apply journal changes. With ``batch_size`` > 0 they go in several
         transactions of at most that many changes (so may partly apply)."""
         all_changes = list(changes.changes if isinstance(changes, pb.ApplyRequest) else changes)
-        size = batch_size if batch_size > 0 else max(len(all_changes), 1)
-        resp = pb.ApplyResponse()
-        for start in range(0, max(len(all_changes), 1), size):
-            req = pb.ApplyRequest(changes=all_changes[start:start + size])
-            try:
-                resp = await self.stub().Apply(req)
-            except grpc.aio.AioRpcError as err:
-                raise rpc_error(err, self.address) from None
-            if resp.status != pb.OK:
-                detail = ""
-                if resp.status == pb.ETCD_TRANSACTION_FAILED:
-                    detail = ("a journal was created, changed or deleted since its revision "
-                              "was read; list it again and retry")
-                raise ApplyError(resp.status, detail=detail)
+        return await apply_in_batches(all_changes, batch_size, self._apply)
+
+    async def _apply(self, changes: Sequence[pb.ApplyRequest.Change]) -> pb.ApplyResponse:
+        try:
+            resp: pb.ApplyResponse = await self.stub().Apply(pb.ApplyRequest(changes=changes))
+        except grpc.aio.AioRpcError as err:
+            raise rpc_error(err, self.address) from None
+        if resp.status != pb.OK:
+            detail = ""
+            if resp.status == pb.ETCD_TRANSACTION_FAILED:
+                detail = ("a journal was created, changed or deleted since its revision "
+                          "was read; list it again and retry")
+            raise ApplyError(resp.status, detail=detail)
         return resp
 
     async def list_fragments(self, journal: str, *, begin_mod_time: int = 0,

@@ -23,7 +23,6 @@ from gazette.consumer.client import ShardClient, ShardStatusError
 from gazette.consumer.envelopes import is_ack, uuid_flags
 from gazette.consumer.errors import (
     ConsumerError,
-    DeferredFirstMessage,
     ShardStateError,
     TransactionError,
 )
@@ -68,7 +67,6 @@ __all__ = [
     "ConsumerConfig",
     "ConsumerError",
     "ConsumerProcess",
-    "DeferredFirstMessage",
     "InitArgs",
     "JSONFileStore",
     "MaybeAwaitable",

@@ -7,25 +7,25 @@ Invariants:
   ``.status_name``); a transport failure raises the journal client's ``TransportError``.
 * Any consumer process of the group answers every call: ``Stat`` and ``GetHints`` are
   forwarded by the process that receives them to the shard's primary.
-* One channel per endpoint, opened on first use and closed by ``close``.
+* One channel per endpoint (a ``ChannelPool``), opened on first use and closed by ``close``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from types import TracebackType
 from typing import Any
 
 import grpc
 
 from gazette.auth import Authorizer
-from gazette.client.journal_client import (
+from gazette.client.channels import (
     CHANNEL_OPTIONS,
-    DEFAULT_ADDRESS,
-    channel_for,
+    ChannelPool,
+    PooledClient,
+    apply_in_batches,
     grpc_target,
-    rpc_error,
 )
+from gazette.client.journal_client import DEFAULT_ADDRESS, rpc_error
 from gazette.consumer.errors import ConsumerError
 from gazette.protocol import consumer_pb2 as pc
 from gazette.protocol import consumer_pb2_grpc as pc_grpc
@@ -58,44 +58,21 @@ class ShardStatusError(ConsumerError):
         return shard_status_name(self.status)
 
 
-class ShardClient:
+class ShardClient(PooledClient):
     def __init__(self, address: str = DEFAULT_ADDRESS, *,
                  channel_factory: ChannelFactory = insecure_channel,
                  tls: ClientTLS | None = None, auth: Authorizer | None = None) -> None:
         self.address = address
-        self._channel_factory = channel_factory
         self.tls, self.auth = tls, auth
-        self._channels: dict[str, RpcChannel] = {}
-        self._stubs: dict[str, Any] = {}
+        self.channels = ChannelPool(CHANNEL_OPTIONS, channel_factory, tls, auth)
         grpc_target(address)  # Validate eagerly: a bad address is a configuration error.
 
     def channel(self, endpoint: str | None = None) -> RpcChannel:
         """The channel to ``endpoint`` (the default address when None), opened on first use."""
-        endpoint = endpoint or self.address
-        channel = self._channels.get(endpoint)
-        if channel is None:
-            channel = self._channels[endpoint] = channel_for(
-                endpoint, self._channel_factory, CHANNEL_OPTIONS, self.tls, self.auth)
-        return channel
+        return self.channels.channel(endpoint or self.address)
 
     def stub(self, endpoint: str | None = None) -> Any:
-        endpoint = endpoint or self.address
-        stub = self._stubs.get(endpoint)
-        if stub is None:
-            stub = self._stubs[endpoint] = pc_grpc.ShardStub(self.channel(endpoint))  # type: ignore[no-untyped-call]
-        return stub
-
-    async def close(self) -> None:
-        channels, self._channels, self._stubs = self._channels, {}, {}
-        for channel in channels.values():
-            await channel.close()
-
-    async def __aenter__(self) -> ShardClient:
-        return self
-
-    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.close()
+        return self.channels.stub(endpoint or self.address, pc_grpc.ShardStub)
 
     async def _call(self, method: str, req: Any, endpoint: str | None = None) -> Any:
         try:
@@ -116,10 +93,10 @@ class ShardClient:
         """Applies shard changes; with ``batch_size`` > 0, in several transactions of at most
         that many changes (so they may partly apply)."""
         all_changes = list(changes.changes if isinstance(changes, pc.ApplyRequest) else changes)
-        size = batch_size if batch_size > 0 else max(len(all_changes), 1)
-        resp = pc.ApplyResponse()
-        for start in range(0, max(len(all_changes), 1), size):
-            resp = await self._call("Apply", pc.ApplyRequest(changes=all_changes[start:start + size]))
+        return await apply_in_batches(all_changes, batch_size, self._apply)
+
+    async def _apply(self, changes: Sequence[pc.ApplyRequest.Change]) -> pc.ApplyResponse:
+        resp: pc.ApplyResponse = await self._call("Apply", pc.ApplyRequest(changes=changes))
         return resp
 
     async def stat(self, shard: str, read_through: Mapping[str, int] | None = None) -> pc.StatResponse:

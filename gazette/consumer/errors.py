@@ -4,8 +4,7 @@
 
     ConsumerError (GazetteError)     base of everything below
     ├── TransactionError             the application, the store or a commit failed a transaction
-    ├── ShardStateError              shard.state read before new_shard_state made it
-    └── DeferredFirstMessage         the application deferred the first message of a transaction
+    └── ShardStateError              shard.state read before new_shard_state made it
 
 A ``TransactionError`` fails its shard (FAILED, with the error's text); other shards of the
 process carry on.
@@ -15,7 +14,7 @@ from __future__ import annotations
 
 from gazette.errors import GazetteError
 
-__all__ = ["ConsumerError", "DeferredFirstMessage", "ShardStateError", "TransactionError"]
+__all__ = ["ConsumerError", "ShardStateError", "TransactionError"]
 
 
 class ConsumerError(GazetteError):
@@ -28,11 +27,6 @@ class TransactionError(ConsumerError):
     def __init__(self, phase: str, err: BaseException) -> None:
         super().__init__(f"{phase}: {err}")
         self.phase = phase
-
-
-class DeferredFirstMessage(ConsumerError):
-    """The application deferred the first message of an empty transaction, which would never
-    make progress."""
 
 
 class ShardStateError(ConsumerError):

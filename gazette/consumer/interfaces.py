@@ -41,9 +41,10 @@ checks each callback's signature.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeAlias, runtime_checkable
+from typing import Protocol, TypeAlias, cast, runtime_checkable
 
 from typing_extensions import TypeVar
 
@@ -65,6 +66,7 @@ __all__ = [
     "ShardPublisher",
     "StatefulApplication",
     "Store",
+    "maybe_await",
 ]
 
 OpFuture: TypeAlias = "asyncio.Future[None]"
@@ -73,6 +75,14 @@ OpFuture: TypeAlias = "asyncio.Future[None]"
 T = TypeVar("T")
 MaybeAwaitable: TypeAlias = "T | Awaitable[T]"
 """What a callback returns: a plain function's value, or an ``async def``'s awaitable of it."""
+
+
+async def maybe_await(result: MaybeAwaitable[T]) -> T:
+    """A callback's value: ``result`` awaited if it is awaitable (any awaitable: a coroutine, a
+    future, an object with ``__await__``), else ``result`` itself. The one test of it."""
+    if inspect.isawaitable(result):
+        return cast(T, await result)
+    return result
 
 ShardPublisher: TypeAlias = "Publisher[AsyncAppend]"
 """The publisher handed to callbacks: a publish returns the append's handle (await it for the

@@ -12,8 +12,11 @@ same API at ``Resolution.endpoint`` with ``Resolution.header`` attached.
 Invariants:
 
 * A proxied request (``proxy_header`` given) is resolved no earlier than the etcd revision its
-  sender resolved at, and is refused if it reached a process other than the one intended or
-  came from another etcd cluster: a second hop never happens.
+  sender resolved at, and is refused if it reached a process other than the one intended
+  (``MisroutedRequest``, UNAVAILABLE: the sender retries once its route updates) or came from
+  another etcd cluster (``ForeignCluster``): a second hop never happens. The check, the route
+  (endpoints attached) and the header are the broker resolver's own (``gazette.server.cluster``,
+  ``gazette.allocator.item_route``).
 * A local resolution is OK only once the shard's store is restored and its transaction loop
   runs; if the shard ends meanwhile the status is SHARD_STOPPED.
 * ``read_through`` offsets of journals the shard does not read are ignored; the others block
@@ -24,32 +27,21 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gazette.allocator.keys import (
-    item_assignments_prefix,
-    items_key,
-    items_prefix,
-    members_key,
-    parse_assignment_key,
-)
-from gazette.consumer.errors import ConsumerError
+from gazette.allocator import item_route
+from gazette.allocator.keys import items_key, items_prefix
 from gazette.consumer.interfaces import MessageProducer
 from gazette.consumer.shard import ShardRuntime
-from gazette.etcd.keyspace import KeySpace
+from gazette.etcd.keyspace import KeySpace, KeyValue
 from gazette.protocol import consumer_pb2 as pc
 from gazette.protocol import protocol_pb2 as pb
+from gazette.server import cluster
 from gazette.tasks import wait_first
 
-__all__ = ["ProxyError", "Resolution", "Resolver", "ResolverHost"]
-
-
-class ProxyError(ConsumerError):
-    """A proxied request reached the wrong process or the wrong etcd cluster."""
-
-    grpc_code = "FAILED_PRECONDITION"
+__all__ = ["Resolution", "Resolver", "ResolverHost", "replica_statuses"]
 
 
 class ResolverHost(Protocol):
@@ -70,26 +62,17 @@ class Resolution:
     header: pb.Header
     spec: pc.ShardSpec | None = None
     shard: ShardRuntime[Any] | None = None  # the local primary, or None
-    endpoint: str = ""  # the primary's endpoint, when remote
+    endpoint: str = ""  # the primary's endpoint, when remote ("" if it has none in the keyspace)
+    proxied: bool = False  # the primary is another process: forward to ``endpoint``
 
     @property
     def store(self) -> Any:
         return self.shard.store if self.shard is not None else None
 
 
-def route_of(ks: KeySpace, shard_id: str) -> tuple[pb.Route, list[pc.ReplicaStatus]]:
-    """The shard's route (members, primary, endpoints) and replica statuses, from ``ks``."""
-    route, statuses = pb.Route(primary=-1), []
-    for kv in ks.prefixed(item_assignments_prefix(ks.root, shard_id)):
-        a = parse_assignment_key(ks.root, kv.key)
-        if a.slot == 0:
-            route.primary = len(route.members)
-        route.members.add(zone=a.zone, suffix=a.suffix)
-        member = ks.search(members_key(ks.root, a.zone, a.suffix))
-        route.endpoints.append(member.value.process_spec.endpoint
-                               if member is not None and member.value else "")
-        statuses.append(kv.value if isinstance(kv.value, pc.ReplicaStatus) else pc.ReplicaStatus())
-    return route, statuses
+def replica_statuses(assignments: Sequence[KeyValue]) -> list[pc.ReplicaStatus]:
+    """The status of each assignment (IDLE where none was written), in route member order."""
+    return [kv.value if isinstance(kv.value, pc.ReplicaStatus) else pc.ReplicaStatus() for kv in assignments]
 
 
 class Resolver:
@@ -100,25 +83,18 @@ class Resolver:
                       proxy_header: pb.Header | None = None,
                       read_through: Mapping[str, int] | None = None) -> Resolution:
         host, ks = self.host, self.host.keyspace
-        local = host.local_id
-        if proxy_header is not None:
-            if proxy_header.etcd.cluster_id and proxy_header.etcd.cluster_id != ks.header.cluster_id:
-                raise ProxyError(f"request etcd cluster_id doesn't match our own "
-                                 f"({proxy_header.etcd.cluster_id} vs {ks.header.cluster_id})")
-            pid = proxy_header.process_id
-            if (pid.zone or pid.suffix) and (pid.zone, pid.suffix) != (local.zone, local.suffix):
-                raise ProxyError(f"request process_id doesn't match our own ({pid.zone}/{pid.suffix} "
-                                 f"vs {local.zone}/{local.suffix})")
-            if proxy_header.etcd.revision > ks.header.revision:
-                await ks.wait_for_revision(proxy_header.etcd.revision)
+        revision = cluster.check_proxy_header(ks, host.local_id, proxy_header)
+        if revision > ks.header.revision:
+            await ks.wait_for_revision(revision)
         while True:
             res = self._resolve_now(shard_id, may_proxy)
-            if res.status != pc.Status.OK or res.endpoint:
+            if res.status != pc.Status.OK or (res.proxied and res.endpoint):
                 return res
-            entry = host.shards.get(shard_id)
+            entry = None if res.proxied else host.shards.get(shard_id)
             if entry is not None:
                 break
-            # Assigned here, but the shard is not started yet: wait for the next reconcile.
+            # Assigned here but not started yet, or primary elsewhere but its member spec (its
+            # endpoint) not yet in the keyspace: wait for the next reconcile, then resolve again.
             await host.wait_reconciled()
         rt, task = entry
         if not rt.ready.is_set():
@@ -154,12 +130,10 @@ class Resolver:
 
     def _resolve_now(self, shard_id: str, may_proxy: bool) -> Resolution:
         ks, local = self.host.keyspace, self.host.local_id
-        hdr = pb.Header()
-        hdr.etcd.CopyFrom(ks.header.to_proto())
         item = ks.search(items_key(ks.root, shard_id))
         spec = item.value if item is not None and isinstance(item.value, pc.ShardSpec) else None
-        route = route_of(ks, shard_id)[0] if spec is not None else pb.Route(primary=-1)
-        hdr.route.CopyFrom(route)
+        route = item_route(ks, shard_id)[0] if spec is not None else pb.Route(primary=-1)
+        hdr = cluster.response_header(ks, local, route)  # the local primary, or the author of an error status
         res = Resolution(pc.Status.OK, hdr, spec)
         primary = route.members[route.primary] if route.primary != -1 else None
         if spec is None:
@@ -171,9 +145,8 @@ class Resolver:
                 res.status = pc.Status.NOT_SHARD_PRIMARY
             else:
                 hdr.process_id.CopyFrom(primary)
-                res.endpoint = route.endpoints[route.primary]
-                return res
-        hdr.process_id.CopyFrom(local)  # the local primary, or the author of an error status
+                res.endpoint = route.endpoints[route.primary] if route.endpoints else ""
+                res.proxied = True
         return res
 
     def _stopped(self, res: Resolution) -> Resolution:

@@ -28,15 +28,13 @@ from typing import Any, Protocol
 import aetcd
 
 from gazette import auth
-from gazette.allocator.keys import (
-    item_assignments_prefix,
-    items_key,
-)
+from gazette.allocator.keys import item_assignments_prefix, items_key
 from gazette.auth import Claims, Verifier, token_of
 from gazette.client import JournalClient, list_journals
+from gazette.client.journal_client import label_selector
 from gazette.consumer.client import ShardClient
 from gazette.consumer.recovery import HintsStore
-from gazette.consumer.resolver import Resolver, route_of
+from gazette.consumer.resolver import Resolver, replica_statuses
 from gazette.consumer.shard import ShardRuntime
 from gazette.errors import ValidationError
 from gazette.etcd import txn
@@ -52,6 +50,7 @@ from gazette.protocol.validate_consumer import (
     validate_shard_list_request,
     validate_stat_request,
 )
+from gazette.server import cluster
 from gazette.server.edge import grpc_edge
 
 
@@ -92,48 +91,32 @@ class ShardService(pc_grpc.ShardServicer):
         return claims.permits(with_shard_meta_labels(ls, shard_id))
 
     def _header(self) -> pb.Header:
-        hdr = pb.Header()
-        hdr.process_id.CopyFrom(self.proc.local_id)
-        hdr.etcd.CopyFrom(self.proc.keyspace.header.to_proto())
-        return hdr
+        return cluster.response_header(self.proc.keyspace, self.proc.local_id)
 
     @grpc_edge
     async def List(self, request: pc.ListRequest, context: Any) -> pc.ListResponse:
         claims = self._verify(context, auth.LIST)
         validate_shard_list_request(request)
         selector = LabelSelector.from_proto(request.selector)
-        ks = self.proc.keyspace
         resp = pc.ListResponse(status=pc.Status.OK)
         resp.header.CopyFrom(self._header())
-        for kv in ks.prefixed(items_key(ks.root, "")):
-            spec = kv.value
-            if not isinstance(spec, pc.ShardSpec):
-                continue
-            ext = with_shard_meta_labels(LabelSet.from_proto(spec.labels), spec.id)
-            if not selector.matches(ext) or not claims.permits(ext):
-                continue
-            shard = resp.shards.add(spec=spec, mod_revision=kv.mod_revision, create_revision=kv.create_revision)
-            route, statuses = route_of(ks, spec.id)
-            shard.route.CopyFrom(route)
-            shard.status.extend(statuses)
+        for item in cluster.list_items(self.proc.keyspace, pc.ShardSpec, selector, claims, with_shard_meta_labels):
+            kv = item.kv
+            shard = resp.shards.add(spec=kv.value, mod_revision=kv.mod_revision, create_revision=kv.create_revision)
+            shard.route.CopyFrom(item.route)
+            shard.status.extend(replica_statuses(item.assignments))
         return resp
 
     @grpc_edge
     async def Apply(self, request: pc.ApplyRequest, context: Any) -> pc.ApplyResponse:
         claims = self._verify(context, auth.APPLY)
         validate_shard_apply_request(request)
-        for ch in request.changes:
-            # Upserts are scoped by the new spec's labels and meta-label, deletes by id.
-            shard_id = ch.upsert.id if ch.HasField("upsert") else ch.delete
-            ls = LabelSet.from_proto(ch.upsert.labels) if ch.HasField("upsert") else LabelSet()
-            if not claims.permits(with_shard_meta_labels(ls, shard_id)):
-                raise auth.PermissionDenied(f"not authorized to {shard_id}")
+        changes = [cluster.SpecChange.of(ch, "id") for ch in request.changes]
+        cluster.check_changes_permitted(claims, changes, with_shard_meta_labels)
         wanted = sorted({s.journal for ch in request.changes if ch.HasField("upsert") for s in ch.upsert.sources})
         journals: dict[str, pb.JournalSpec] = {}
         if wanted:
-            sel = pb.LabelSelector()
-            for name in wanted:
-                sel.include.labels.add(name="name", value=name)
+            sel = label_selector(include=[("name", name) for name in wanted])
             journals = {j.spec.name: j.spec for j in (await list_journals(self.proc.client, sel)).journals}
         for i, ch in enumerate(request.changes):
             for j, src in enumerate(ch.upsert.sources if ch.HasField("upsert") else ()):
@@ -144,16 +127,8 @@ class ShardService(pc_grpc.ShardServicer):
                     framing_of_spec(journals[src.journal])
                 except MessageError as err:
                     raise ValidationError(field, str(err)) from None
-        root = self.proc.keyspace.root
-        changes = [
-            txn.ItemChange(items_key(root, ch.upsert.id), ch.upsert.SerializeToString(), ch.expect_mod_revision)
-            if ch.HasField("upsert") else txn.ItemChange(items_key(root, ch.delete), None, ch.expect_mod_revision)
-            for ch in request.changes
-        ]
-        result = await txn.apply_changes(self.proc.etcd, changes)
-        resp = pc.ApplyResponse(status=pc.Status.OK if result.succeeded else pc.Status.ETCD_TRANSACTION_FAILED)
-        if result.succeeded:
-            await self.proc.keyspace.wait_for_revision(result.header.revision)
+        applied = await cluster.apply_spec_changes(self.proc.etcd, self.proc.keyspace, changes)
+        resp = pc.ApplyResponse(status=pc.Status.OK if applied else pc.Status.ETCD_TRANSACTION_FAILED)
         resp.header.CopyFrom(self._header())
         return resp
 
@@ -169,7 +144,7 @@ class ShardService(pc_grpc.ShardServicer):
             request.shard, may_proxy=not request.HasField("header"),
             proxy_header=request.header if request.HasField("header") else None,
             read_through=dict(request.read_through))
-        if res.status == pc.Status.OK and res.shard is None:  # the primary is another process
+        if res.proxied:  # the primary is another process
             fwd = pc.StatRequest()
             fwd.CopyFrom(request)
             fwd.header.CopyFrom(res.header)

@@ -42,9 +42,16 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 from gazette.client import AppendService, JournalClient, list_journals
+from gazette.client.journal_client import label_selector
 from gazette.consumer import metrics
 from gazette.consumer.errors import ShardStateError
-from gazette.consumer.interfaces import Application, Assignment, MessageProducer, OpFuture
+from gazette.consumer.interfaces import (
+    Application,
+    Assignment,
+    MessageProducer,
+    OpFuture,
+    maybe_await,
+)
 from gazette.consumer.recovery import HintsStore, new_player, recover
 from gazette.consumer.source import ShardSource
 from gazette.consumer.transaction import TransactionLoop, Txn, TxnConfig
@@ -52,7 +59,6 @@ from gazette.errors import GazetteError
 from gazette.message import Publisher
 from gazette.message.publisher import AckIntent
 from gazette.protocol import consumer_pb2 as pc
-from gazette.protocol import protocol_pb2 as pb
 from gazette.recoverylog import FSMHints, Player, Recorder, RecoveryLogError
 from gazette.tasks import Supervisor, cancel_and_wait
 
@@ -215,20 +221,18 @@ class ShardRuntime(Generic[S]):
     async def _run(self) -> None:
         try:
             recorder = await self._recover()
-            store = self.store = await _maybe(self.app.new_store(self, recorder))
+            store = self.store = await maybe_await(self.app.new_store(self, recorder))
         except BaseException:
             if self.player is not None:
                 await self.player.aclose()
             raise
         try:
-            checkpoint: pc.Checkpoint = await _maybe(store.restore_checkpoint(self))
+            checkpoint: pc.Checkpoint = await maybe_await(store.restore_checkpoint(self))
             new_state = getattr(self.app, "new_shard_state", None)
-            self._state = cast(S, await _maybe(new_state(self, store)) if new_state is not None else None)
+            self._state = cast(S, await maybe_await(new_state(self, store)) if new_state is not None else None)
             if recorder is not None and self.hints is not None and self.recovered_hints is not None:
                 await self.hints.store_recovered(self.recovered_hints, self.assignment)
-            sel = pb.LabelSelector()
-            for src in self.spec.sources:
-                sel.include.labels.add(name="name", value=src.journal)
+            sel = label_selector(include=[("name", src.journal) for src in self.spec.sources])
             journals = {j.spec.name: j.spec for j in (await list_journals(self.journal_client, sel)).journals}
             missing = [s.journal for s in self.spec.sources if s.journal not in journals]
             if missing:
@@ -289,8 +293,3 @@ async def _settle(step: str, closing: Awaitable[Any] | None, shard: str, *, with
                     extra={"shard": shard, "step": step, "err": str(task.exception())})
     await cancel_and_wait(task)  # a no-op once it ended
 
-
-async def _maybe(result: Any) -> Any:
-    if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-        return await result
-    return result

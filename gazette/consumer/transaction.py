@@ -56,7 +56,14 @@ from typing import Any, Protocol, cast
 
 from gazette.consumer.envelopes import is_ack
 from gazette.consumer.errors import TransactionError
-from gazette.consumer.interfaces import Application, BeginFinisher, OpFuture, Shard, Store
+from gazette.consumer.interfaces import (
+    Application,
+    BeginFinisher,
+    OpFuture,
+    Shard,
+    Store,
+    maybe_await,
+)
 from gazette.durations import ns_from_pb
 from gazette.message import Envelope, ProducerState, Publisher, build_checkpoint
 from gazette.message.publisher import AckIntent
@@ -298,7 +305,7 @@ class TransactionLoop:
     async def _commit(self, txn: Txn) -> TxnState | None:
         app, shard, store = self.app, self.shard, self.store
         try:
-            await _maybe(app.finalize_txn(shard, store, self.publisher))
+            await maybe_await(app.finalize_txn(shard, store, self.publisher))
         except Exception as err:
             raise TransactionError("finalize_txn", err) from err
         offsets, states = self.source.checkpoint(self.config.prune_horizon_ns)
@@ -337,12 +344,12 @@ class TransactionLoop:
         if txn.consumed == 0:
             if self._prepare_txn is not None:
                 try:
-                    await _maybe(self._prepare_txn(shard))
+                    await maybe_await(self._prepare_txn(shard))
                 except Exception as err:
                     raise TransactionError("prepare_txn", err) from err
             if self._begin_finisher is not None:
                 try:
-                    await _maybe(self._begin_finisher.begin_txn(shard, store))
+                    await maybe_await(self._begin_finisher.begin_txn(shard, store))
                 except Exception as err:
                     raise TransactionError("begin_txn", err) from err
             txn.began_at = self.clock.now()
@@ -465,9 +472,3 @@ def _retrieve(f: asyncio.Future[Any]) -> None:
     if not f.cancelled():
         f.exception()
 
-
-async def _maybe(result: Any) -> Any:
-    """Awaits ``result`` if the callback was ``async``."""
-    if inspect.isawaitable(result):
-        return await result
-    return result

@@ -1,4 +1,4 @@
-"""The protocol's exceptions and their mapping onto RPC outcomes.
+"""The protocol's exceptions.
 
 ::
 
@@ -10,19 +10,12 @@
 ``GazetteError`` and ``ValidationError`` are defined in the bottom layer (``gazette.errors``)
 and re-exported here, as they are this package's public vocabulary.
 
-Invariants:
-
-* Gazette's ``Status`` enum has no "invalid" member: malformed requests are refused
-  at the RPC layer with gRPC ``INVALID_ARGUMENT`` instead of a response status.
-  ``grpc_code_of`` encodes that rule and ``status_of`` returns ``None`` for them.
+Gazette's ``Status`` enum has no "invalid" member: malformed requests are refused at the RPC
+layer with gRPC ``INVALID_ARGUMENT`` instead of a response status. How an error ends an RPC or
+an HTTP request is decided at one edge, ``gazette.server.edge``.
 """
 
 from __future__ import annotations
-
-import asyncio
-from typing import Any
-
-import grpc
 
 from gazette.errors import GazetteError, ValidationError
 from gazette.protocol import protocol_pb2 as pb
@@ -31,8 +24,6 @@ __all__ = [
     "GazetteError",
     "StatusError",
     "ValidationError",
-    "grpc_code_of",
-    "status_of",
 ]
 
 
@@ -44,32 +35,3 @@ class StatusError(GazetteError):
         super().__init__(f"{name}: {detail}" if detail else name)
         self.status = status
         self.detail = detail
-
-
-def status_of(exc: BaseException) -> pb.Status.ValueType | None:
-    """The ``protocol.Status`` a response should carry for ``exc``, if any.
-
-    Only ``StatusError`` has one. ``None`` means the failure is not expressible as
-    a response status and must end the RPC with ``grpc_code_of(exc)`` instead; in
-    particular this is so for ``ValidationError``, which Gazette reports as gRPC
-    ``INVALID_ARGUMENT`` because its ``Status`` enum has no member for it.
-    """
-    if isinstance(exc, StatusError):
-        return exc.status
-    return None
-
-
-def grpc_code_of(exc: BaseException) -> Any:
-    """The ``grpc.StatusCode`` with which an RPC failing with ``exc`` should end.
-
-    A ``GazetteError`` says so itself (``grpc_code``; ``ValidationError`` is
-    ``INVALID_ARGUMENT``, as Gazette answers); timeouts are ``DEADLINE_EXCEEDED``,
-    cancellation ``CANCELLED``, and anything else ``UNKNOWN``.
-    """
-    if isinstance(exc, GazetteError):
-        return getattr(grpc.StatusCode, exc.grpc_code)
-    if isinstance(exc, TimeoutError):
-        return grpc.StatusCode.DEADLINE_EXCEEDED
-    if isinstance(exc, asyncio.CancelledError):
-        return grpc.StatusCode.CANCELLED
-    return grpc.StatusCode.UNKNOWN

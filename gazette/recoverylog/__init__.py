@@ -13,6 +13,7 @@ from gazette.recoverylog.errors import (
     FencedError,
     FSMError,
     HintsError,
+    LogFencedError,
     PlaybackError,
     RecoveryLogError,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "FencedError",
     "FnodeSegments",
     "HintsError",
+    "LogFencedError",
     "PlaybackError",
     "PlaybackProgress",
     "Player",

@@ -8,7 +8,7 @@
     │   └── FnodeNotTracked, LinkExists, NoSuchLink, PropertyExists
     ├── HintsError                    hints that do not describe a valid log history
     ├── PlaybackError                 playback cannot go on (names the log and offset)
-    └── FencedError                   the recorder lost its author fence to another process
+    └── LogFencedError                the recorder lost its author fence to another process
 
 ``FSMError`` subclasses mirror Gazette's FSM errors one for one; the player decides which of
 them mean "a dead branch or a duplicate, skip it" and which mean "this log is corrupt".
@@ -23,6 +23,7 @@ __all__ = [
     "ExpectedHintedFnode",
     "FSMError",
     "FencedError",
+    "LogFencedError",
     "FnodeNotTracked",
     "HintsError",
     "LinkExists",
@@ -88,5 +89,10 @@ class PlaybackError(RecoveryLogError):
         self.offset = offset
 
 
-class FencedError(RecoveryLogError):
-    """Another process took over the log (REGISTER_MISMATCH): this recorder never appends again."""
+class LogFencedError(RecoveryLogError):
+    """Another process took over the log (REGISTER_MISMATCH): this recorder never appends again.
+    (Not the SQL store's ``CheckpointFencedError``: that fence is a checkpoint row's.)"""
+
+
+FencedError = LogFencedError
+"""The former name, kept for callers (ambiguous beside the SQL store's checkpoint fence)."""

@@ -311,7 +311,7 @@ class Player:
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(os.path.join(self.dir, STAGING_DIR))
         logs = {self.hints.log} | {s.log for s in self.fsm.hinted_segments}
-        heads = {j: await _write_head(self.client, j) for j in sorted(logs)}
+        heads = {j: await _append_barrier(self.client, j) for j in sorted(logs)}
         for seg in self.fsm.hinted_segments:
             head = heads[seg.log]
             if seg.first_offset >= head or seg.last_offset > head:
@@ -523,9 +523,11 @@ def apply_for_playback(fsm: FSM, op: rl.RecordedOp, message: bytes | memoryview,
         raise PlaybackError(op.log, offset, f"{type(err).__name__}: {err}") from None
 
 
-async def _write_head(client: JournalClient, journal: str) -> int:
-    """The journal's write head, by an empty append (a barrier: everything appended before it
-    is readable below the head), retried while the journal's brokers are being assigned."""
+async def _append_barrier(client: JournalClient, journal: str) -> int:
+    """The journal's end offset, by an empty append: a barrier (everything appended before it
+    is readable below the offset), unlike ``gazette.client.write_head``'s metadata read, which
+    may answer before appends in flight commit. Retried while the journal's brokers are being
+    assigned."""
     resp = await append(client, journal, b"")
     return int(resp.commit.end)
 

@@ -35,7 +35,7 @@ from gazette.client.appender import append
 from gazette.client.errors import AppendError
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import recoverylog_pb2 as rl
-from gazette.recoverylog.errors import FencedError, RecoveryLogError
+from gazette.recoverylog.errors import LogFencedError, RecoveryLogError
 from gazette.recoverylog.fsm import FSM
 from gazette.recoverylog.hints import FSMHints
 from gazette.recoverylog.ops import encode_op, fence, fence_selector
@@ -138,7 +138,7 @@ class Recorder:
     async def flush(self, wait_for: Iterable[Awaitable[Any]] = ()) -> pb.AppendResponse | None:
         """Appends what is buffered as one fenced append, after every ``wait_for`` resolved.
 
-        Returns the append's response (None if nothing was buffered); raises ``FencedError``
+        Returns the append's response (None if nothing was buffered); raises ``LogFencedError``
         when another process holds the log, and fails the recorder on any error."""
         self._check()
         batch = self.take_batch()
@@ -168,7 +168,7 @@ class Recorder:
             resp = await append(self.client, self.log, coalesce(batch), check_registers=self._fence)
         except AppendError as err:
             if err.status == pb.REGISTER_MISMATCH:
-                self.failed = FencedError(f"recovery log {self.log} is fenced by another author "
+                self.failed = LogFencedError(f"recovery log {self.log} is fenced by another author "
                                           f"(this recorder is {self.author:08x}): a newer primary took over")
                 raise self.failed from None
             self.failed = err

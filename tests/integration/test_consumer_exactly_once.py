@@ -149,7 +149,7 @@ async def test_zombie_primary_is_fenced(cluster: Cluster, postgres_db: str, tmp_
                 # cons-b's writes of the same keys wait on it (PostgreSQL semantics; see
                 # docs/consumers.md on idle_in_transaction_session_timeout).
                 a.signal(signal.SIGCONT)  # the zombie resumes and tries to commit
-                # FencedError's own words: its class name shows only when a traceback is
+                # CheckpointFencedError's own words: its class name shows only when a traceback is
                 # logged, which depends on which of the zombie's paths meets the fence first.
                 await eventually(lambda: _true("was updated (by a new primary)" in a.log_text()), "the zombie's commit to fail on the fence", 60)
                 await eventually(lambda: _counts_are(engine, {"k": 20, "zombie": 1}), "cons-b to count", 60)

@@ -125,13 +125,15 @@ async def test_gazctl_shards_and_proxied_stat(cluster: Cluster) -> None:
             assert stat.status == pc.Status.OK
             assert stat.header.process_id.suffix == primaries["count-001"]
             assert stat.read_through["in/part-001"] > 0
-            # A proxied request that reached the wrong process is refused, not re-proxied.
+            # A proxied request that reached the wrong process is refused, not re-proxied:
+            # UNAVAILABLE, the broker's MisroutedRequest (the sender retries on a fresh route).
             wrong = pc.StatRequest(shard="count-001")
             wrong.header.CopyFrom(stat.header)  # a valid header, naming another process
             wrong.header.process_id.suffix = "nobody"
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await stub.Stat(wrong)
-            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "ProcessId doesn't match our own" in (info.value.details() or "")
             missing = await stub.Stat(pc.StatRequest(shard="no-such-shard"))
             assert missing.status == pc.Status.SHARD_NOT_FOUND
         finally:

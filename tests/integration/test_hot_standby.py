@@ -12,7 +12,7 @@ shows as a gap or a repeat.
   committed checkpoint.
 * A zombie: the primary stops itself (SIGSTOP) mid-transaction, its lease lapses, the standby
   is promoted and fences the log; resumed, the zombie's commit fails REGISTER_MISMATCH
-  (``FencedError``) and nothing it did is seen.
+  (``LogFencedError``) and nothing it did is seen.
 """
 
 from __future__ import annotations

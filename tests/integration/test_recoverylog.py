@@ -24,8 +24,8 @@ from gazette.message.uuid import ACK_TXN, get_flags
 from gazette.protocol import consumer_pb2 as pc
 from gazette.recoverylog import (
     FSM,
-    FencedError,
     FSMHints,
+    LogFencedError,
     PlaybackError,
     Player,
     Recorder,
@@ -93,7 +93,7 @@ async def test_recover_into_empty_dir_hand_off_fences_the_old_owner(cluster: Clu
 
         # The zombie's next commit is refused, and it stays refused.
         store1.put(b"zombie", b"1")
-        with pytest.raises(FencedError, match="fenced by another author"):
+        with pytest.raises(LogFencedError, match="fenced by another author"):
             await store1.start_commit(None, pc.Checkpoint(), [])  # type: ignore[arg-type]
         await _record(store2, rec2, 10, start=220)
         want = dict(store2.items())

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from gazette.consumer.stores.sql import FencedError, SQLStore
+from gazette.consumer.stores.sql import CheckpointFencedError, SQLStore
 from gazette.protocol import consumer_pb2 as pc
 
 
@@ -80,7 +80,7 @@ async def test_commit_restore_and_fence(engine: AsyncEngine) -> None:
     # The zombie's next commit fails, and its writes are rolled back with it.
     await _count(a, "x")
     await _count(a, "zombie")
-    with pytest.raises(FencedError):
+    with pytest.raises(CheckpointFencedError):
         await a.start_commit(shard, _cp(300), [])
     assert await _counts(engine) == {"x": 2}
 

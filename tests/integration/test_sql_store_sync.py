@@ -22,8 +22,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from gazette.consumer.errors import ConsumerError
 from gazette.consumer.stores.sql import (
+    CheckpointFencedError,
     EngineKindError,
-    FencedError,
     PreviousCommitFailed,
     SQLStore,
     SyncSQLStore,
@@ -128,7 +128,7 @@ async def test_commit_restore_and_fence(engine: Engine) -> None:
     # The zombie's next commit fails, and its writes are rolled back with it.
     _count(a, "x")
     _count(a, "zombie")
-    with pytest.raises(FencedError):
+    with pytest.raises(CheckpointFencedError):
         await a.start_commit(shard, _cp(300), [])
     assert _counts(engine) == {"x": 2}
 
@@ -164,7 +164,7 @@ async def test_first_checkpoint_races(engine: Engine) -> None:
     assert await a.restore_checkpoint(shard) == pc.Checkpoint()
     assert b.fence == 0
     _count(b, "b")
-    with pytest.raises(FencedError):
+    with pytest.raises(CheckpointFencedError):
         await b.start_commit(shard, _cp(5), [])
     assert _counts(engine) == {}
     for s in (a, b):

@@ -20,14 +20,9 @@ from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import recoverylog_pb2 as rpb
 from gazette.protocol import validate as v
 from gazette.protocol import validate_consumer as vc
-from gazette.protocol.errors import (
-    GazetteError,
-    StatusError,
-    ValidationError,
-    grpc_code_of,
-    status_of,
-)
+from gazette.protocol.errors import GazetteError, StatusError, ValidationError
 from gazette.protocol.labels import LabelSet
+from gazette.server.edge import grpc_status
 
 _SEGMENT = re.compile(r"\.?(\w+)|\[(\d+)\]|\[('[^']*')\]")
 
@@ -99,12 +94,10 @@ def test_error_hierarchy_and_rpc_mapping() -> None:
     )
     assert ValidationError("[1]", "x").add_parent("members").field == "members[1]"
 
-    assert grpc_code_of(err) == grpc.StatusCode.INVALID_ARGUMENT
-    assert grpc_code_of(TimeoutError()) == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert grpc_code_of(RuntimeError()) == grpc.StatusCode.UNKNOWN
-    assert status_of(err) is None
+    assert grpc_status(err) == (grpc.StatusCode.INVALID_ARGUMENT, str(err))
+    assert grpc_status(RuntimeError()) is None  # a bug: the edge ends it UNKNOWN, with an incident id
     status_err = StatusError(pb.JOURNAL_NOT_FOUND, "a/journal")
-    assert status_of(status_err) == pb.JOURNAL_NOT_FOUND
+    assert status_err.status == pb.JOURNAL_NOT_FOUND
     assert str(status_err) == "JOURNAL_NOT_FOUND: a/journal"
 
 

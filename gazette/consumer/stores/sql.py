@@ -19,7 +19,7 @@ Invariants (both stores):
 
 * ``restore_checkpoint`` bumps the shard's fence (``fence = fence + 1``) and remembers it.
   Every commit updates the checkpoint only ``WHERE fence = <remembered>``: once a newer
-  primary restored, a zombie's commit updates no row, fails with ``FencedError`` and is rolled
+  primary restored, a zombie's commit updates no row, fails with ``CheckpointFencedError`` and is rolled
   back whole, its state changes with it (nothing of it becomes visible). The fencing is
   ``_restore`` and ``_write_checkpoint``, written once against a synchronous ``Connection``;
   ``SQLStore`` runs them through ``AsyncConnection.run_sync``.
@@ -68,7 +68,15 @@ from gazette.consumer.errors import ConsumerError
 from gazette.consumer.interfaces import OpFuture, Shard
 from gazette.protocol import consumer_pb2 as pc
 
-__all__ = ["CHECKPOINTS", "EngineKindError", "FencedError", "PreviousCommitFailed", "SQLStore", "SyncSQLStore"]
+__all__ = [
+    "CHECKPOINTS",
+    "CheckpointFencedError",
+    "EngineKindError",
+    "FencedError",
+    "PreviousCommitFailed",
+    "SQLStore",
+    "SyncSQLStore",
+]
 
 _METADATA = MetaData()
 CHECKPOINTS = Table(
@@ -83,8 +91,13 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-class FencedError(ConsumerError):
-    """The checkpoint's fence moved: another primary restored this shard since."""
+class CheckpointFencedError(ConsumerError):
+    """The checkpoint's fence moved: another primary restored this shard since. (Not the
+    recovery log's ``LogFencedError``: that fence is the log's author.)"""
+
+
+FencedError = CheckpointFencedError
+"""The former name, kept for callers (ambiguous beside the recovery log's fence)."""
 
 
 class EngineKindError(ConsumerError, TypeError):
@@ -111,18 +124,18 @@ def _restore(conn: Connection, fqn: str) -> tuple[int, bytes]:
 
 def _write_checkpoint(conn: Connection, fqn: str, data: bytes, fence: int) -> int:
     """Writes the checkpoint in ``conn``'s transaction if ``fence`` still holds, and returns
-    the fence now held; raises ``FencedError`` (the caller rolls back) if it does not."""
+    the fence now held; raises ``CheckpointFencedError`` (the caller rolls back) if it does not."""
     if fence == 0:  # the shard's first checkpoint: a racing primary's insert conflicts
         try:
             conn.execute(CHECKPOINTS.insert().values(shard_fqn=fqn, checkpoint=data, fence=1))
         except IntegrityError as err:
-            raise FencedError(f"checkpoint of {fqn} was created by another primary") from err
+            raise CheckpointFencedError(f"checkpoint of {fqn} was created by another primary") from err
         return 1
     result = conn.execute(update(CHECKPOINTS)
                           .where(CHECKPOINTS.c.shard_fqn == fqn, CHECKPOINTS.c.fence == fence)
                           .values(checkpoint=data))
     if result.rowcount != 1:
-        raise FencedError(f"checkpoint fence of {fqn} was updated (by a new primary)")
+        raise CheckpointFencedError(f"checkpoint fence of {fqn} was updated (by a new primary)")
     return fence
 
 
