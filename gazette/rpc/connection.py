@@ -34,15 +34,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import os
-from collections.abc import Callable
-from typing import cast
-
-import hpack
+from collections.abc import Callable, Iterator
 
 from gazette.errors import GazetteError
 from gazette.rpc import frames as f
+from gazette.rpc.hpack_decoder import HeaderDecoder, HpackError
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +59,24 @@ _JOIN_LIMIT = 32 << 10          # frames up to this size are joined into one wri
 _HEADERS_FLAG_END = f.END_HEADERS | f.END_STREAM
 
 # Bounds on what a peer may make us hold or do (RFC 9113 leaves them to the endpoint).
-MAX_HEADER_BLOCK = 256 << 10    # encoded bytes of one header block, CONTINUATIONs included
+# Header lists: gRPC suggests clients limit response headers to 8 KiB (PROTOCOL-HTTP2.md) and
+# grpc-core refuses metadata over 16 KiB by default (its hard limit), so gRPC clients keep
+# within that; grpc-go's and Go's net/http2 defaults (16 MiB, 1 MiB) are far above what any
+# Gazette peer sends (a capability token and a timeout take well under 4 KiB). 16 KiB keeps
+# the worst block's decoding to a few milliseconds (a 64 KiB block of tiny fields: ~15 ms).
+MAX_HEADER_LIST_SIZE = 16 << 10  # decoded (RFC 7541 size), advertised as SETTINGS_MAX_HEADER_LIST_SIZE
+# Encoded bytes of one header block, CONTINUATIONs included, checked as frames arrive and
+# before any HPACK work. A sane encoder's block is never larger than its decoded list (a
+# literal costs its bytes plus a few, a field counts 32 more), so this refuses no block a
+# well-behaved peer sends within the list size we advertise.
+MAX_HEADER_BLOCK = MAX_HEADER_LIST_SIZE
+HEADER_TABLE_SIZE = 4096        # the HPACK dynamic table we allow the peer (the default)
+# Header block bytes one connection may have decoded in one turn of the event loop: past it,
+# the rest of what was read waits for the next turn (and the socket is not read meanwhile),
+# so a client packing many blocks into one read cannot hold the loop (~5 ms per 16 KiB).
+HEADER_WORK_PER_TURN = MAX_HEADER_BLOCK
+_CACHED_BLOCK = 1024            # header blocks up to this size may be cached (see _on_header_block)
+_CACHED_BLOCKS = 256            # ... this many per connection
 MAX_CONTINUATIONS = 256         # CONTINUATION frames of one header block
 CALM_BURST = 1000               # control frames (PING, SETTINGS, RST_STREAM, PRIORITY) in a
 CALM_RATE = 200.0               # burst, then per second; beyond: GOAWAY ENHANCE_YOUR_CALM
@@ -86,6 +102,9 @@ class RateLimit:
         self._tokens -= 1.0
         return True
 
+
+# Reasons a connection's transport is not read (Connection.set_reading).
+_BACKLOG = 1   # frames already read wait for the next loop turn
 
 _IOV_MAX = 1024  # buffers per writev (POSIX leaves it to the platform; Linux allows 1024)
 
@@ -206,8 +225,7 @@ class Connection(asyncio.Protocol):
         self.peer_max_frame = f.DEFAULT_MAX_FRAME
         self.send_window = f.DEFAULT_WINDOW
         self._reader = f.FrameReader(MAX_FRAME)
-        self._decoder = hpack.Decoder()
-        self._decoder.max_header_list_size = 1 << 20
+        self._decoder = HeaderDecoder(HEADER_TABLE_SIZE, MAX_HEADER_LIST_SIZE)
         self._blocks: dict[bytes, list[tuple[str, str]]] = {}
         self._conn_unacked = 0
         self._withheld: asyncio.TimerHandle | None = None  # while the connection window waits
@@ -224,6 +242,9 @@ class Connection(asyncio.Protocol):
         self._continuation_frames = 0
         # Servers bound the control frames a client may make them answer (see _calm).
         self.calm: RateLimit | None = None
+        self._turn_work = 0  # header block bytes decoded in this turn (see HEADER_WORK_PER_TURN)
+        self._backlog: Iterator[tuple[int, int, int, memoryview]] | None = None
+        self._hold = 0       # reasons the transport is not read (bits: _BACKLOG, ...)
 
     # -- transport events ------------------------------------------------------------
 
@@ -236,7 +257,8 @@ class Connection(asyncio.Protocol):
             f.SETTINGS_ENABLE_PUSH: 0,
             f.SETTINGS_INITIAL_WINDOW_SIZE: STREAM_WINDOW,
             f.SETTINGS_MAX_FRAME_SIZE: MAX_FRAME,
-            f.SETTINGS_MAX_HEADER_LIST_SIZE: 1 << 20,
+            f.SETTINGS_HEADER_TABLE_SIZE: HEADER_TABLE_SIZE,
+            f.SETTINGS_MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_SIZE,
         }
         if self.max_concurrent_streams is not None:
             settings[f.SETTINGS_MAX_CONCURRENT_STREAMS] = self.max_concurrent_streams
@@ -244,16 +266,50 @@ class Connection(asyncio.Protocol):
                         + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
 
     def data_received(self, data: bytes) -> None:
+        if self._backlog is not None:  # read though paused (a transport may deliver what it holds)
+            self._backlog = itertools.chain(self._backlog, self._reader.feed(data))
+            return
+        self._run(self._reader.feed(data))
+
+    def _run(self, frames: Iterator[tuple[int, int, int, memoryview]]) -> None:
+        self._turn_work = 0
         try:
-            for ftype, flags, sid, payload in self._reader.feed(data):
+            for ftype, flags, sid, payload in frames:
                 self._on_frame(ftype, flags, sid, payload)
+                if self._turn_work > HEADER_WORK_PER_TURN and not self.closed:
+                    self._backlog = frames
+                    self.set_reading(_BACKLOG, False)
+                    self.loop.call_soon(self._run_backlog)
+                    return
         except f.ProtocolError as err:
             self.connection_error(str(err), err.code)
-        except hpack.HPACKError as err:
+        except HpackError as err:
             self.connection_error(f"bad header block: {err}", f.COMPRESSION_ERROR)
+
+    def _run_backlog(self) -> None:
+        frames, self._backlog = self._backlog, None
+        if frames is None or self.closed:
+            return
+        self._run(frames)
+        if self._backlog is None:
+            self.set_reading(_BACKLOG, True)
+
+    def set_reading(self, reason: int, on: bool) -> None:
+        """Stops (or resumes) reading the transport for ``reason`` (a bit): it is read while
+        no reason holds it."""
+        was = self._hold
+        self._hold = was & ~reason if on else was | reason
+        transport = self.transport
+        if transport is None or self.closed or bool(was) == bool(self._hold):
+            return
+        if self._hold:
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._backlog = None
         if self._withheld is not None:
             self._withheld.cancel()
             self._withheld = None
@@ -364,10 +420,10 @@ class Connection(asyncio.Protocol):
             if sid == 0:
                 raise f.ProtocolError("HEADERS on stream 0")
             block = f.strip_padding(flags, payload, priority=True)
+            self._check_header_block(len(block), 0)  # before any HPACK work
             if flags & f.END_HEADERS:
                 self._on_header_block(sid, flags, bytes(block))
             else:
-                self._check_header_block(len(block), 0)
                 self._continuation = (sid, flags, [bytes(block)])
                 self._continuation_bytes, self._continuation_frames = len(block), 0
         elif ftype == f.CONTINUATION:
@@ -458,10 +514,16 @@ class Connection(asyncio.Protocol):
             self.write(f.rst_stream(sid, code))
 
     def _check_header_block(self, size: int, continuations: int) -> None:
-        if size > MAX_HEADER_BLOCK or continuations > MAX_CONTINUATIONS:
-            raise f.ProtocolError(
-                f"header block over {MAX_HEADER_BLOCK} bytes or {MAX_CONTINUATIONS} "
-                "CONTINUATION frames", f.ENHANCE_YOUR_CALM)
+        # A block we do not decode leaves the connection's HPACK state unknown: RFC 9113 4.3
+        # requires the connection to end then, with COMPRESSION_ERROR ("if it does not
+        # decompress a field block"). Decoding it instead, to refuse just its stream, would
+        # cost time in proportion to whatever the peer sends; a peer told our
+        # SETTINGS_MAX_HEADER_LIST_SIZE has no business sending more.
+        if size > MAX_HEADER_BLOCK:
+            raise f.ProtocolError(f"header block over {MAX_HEADER_BLOCK} bytes", f.COMPRESSION_ERROR)
+        if continuations > MAX_CONTINUATIONS:
+            raise f.ProtocolError(f"header block of over {MAX_CONTINUATIONS} CONTINUATION frames",
+                                  f.ENHANCE_YOUR_CALM)
 
     def _calm(self) -> None:
         if self.calm is not None and not self.calm.take():
@@ -528,13 +590,20 @@ class Connection(asyncio.Protocol):
     def _on_header_block(self, sid: int, flags: int, block: bytes) -> None:
         headers = self._blocks.get(block)
         if headers is None and block:
-            entries = self._decoder.header_table.dynamic_entries
-            was_empty = not entries
-            headers = cast(list[tuple[str, str]], self._decoder.decode(block))
+            self._turn_work += len(block)
+            decoder = self._decoder
+            was_empty = decoder.table_empty
+            headers, over = decoder.decode(block)
+            if over:
+                # Decoded (the HPACK state stays good) but over what we advertised.
+                self.header_list_too_large(sid, bool(flags & f.END_STREAM))
+                return
             # A block decoded with an empty dynamic table that leaves it empty (and does not
             # resize it) neither reads nor changes HPACK state, so the same bytes always mean
             # the same headers: peers that never index (ours) are decoded once per block.
-            if was_empty and not entries and block[0] & 0xE0 != 0x20 and len(self._blocks) < 512:
+            # Small blocks only, and a bounded number: what the cache holds stays small.
+            if (was_empty and decoder.table_empty and block[0] & 0xE0 != 0x20
+                    and len(block) <= _CACHED_BLOCK and len(self._blocks) < _CACHED_BLOCKS):
                 self._blocks[block] = headers
         self.on_headers(sid, headers or [], bool(flags & f.END_STREAM))
 
@@ -563,6 +632,10 @@ class Connection(asyncio.Protocol):
 
     def on_headers(self, sid: int, headers: list[tuple[str, str]], end_stream: bool) -> None:
         raise NotImplementedError
+
+    def header_list_too_large(self, sid: int, end_stream: bool) -> None:
+        """A header block on ``sid`` decoded to more than MAX_HEADER_LIST_SIZE."""
+        self._stream_error(sid, f.PROTOCOL_ERROR, "header list over its maximum size")
 
     def stream_is_idle(self, sid: int) -> bool:
         """Whether stream ``sid`` was never opened (frames other than HEADERS and PRIORITY

@@ -35,6 +35,7 @@ from gazette.rpc.connection import (
     CALM_BURST,
     CALM_RATE,
     DEFAULT_MAX_MESSAGE,
+    MAX_HEADER_LIST_SIZE,
     Connection,
     RateLimit,
     Stream,
@@ -315,6 +316,16 @@ class ServerConnection(Connection):
         stream.task = self.server.handlers.spawn(path, self.server._serve(stream, ctx))
         if deadline is not None:
             stream.deadline_handle = self.loop.call_at(deadline, self._expire, stream)
+
+    def header_list_too_large(self, sid: int, end_stream: bool) -> None:
+        # gRPC's answer to metadata over the limit is RESOURCE_EXHAUSTED (grpc-core: "received
+        # initial metadata size exceeds limit"); on a stream already open, a reset.
+        if sid in self.streams or sid % 2 == 0 or sid <= self._last_stream:
+            super().header_list_too_large(sid, end_stream)
+            return
+        self._last_stream = sid
+        self._refuse(sid, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                     f"header list over {MAX_HEADER_LIST_SIZE} bytes")
 
     def message_too_large(self, stream: Stream, err: f.MessageTooLarge) -> None:
         assert isinstance(stream, ServerStream)

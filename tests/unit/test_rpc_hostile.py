@@ -1,0 +1,268 @@
+"""Hostile clients against our HTTP/2 server (issue 27), with raw frames beside a
+well-behaved client: header blocks bounded before decoding and decoded in linear time, the
+event loop never held long by one connection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import grpc
+import hpack
+import pytest
+from hpack.huffman import HuffmanEncoder
+from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_rpc_hardening import DEADLINE, ECHO, Raw
+
+from gazette.rpc import frames as f
+from gazette.rpc.connection import MAX_HEADER_BLOCK, MAX_HEADER_LIST_SIZE, Connection
+from gazette.rpc.hpack_decoder import HeaderDecoder, HpackError
+from gazette.rpc.server import RpcServer
+
+#: The longest one connection may hold the loop in these tests (the issue asks for 50 ms; a
+#: busy 2-core test machine gets a margin). Measured in-process, per call into the connection.
+STALL_BOUND = 0.1
+
+_huffman = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH)
+
+
+async def _echo(request: bytes, context: Any) -> bytes:
+    return request
+
+
+async def _park(request: bytes, context: Any) -> bytes:
+    await asyncio.Event().wait()
+    return b""
+
+
+def echo_server(**more: Any) -> RpcServer:
+    srv = RpcServer(max_concurrent_streams=64)
+    srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Echo", {
+        "Echo": grpc.unary_unary_rpc_method_handler(_echo),
+        "Park": grpc.unary_unary_rpc_method_handler(_park), **more})])
+    return srv
+
+
+@contextlib.asynccontextmanager
+async def serving(srv: RpcServer) -> AsyncIterator[int]:
+    port = await srv.start("127.0.0.1", 0)
+    try:
+        yield port
+    finally:
+        await srv.stop(0)
+
+
+@pytest.fixture
+def stalls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+    """The durations of every call into a connection's frame processing (what it holds the
+    loop for at a time)."""
+    got: list[float] = []
+    run = Connection._run
+
+    def timed(self: Connection, frames: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            run(self, frames)
+        finally:
+            got.append(time.perf_counter() - t0)
+
+    monkeypatch.setattr(Connection, "_run", timed)
+    yield got
+
+
+async def ping_rtt(raw: Raw, n: int) -> float:
+    t0 = time.perf_counter()
+    raw.send(f.frame(f.PING, 0, 0, n.to_bytes(8, "big")))
+    while True:
+        fr = await raw.until(f.PING)
+        assert fr is not None
+        raw.seen.remove(fr)
+        if fr[1] & f.ACK and fr[3] == n.to_bytes(8, "big"):
+            return time.perf_counter() - t0
+
+
+async def echo_on(raw: Raw, sid: int) -> None:
+    """Echo on ``sid`` of the raw connection is answered OK: its HPACK state is intact."""
+    raw.headers(sid, ECHO)
+    raw.send(f.frame(f.DATA, f.END_STREAM, sid, f.message_prefix(2) + b"hi"))
+    assert await grpc_status(raw, sid) == "0"
+
+
+async def grpc_status(raw: Raw, sid: int) -> str:
+    """The grpc-status ending the response on ``sid`` (decoded with a fresh HPACK context:
+    our server never indexes what it sends)."""
+    async with asyncio.timeout(DEADLINE):
+        block = await _read_until_headers(raw, sid)
+    return str(dict(hpack.Decoder().decode(block)).get("grpc-status"))
+
+
+async def _read_until_headers(raw: Raw, sid: int) -> bytes:
+    while True:
+        for t, fl, s, p in raw.seen:
+            if t == f.HEADERS and s == sid and fl & f.END_STREAM:
+                return p
+        data = await raw.reader.read(1 << 16)
+        assert data, f"connection closed before stream {sid} ended"
+        raw.seen += [(t, fl, s, bytes(p)) for t, fl, s, p in raw.frames.feed(data)]
+
+
+def tiny_literals(size: int) -> bytes:
+    return b"\x00\x01a\x00" * (size // 4)               # name "a", empty value, never indexed
+
+
+def tiny_indexed(size: int) -> bytes:
+    return b"\x82" * size                                # :method GET, again and again
+
+
+def huffman_literal(size: int) -> bytes:
+    value = _huffman.encode(b"a" * ((size - 8) // 5 * 8))  # 5 bits each: whole bytes
+    return b"\x00\x01x" + f._hpack_int(len(value), 7, 0x80) + value
+
+
+def table_churn(size: int) -> bytes:
+    one = b"\x40" + f._hpack_str(b"k") + f._hpack_str(b"v" * 100)  # incremental indexing
+    return one * (size // len(one))
+
+
+def big_entry_referenced(size: int) -> bytes:
+    entry = b"\x40" + f._hpack_str(b"k") + f._hpack_str(b"v" * 4000)
+    return entry + b"\xbe" * (size - len(entry))         # index 62: that 4 KB entry
+
+
+HOSTILE_BLOCKS = {"tiny-literals": tiny_literals, "tiny-indexed": tiny_indexed,
+                  "huffman": huffman_literal, "table-churn": table_churn,
+                  "big-entry-referenced": big_entry_referenced}
+
+
+# -- the decoder ----------------------------------------------------------------------------
+
+
+_names = st.sampled_from([":path", ":authority", "content-type", "grpc-timeout", "x-a", "x-b",
+                          "authorization", "user-agent"])
+_values = st.text(st.characters(min_codepoint=32, exclude_categories=("Cs",)), max_size=300)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(_names, _values), max_size=12), min_size=1, max_size=8),
+       st.sampled_from([0, 256, 4096]))
+def test_decoder_agrees_with_hpack_over_a_connection(blocks: list[list[tuple[str, str]]],
+                                                     table: int) -> None:
+    # hpack's encoder indexes, Huffman-codes and resizes its table: every representation.
+    encoder = hpack.Encoder()
+    encoder.header_table_size = table
+    ours, theirs = HeaderDecoder(max_list=1 << 30), hpack.Decoder(max_header_list_size=1 << 30)
+    for headers in blocks:
+        block = encoder.encode(headers)
+        assert ours.decode(block) == ([tuple(h) for h in theirs.decode(block)], False)
+        assert ours.table_octets == sum(32 + len(n) + len(v) for n, v in theirs.header_table.dynamic_entries)
+
+
+@pytest.mark.parametrize("block", [b"\x80", b"\xff\xff\xff\xff\xff\xff\x01", b"\x00\x05ab",
+                                   b"\x3f\xe2\x1f", b"\x82\x20", b"\x00\x81\xff\x00",
+                                   b"\x00\x01\xff\x00"],
+                         ids=["index-0", "integer-too-long", "truncated-string",
+                              "table-over-setting", "late-size-update", "bad-huffman",
+                              "not-utf8"])
+def test_decoder_refuses_malformed_blocks(block: bytes) -> None:
+    with pytest.raises(HpackError):
+        HeaderDecoder().decode(block)
+
+
+@pytest.mark.parametrize("make", HOSTILE_BLOCKS.values(), ids=HOSTILE_BLOCKS.keys())
+def test_decoding_is_linear(make: Any) -> None:
+    # Time per byte of an 8 KiB and a 128 KiB block, best of three each: a quadratic decoder
+    # (hpack's copies the rest of the block per literal) takes 16 times longer per byte on
+    # the second; ours stays within noise. The bound is loose: the machine is shared.
+    def per_byte(size: int) -> float:
+        block = make(size)
+        best = min(_timed(lambda: HeaderDecoder().decode(block)) for _ in range(3))
+        return best / len(block)
+    assert per_byte(128 << 10) < 4 * per_byte(8 << 10)
+
+
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def test_decoder_keeps_at_most_the_list_size() -> None:
+    headers, over = HeaderDecoder(max_list=1000).decode(big_entry_referenced(16 << 10))
+    assert over and sum(len(n) + len(v) + 32 for n, v in headers) <= 1000
+
+
+# -- the server -----------------------------------------------------------------------------
+
+
+async def test_advertises_header_list_and_table_sizes() -> None:
+    async with serving(echo_server()) as port:
+        raw = await Raw.connect(port)
+        fr = await raw.until(f.SETTINGS)
+        assert fr is not None
+        got = dict(f.parse_settings(memoryview(fr[3])))
+        assert got[f.SETTINGS_MAX_HEADER_LIST_SIZE] == MAX_HEADER_LIST_SIZE
+        assert got[f.SETTINGS_HEADER_TABLE_SIZE] == 4096
+        raw.close()
+
+
+@pytest.mark.parametrize("continued", [False, True], ids=["headers-alone", "with-continuation"])
+async def test_block_over_the_bound_is_refused_before_decoding(stalls: list[float],
+                                                               continued: bool) -> None:
+    async with serving(echo_server()) as port:
+        healthy = await Raw.connect(port)
+        await ping_rtt(healthy, 1)
+        raw = await Raw.connect(port)
+        block = tiny_literals(1023 << 10)  # within the 1 MiB frame we allow, 5 s for hpack
+        if continued:
+            raw.send(f.frame(f.HEADERS, 0, 1, block[:MAX_HEADER_BLOCK]))
+            raw.send(f.frame(f.CONTINUATION, f.END_HEADERS, 1, block[MAX_HEADER_BLOCK:]))
+        else:
+            raw.send(f.frame(f.HEADERS, f.END_HEADERS, 1, block))
+        # Not decoded, so the connection's HPACK state is lost: it ends (RFC 9113 4.3).
+        assert await raw.goaway_code() == f.COMPRESSION_ERROR
+        assert await ping_rtt(healthy, 2) < DEADLINE
+        assert max(stalls) < STALL_BOUND
+        await echo_on(healthy, 1)
+        healthy.close()
+
+
+@pytest.mark.parametrize("make", HOSTILE_BLOCKS.values(), ids=HOSTILE_BLOCKS.keys())
+async def test_hostile_blocks_within_the_bound_are_decoded_quickly(stalls: list[float],
+                                                                   make: Any) -> None:
+    async with serving(echo_server()) as port:
+        raw = await Raw.connect(port)
+        block = make(MAX_HEADER_BLOCK)
+        assert len(block) <= MAX_HEADER_BLOCK
+        # 32 such blocks in one write, each its own stream: decoded (the HPACK state holds),
+        # each refused RESOURCE_EXHAUSTED as its list is over what we advertise, the loop
+        # never held long (later blocks wait for later turns).
+        raw.send(b"".join(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1 + 2 * i, block)
+                          for i in range(32)))
+        for i in range(32):
+            assert await grpc_status(raw, 1 + 2 * i) == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+        await echo_on(raw, 65)  # the same connection: its HPACK state is intact
+        assert max(stalls) < STALL_BOUND
+        raw.close()
+
+
+async def test_a_blocked_client_does_not_delay_another_ping(stalls: list[float]) -> None:
+    async with serving(echo_server()) as port:
+        healthy = await Raw.connect(port)
+        await ping_rtt(healthy, 1)
+        hostile = [await Raw.connect(port) for _ in range(4)]
+        block = tiny_indexed(MAX_HEADER_BLOCK)
+        for raw in hostile:
+            raw.send(b"".join(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1 + 2 * i, block)
+                              for i in range(60)))
+        rtts = [await ping_rtt(healthy, 2 + i) for i in range(5)]
+        for raw in hostile:
+            await grpc_status(raw, 119)  # every block was decoded
+            raw.close()
+        assert max(stalls) < STALL_BOUND
+        assert min(rtts) < DEADLINE
+        healthy.close()
