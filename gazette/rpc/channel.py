@@ -172,8 +172,8 @@ class ClientConnection(Connection):
                 stream.fail(_rpc_error(_UNAVAILABLE, f"{self.channel.target} is going away"))
         self._maybe_close()
 
-    def message_too_large(self, stream: Stream, err: f.MessageTooLarge) -> None:
-        self.reset_stream(stream, f.CANCEL, _rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err)))
+    def message_refused(self, stream: Stream, err: f.MessageRefused) -> None:
+        self.reset_stream(stream, f.CANCEL, _rpc_error(err.status, str(err)))
 
     def _maybe_close(self) -> None:
         if self.going_away and not self.streams and self.transport is not None:

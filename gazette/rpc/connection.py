@@ -155,12 +155,12 @@ class Stream:
         self.buffered += len(payload)
         if self.buffered > STREAM_WINDOW:
             raise StreamReset("peer sent beyond the stream's flow-control window", f.FLOW_CONTROL_ERROR)
+        if end_stream:
+            self.remote_closed = True  # first: a message refused below ends a closed stream
         if payload:
             msgs = self.reader.feed(payload)
             if msgs:
                 self.messages.extend(msgs)
-        if end_stream:
-            self.remote_closed = True
         if self.waiter is not None and (self.messages or self.remote_closed):
             w, self.waiter = self.waiter, None
             if not w.done():
@@ -577,8 +577,8 @@ class Connection(asyncio.Protocol):
             stream.on_data(content, bool(flags & f.END_STREAM))
             if len(content) != n:
                 stream.credit(n - len(content))
-        except f.MessageTooLarge as err:
-            self.message_too_large(stream, err)
+        except f.MessageRefused as err:
+            self.message_refused(stream, err)
         except f.ProtocolError as err:
             self.reset_stream(stream, f.PROTOCOL_ERROR, err)
         except StreamReset as err:
@@ -648,7 +648,7 @@ class Connection(asyncio.Protocol):
     def on_goaway(self, last_stream_id: int, code: int, debug: bytes) -> None:
         raise NotImplementedError
 
-    def message_too_large(self, stream: Stream, err: f.MessageTooLarge) -> None:
+    def message_refused(self, stream: Stream, err: f.MessageRefused) -> None:
         self.reset_stream(stream, f.CANCEL, StreamReset(str(err)))
 
     def last_peer_stream(self) -> int:
@@ -665,18 +665,23 @@ class Connection(asyncio.Protocol):
     def send_headers(self, stream: Stream, block: bytes, end_stream: bool) -> None:
         if stream.local_closed or self.closed:
             return
-        flags = _HEADERS_FLAG_END if end_stream else f.END_HEADERS
-        if len(block) <= self.peer_max_frame:
-            self.write(f.frame(f.HEADERS, flags, stream.id, block))
-        else:
-            step = self.peer_max_frame
-            parts = [block[i:i + step] for i in range(0, len(block), step)]
-            out = [f.frame(f.HEADERS, flags & f.END_STREAM, stream.id, parts[0])]
-            for i, part in enumerate(parts[1:], 1):
-                out.append(f.frame(f.CONTINUATION, f.END_HEADERS if i == len(parts) - 1 else 0, stream.id, part))
-            self.write(b"".join(out))
+        self.write_block(stream.id, block, end_stream)
         if end_stream:
             stream.local_closed = True
+
+    def write_block(self, sid: int, block: bytes, end_stream: bool) -> None:
+        """Writes header block ``block`` on ``sid``: a HEADERS frame, followed by
+        CONTINUATION frames if it is larger than the peer's SETTINGS_MAX_FRAME_SIZE."""
+        flags = _HEADERS_FLAG_END if end_stream else f.END_HEADERS
+        if len(block) <= self.peer_max_frame:
+            self.write(f.frame(f.HEADERS, flags, sid, block))
+            return
+        step = self.peer_max_frame
+        parts = [block[i:i + step] for i in range(0, len(block), step)]
+        out = [f.frame(f.HEADERS, flags & f.END_STREAM, sid, parts[0])]
+        for i, part in enumerate(parts[1:], 1):
+            out.append(f.frame(f.CONTINUATION, f.END_HEADERS if i == len(parts) - 1 else 0, sid, part))
+        self.write(b"".join(out))
 
     def try_send_message(self, stream: Stream, data: bytes | memoryview, end_stream: bool = False) -> bool:
         """Sends one gRPC message on ``stream`` if it fits the windows and the transport is

@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from gazette.errors import incident
+from gazette.errors import GazetteError, incident
 from gazette.rpc import frames as f
 from gazette.rpc.connection import (
     CALM_BURST,
@@ -139,7 +139,8 @@ class _Requests:
 
 
 class ServerStream(Stream):
-    __slots__ = ("handler", "task", "headers_sent", "deserialize", "serialize", "deadline_handle", "expired")
+    __slots__ = ("handler", "task", "headers_sent", "deserialize", "serialize", "deadline_handle", "expired",
+                 "unary", "received")
 
     conn: ServerConnection
 
@@ -152,6 +153,20 @@ class ServerStream(Stream):
         self.headers_sent = False
         self.deadline_handle: asyncio.TimerHandle | None = None
         self.expired = False
+        self.unary = not handler.request_streaming
+        self.received = 0  # messages received
+
+    def on_data(self, payload: memoryview, end_stream: bool) -> None:
+        queued = len(self.messages)
+        super().on_data(payload, end_stream)
+        self.received += len(self.messages) - queued
+        if self.unary and self.received > 1:
+            # grpc-java ends such a call INTERNAL "Too many requests"; answering OK would let
+            # the client believe every message was taken.
+            raise f.MessageRefused("grpc: more than one request message on a unary call")
+        if end_stream and self.reader.partial:
+            # grpc-go's serverStream.RecvMsg: io.ErrUnexpectedEOF -> INTERNAL "unexpected EOF".
+            raise f.MessageRefused("grpc: unexpected EOF: the stream ended within a message")
 
     def on_reset(self, code: int) -> None:
         super().on_reset(code)
@@ -165,7 +180,10 @@ class ServerStream(Stream):
         try:
             return self.deserialize(msg)
         except Exception as err:
-            raise _BadRequest(f"could not parse the request message: {err}") from err
+            # Whatever the deserializer raises on bytes it cannot take (protobuf's DecodeError,
+            # our zero-copy decoders' ValueError), the client sent garbage: INVALID_ARGUMENT
+            # (as a GazetteError, also where a servicer's own loop meets it through the edge).
+            raise BadRequest(f"could not parse the request message: {str(err)[:200]}") from err
 
     async def send_response(self, message: Any) -> None:
         data = self.serialize(message) if self.serialize is not None else message
@@ -174,10 +192,11 @@ class ServerStream(Stream):
             self.conn.send_headers(self, f.RESPONSE_HEADERS, end_stream=False)
         await self.conn.send_message(self, data)
 
-    def finish(self, code: grpc.StatusCode, details: str) -> None:
+    def finish(self, code: grpc.StatusCode, details: str, extra: bytes = b"") -> None:
         if self.local_closed or self.conn.closed:
             return
-        self.conn.send_headers(self, f.trailers(code, details[:4096], not self.headers_sent), end_stream=True)
+        self.conn.send_headers(self, f.trailers(code, details[:4096], not self.headers_sent, extra),
+                               end_stream=True)
         if not self.remote_closed:
             # The client may still be sending (an RPC that failed early): tell it to stop.
             self.conn.write(f.rst_stream(self.id, f.NO_ERROR))
@@ -185,8 +204,11 @@ class ServerStream(Stream):
         self.conn.streams.pop(self.id, None)
 
 
-class _BadRequest(Exception):
-    pass
+class BadRequest(GazetteError):
+    """A request message that does not decode: the call ends INVALID_ARGUMENT."""
+
+    grpc_code = "INVALID_ARGUMENT"
+    http_status = 400
 
 
 class ServerConnection(Connection):
@@ -269,7 +291,10 @@ class ServerConnection(Connection):
             # A second header block that does not end the stream, or carries pseudo-headers,
             # is malformed (RFC 9113 8.1): a stream error.
             if end_stream and not any(name.startswith(":") for name, _ in headers):
-                stream.on_data(memoryview(b""), True)
+                try:
+                    stream.on_data(memoryview(b""), True)
+                except f.MessageRefused as err:
+                    self.message_refused(stream, err)
             else:
                 self.reset_stream(stream, f.PROTOCOL_ERROR,
                                   f.ProtocolError("malformed trailers after the request"))
@@ -297,7 +322,15 @@ class ServerConnection(Connection):
                 try:
                     deadline = self.loop.time() + f.parse_timeout(value)
                 except ValueError:
-                    self._refuse(sid, grpc.StatusCode.INVALID_ARGUMENT, f"malformed grpc-timeout {value!r}")
+                    self._refuse(sid, end_stream, grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"malformed grpc-timeout {value[:64]!r}")
+                    return
+            elif name == "grpc-encoding":
+                if value != "identity":
+                    # As grpc-go answers an encoding it has no decompressor for.
+                    self._refuse(sid, end_stream, grpc.StatusCode.UNIMPLEMENTED,
+                                 f"grpc: Decompressor is not installed for grpc-encoding {value[:64]!r}",
+                                 f.ACCEPT_IDENTITY)
                     return
             elif name[0] != ":" and name not in ("content-type", "te", "user-agent", "grpc-accept-encoding"):
                 metadata.append((name, value))
@@ -306,7 +339,7 @@ class ServerConnection(Connection):
             return
         handler = self.server.lookup(path, tuple(metadata))
         if handler is None:
-            self._refuse(sid, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path}")
+            self._refuse(sid, end_stream, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path[:256]}")
             return
         stream = ServerStream(self, sid, handler)
         self.streams[sid] = stream
@@ -324,19 +357,24 @@ class ServerConnection(Connection):
             super().header_list_too_large(sid, end_stream)
             return
         self._last_stream = sid
-        self._refuse(sid, grpc.StatusCode.RESOURCE_EXHAUSTED,
+        self._refuse(sid, end_stream, grpc.StatusCode.RESOURCE_EXHAUSTED,
                      f"header list over {MAX_HEADER_LIST_SIZE} bytes")
 
-    def message_too_large(self, stream: Stream, err: f.MessageTooLarge) -> None:
+    def message_refused(self, stream: Stream, err: f.MessageRefused) -> None:
         assert isinstance(stream, ServerStream)
-        stream.finish(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+        # A compressed message: say which encodings we take (gRPC's compression.md).
+        stream.finish(err.status, str(err), f.ACCEPT_IDENTITY if isinstance(err, f.MessageCompressed) else b"")
         stream.fail(StreamReset(str(err)))
         if stream.task is not None and not stream.task.done():
             stream.task.cancel()
 
-    def _refuse(self, sid: int, code: grpc.StatusCode, details: str) -> None:
-        block = f.trailers(code, details, with_headers=True)
-        self.write(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, sid, block))
+    def _refuse(self, sid: int, end_stream: bool, code: grpc.StatusCode, details: str,
+                extra: bytes = b"") -> None:
+        """Answers new stream ``sid`` with a status alone (trailers-only)."""
+        # Details quote what the client sent (a path): cut short, the answer stays small.
+        self.write_block(sid, f.trailers(code, details[:512], with_headers=True, extra=extra), True)
+        if not end_stream:
+            self.write(f.rst_stream(sid, f.NO_ERROR))  # the client may stop sending (RFC 9113 8.1)
 
     def _expire(self, stream: ServerStream) -> None:
         if stream.task is not None and not stream.task.done():
@@ -385,7 +423,8 @@ class RpcServer:
             handler = generic.service(_CallDetails(path, metadata))
             if handler is not None:
                 break
-        if len(self._cache) < 1024:
+        # Bounded: paths are the client's (48 refused 1 MB paths stayed cached, 94 MiB).
+        if len(self._cache) < 1024 and len(path) <= 256:
             self._cache[path] = handler
         return handler
 
@@ -437,7 +476,9 @@ class RpcServer:
             else:
                 request = await stream.next_request()
                 if request is None:
-                    raise _BadRequest("the stream ended without a request message")
+                    # grpc-java: INTERNAL "Half-closed without a request".
+                    stream.finish(grpc.StatusCode.INTERNAL, "grpc: the stream ended without a request message")
+                    return
             if handler.response_streaming:
                 fn = handler.stream_stream if handler.request_streaming else handler.unary_stream
                 assert fn is not None
@@ -456,8 +497,8 @@ class RpcServer:
             code, details = ctx.code or grpc.StatusCode.OK, ctx.details
         except grpc.aio.AbortError:
             code, details = ctx.code or grpc.StatusCode.UNKNOWN, ctx.details
-        except _BadRequest as err:
-            code, details = grpc.StatusCode.INTERNAL, str(err)
+        except BadRequest as err:
+            code, details = grpc.StatusCode.INVALID_ARGUMENT, str(err)
         except asyncio.CancelledError:
             # This task is the top of its own call and only this server cancels it (a reset, a
             # deadline, a stop): the cancellation ends the call with a status, and nothing

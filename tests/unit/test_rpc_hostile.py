@@ -266,3 +266,120 @@ async def test_a_blocked_client_does_not_delay_another_ping(stalls: list[float])
         assert max(stalls) < STALL_BOUND
         assert min(rtts) < DEADLINE
         healthy.close()
+
+
+# -- gRPC semantics -------------------------------------------------------------------------
+
+_CODE = {c.name: str(c.value[0]) for c in grpc.StatusCode}
+
+
+async def _count(requests: Any, context: Any) -> bytes:
+    n = 0
+    async for _ in requests:
+        n += 1
+    return str(n).encode()
+
+
+async def _parse_append(request: Any, context: Any) -> bytes:
+    return request.SerializeToString()  # type: ignore[no-any-return]
+
+
+async def _append_like(requests: Any, context: Any) -> bytes:
+    async for req in requests:  # as the broker's Append: the servicer's own loop decodes
+        del req
+    return b""
+
+
+def semantics_server() -> RpcServer:
+    from gazette.broker.wire import decode_append_request
+    from gazette.protocol import protocol_pb2 as pb
+    from gazette.server.edge import grpc_edge_bound
+
+    return echo_server(
+        Count=grpc.stream_unary_rpc_method_handler(_count),
+        Parse=grpc.unary_unary_rpc_method_handler(grpc_edge_bound(_parse_append),
+                                                  request_deserializer=pb.AppendRequest.FromString),
+        Append=grpc.stream_unary_rpc_method_handler(grpc_edge_bound(_append_like),
+                                                    request_deserializer=decode_append_request))
+
+
+async def answer(raw: Raw, sid: int) -> dict[str, str]:
+    """The headers ending the response on ``sid``, after checking no error reset it before
+    (after, its DATA arriving on the closed stream may be answered STREAM_CLOSED)."""
+    async with asyncio.timeout(DEADLINE):
+        block = await _read_until_headers(raw, sid)
+    for t, fl, s, p in raw.seen:
+        if s != sid:
+            continue
+        if t == f.HEADERS and fl & f.END_STREAM:
+            break
+        assert t != f.RST_STREAM, f"reset (code {f.u32(memoryview(p))}) before its status"
+    return {str(k): str(v) for k, v in hpack.Decoder().decode(block)}
+
+
+def request(raw: Raw, sid: int, path: str, body: bytes, more: bytes = b"") -> None:
+    raw.send(f.frame(f.HEADERS, f.END_HEADERS, sid, f.request_headers(path, "probe", "probe") + more))
+    raw.send(f.frame(f.DATA, f.END_STREAM, sid, body))
+
+
+@pytest.mark.parametrize("path", [ECHO, "/test.Echo/Count"], ids=["unary", "client-streaming"])
+async def test_message_cut_short_by_the_end_of_stream_is_internal(caplog: Any, path: str) -> None:
+    async with serving(semantics_server()) as port:
+        raw = await Raw.connect(port)
+        for i in range(50):  # each answered: none left hanging on the connection
+            request(raw, 1 + 2 * i, path, f.message_prefix(100) + b"only some")
+        for i in range(50):
+            got = await answer(raw, 1 + 2 * i)
+            assert got["grpc-status"] == _CODE["INTERNAL"], got
+        await echo_on(raw, 101)
+        raw.close()
+    assert not [r for r in caplog.records if r.levelno >= 40 or r.exc_info]
+
+
+@pytest.mark.parametrize("encoding", [None, "gzip"], ids=["no-grpc-encoding", "gzip"])
+async def test_compressed_message_is_unimplemented(caplog: Any, encoding: str | None) -> None:
+    async with serving(semantics_server()) as port:
+        raw = await Raw.connect(port)
+        more = f.literal("grpc-encoding", encoding) if encoding else b""
+        request(raw, 1, ECHO, b"\x01" + (2).to_bytes(4, "big") + b"hi", more)
+        got = await answer(raw, 1)
+        assert got["grpc-status"] == _CODE["UNIMPLEMENTED"]
+        assert got["grpc-accept-encoding"] == "identity"
+        await echo_on(raw, 3)
+        raw.close()
+    assert not [r for r in caplog.records if r.levelno >= 40 or r.exc_info]
+
+
+async def test_identity_encoding_is_served() -> None:
+    async with serving(semantics_server()) as port:
+        raw = await Raw.connect(port)
+        request(raw, 1, ECHO, f.message_prefix(2) + b"hi", f.literal("grpc-encoding", "identity"))
+        assert (await answer(raw, 1))["grpc-status"] == "0"
+        raw.close()
+
+
+async def test_two_messages_on_a_unary_call_are_internal() -> None:
+    async with serving(semantics_server()) as port:
+        raw = await Raw.connect(port)
+        request(raw, 1, ECHO, (f.message_prefix(2) + b"hi") * 2)
+        assert (await answer(raw, 1))["grpc-status"] == _CODE["INTERNAL"]
+        # A streaming request takes any number.
+        request(raw, 3, "/test.Echo/Count", (f.message_prefix(2) + b"hi") * 3)
+        got = await answer(raw, 3)
+        assert got["grpc-status"] == "0"
+        await echo_on(raw, 5)
+        raw.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(min_size=1, max_size=40), st.sampled_from(["/test.Echo/Parse", "/test.Echo/Append"]))
+def test_garbage_protobuf_is_invalid_argument_never_unknown(garbage: bytes, path: str) -> None:
+    async def run() -> str:
+        async with serving(semantics_server()) as port:
+            raw = await Raw.connect(port)
+            request(raw, 1, path, f.message_prefix(len(garbage)) + garbage)
+            got = await answer(raw, 1)
+            raw.close()
+            return got["grpc-status"]
+    # Garbage may decode (protobuf is lenient) and then be served: OK or INVALID_ARGUMENT.
+    assert asyncio.run(run()) in ("0", _CODE["INVALID_ARGUMENT"])
