@@ -230,6 +230,9 @@ class Connection(asyncio.Protocol):
         self._conn_unacked = 0
         self._withheld: asyncio.TimerHandle | None = None  # while the connection window waits
         self._continuation: tuple[int, int, list[bytes]] | None = None  # stream, flags, parts
+        # The frame type the next frame must have: the peer's preface is a SETTINGS frame
+        # (RFC 9113 3.4), a header block goes on in CONTINUATIONs; else None.
+        self._expect: int | None = f.SETTINGS
         self._send_waiters: list[asyncio.Future[None]] = []
         self._paused = False
         self._fd = -1  # a socket whose writes may be gathered (see flush)
@@ -412,8 +415,14 @@ class Connection(asyncio.Protocol):
     # -- frames ----------------------------------------------------------------------
 
     def _on_frame(self, ftype: int, flags: int, sid: int, payload: memoryview) -> None:
-        if self._continuation is not None and ftype != f.CONTINUATION:
-            raise f.ProtocolError("expected a CONTINUATION frame")
+        if self._expect is not None:
+            if ftype != self._expect:
+                raise f.ProtocolError(f"expected a {'SETTINGS' if self._expect == f.SETTINGS else 'CONTINUATION'} "
+                                      f"frame, not type {ftype}")
+            if ftype == f.SETTINGS:
+                if flags & f.ACK:
+                    raise f.ProtocolError("the peer's preface is a SETTINGS ACK")
+                self._expect = None
         if ftype == f.DATA:
             self._on_data(flags, sid, payload)
         elif ftype == f.HEADERS:
@@ -425,6 +434,7 @@ class Connection(asyncio.Protocol):
                 self._on_header_block(sid, flags, bytes(block))
             else:
                 self._continuation = (sid, flags, [bytes(block)])
+                self._expect = f.CONTINUATION
                 self._continuation_bytes, self._continuation_frames = len(block), 0
         elif ftype == f.CONTINUATION:
             if self._continuation is None or self._continuation[0] != sid:
@@ -435,7 +445,7 @@ class Connection(asyncio.Protocol):
             self._continuation[2].append(bytes(payload))
             if flags & f.END_HEADERS:
                 csid, cflags, parts = self._continuation
-                self._continuation = None
+                self._continuation = self._expect = None
                 self._on_header_block(csid, cflags, b"".join(parts))
         elif ftype == f.WINDOW_UPDATE:
             self._on_window_update(sid, payload)

@@ -307,15 +307,15 @@ class ServerConnection(Connection):
             # RFC 9113 5.1.2: beyond the advertised limit, refused (the client may retry).
             self.write(f.rst_stream(sid, f.REFUSED_STREAM))
             return
+        why = malformed_request(headers)
+        if why is not None:
+            # A malformed request is a stream error PROTOCOL_ERROR (RFC 9113 8.1.1).
+            self.write(f.rst_stream(sid, f.PROTOCOL_ERROR))
+            return
         path = ""
         deadline: float | None = None
         metadata: list[tuple[str, str]] = []
         for name, value in headers:
-            if not name or name != name.lower():
-                # RFC 9113 8.2.1: a field name must be non-empty lowercase; a malformed
-                # request is a stream error (found by fuzzing: an empty name).
-                self.write(f.rst_stream(sid, f.PROTOCOL_ERROR))
-                return
             if name == ":path":
                 path = value
             elif name == "grpc-timeout":
@@ -380,6 +380,37 @@ class ServerConnection(Connection):
         if stream.task is not None and not stream.task.done():
             stream.expired = True
             stream.task.cancel()
+
+
+_REQUEST_PSEUDO = frozenset((":method", ":scheme", ":path", ":authority"))
+_REQUIRED_PSEUDO = frozenset((":method", ":scheme", ":path"))
+# RFC 9113 8.2.2: connection-specific fields have no place in HTTP/2 ("te" but "trailers").
+_CONNECTION_SPECIFIC = frozenset(("connection", "keep-alive", "proxy-connection", "transfer-encoding",
+                                  "upgrade"))
+
+
+def malformed_request(headers: list[tuple[str, str]]) -> str | None:
+    """Why a request's header list is malformed (RFC 9113 8.1.1, 8.2, 8.3.1), or None."""
+    pseudo: set[str] = set()
+    regular = False
+    for name, value in headers:
+        if not name or name != name.lower():
+            return "a field name that is empty or not lowercase"  # 8.2.1 (fuzzing: empty)
+        if name[0] == ":":
+            if regular:
+                return f"pseudo-header {name[:32]!r} after a regular field"  # 8.3
+            if name not in _REQUEST_PSEUDO:
+                return f"pseudo-header {name[:32]!r} is not a request's"    # 8.3
+            if name in pseudo or (name == ":path" and not value):
+                return f"pseudo-header {name} twice or empty"                # 8.3.1
+            pseudo.add(name)
+        else:
+            regular = True
+            if name in _CONNECTION_SPECIFIC or (name == "te" and value != "trailers"):
+                return f"connection-specific field {name!r}"                 # 8.2.2
+    if not _REQUIRED_PSEUDO <= pseudo:
+        return "no :method, :scheme or :path"                                # 8.3.1
+    return None
 
 
 class RpcServer:

@@ -383,3 +383,99 @@ def test_garbage_protobuf_is_invalid_argument_never_unknown(garbage: bytes, path
             return got["grpc-status"]
     # Garbage may decode (protobuf is lenient) and then be served: OK or INVALID_ARGUMENT.
     assert asyncio.run(run()) in ("0", _CODE["INVALID_ARGUMENT"])
+
+
+# -- HTTP/2 details -------------------------------------------------------------------------
+
+
+async def test_headers_before_the_client_settings_are_a_protocol_error() -> None:
+    async with serving(echo_server()) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        raw = Raw(reader, writer)
+        raw.send(f.PREFACE + f.frame(f.HEADERS, f.END_HEADERS, 1, f.request_headers(ECHO, "p", "p")))
+        assert await raw.goaway_code() == f.PROTOCOL_ERROR
+        healthy = await Raw.connect(port)
+        await echo_on(healthy, 1)
+        healthy.close()
+
+
+@pytest.mark.parametrize("open_stream", [False, True], ids=["idle-stream", "open-stream"])
+async def test_priority_of_the_wrong_size_is_a_stream_frame_size_error(open_stream: bool) -> None:
+    async with serving(echo_server()) as port:
+        raw = await Raw.connect(port)
+        if open_stream:
+            raw.headers(1, "/test.Echo/Park")
+        raw.send(f.frame(f.PRIORITY, 0, 1, bytes(4)))
+        assert await raw.rst_code(1) == f.FRAME_SIZE_ERROR
+        await echo_on(raw, 3)
+        raw.close()
+
+
+def _request(*fields: tuple[str, str]) -> bytes:
+    return b"".join(f.literal(n, v) for n, v in fields)
+
+
+_GOOD = ((":method", "POST"), (":scheme", "http"), (":path", ECHO), (":authority", "p"),
+         ("content-type", "application/grpc"), ("te", "trailers"))
+MALFORMED = {
+    "pseudo-after-regular": _GOOD[:2] + (("content-type", "application/grpc"), (":path", ECHO)),
+    "connection": _GOOD + (("connection", "keep-alive"),),
+    "keep-alive": _GOOD + (("keep-alive", "timeout=5"),),
+    "transfer-encoding": _GOOD + (("transfer-encoding", "chunked"),),
+    "upgrade": _GOOD + (("upgrade", "h2c"),),
+    "te-not-trailers": _GOOD[:5] + (("te", "gzip"),),
+    "unknown-pseudo": ((":protocol", "x"),) + _GOOD,
+    "response-pseudo": ((":status", "200"),) + _GOOD,
+    "no-path": _GOOD[:2] + _GOOD[3:],
+    "no-method": _GOOD[1:],
+    "no-scheme": _GOOD[:1] + _GOOD[2:],
+    "empty-path": _GOOD[:2] + ((":path", ""),) + _GOOD[3:],
+    "duplicate-path": _GOOD[:3] + ((":path", ECHO),) + _GOOD[3:],
+    "uppercase-name": _GOOD + (("X-Upper", "1"),),
+}
+
+
+@pytest.mark.parametrize("fields", MALFORMED.values(), ids=MALFORMED.keys())
+async def test_malformed_requests_are_stream_protocol_errors(fields: tuple[tuple[str, str], ...]) -> None:
+    async with serving(echo_server()) as port:
+        raw = await Raw.connect(port)
+        raw.send(f.frame(f.HEADERS, f.END_HEADERS, 1, _request(*fields)))
+        raw.send(f.frame(f.DATA, f.END_STREAM, 1, f.message_prefix(2) + b"hi"))
+        assert await raw.rst_code(1) == f.PROTOCOL_ERROR
+        assert not any(fr[0] == f.HEADERS and fr[2] == 1 for fr in raw.seen)  # not served
+        await echo_on(raw, 3)
+        raw.close()
+
+
+async def test_well_formed_request_is_served() -> None:
+    async with serving(echo_server()) as port:
+        raw = await Raw.connect(port)
+        raw.send(f.frame(f.HEADERS, f.END_HEADERS, 1, _request(*_GOOD)))
+        raw.send(f.frame(f.DATA, f.END_STREAM, 1, f.message_prefix(2) + b"hi"))
+        assert (await answer(raw, 1))["grpc-status"] == "0"
+        raw.close()
+
+
+async def _abort_long(request: bytes, context: Any) -> bytes:
+    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "\u2603" * 4000)  # 36 KB encoded
+    return b""
+
+
+async def test_frames_never_exceed_the_peer_max_frame_size() -> None:
+    async with serving(echo_server(Long=grpc.unary_unary_rpc_method_handler(_abort_long))) as port:
+        raw = await Raw.connect(port)  # our SETTINGS leave SETTINGS_MAX_FRAME_SIZE at 16,384
+        path = "/" + "\u2603" * 5000  # 15 KB, 45 KB percent-encoded in "Method not found"
+        request(raw, 1, path, f.message_prefix(2) + b"hi")
+        assert (await answer(raw, 1))["grpc-status"] == _CODE["UNIMPLEMENTED"]
+        request(raw, 3, "/test.Echo/Long", f.message_prefix(2) + b"hi")
+        async with asyncio.timeout(DEADLINE):
+            while not any(fr[0] == f.CONTINUATION and fr[1] & f.END_HEADERS for fr in raw.seen):
+                data = await raw.reader.read(1 << 16)
+                assert data
+                raw.seen += [(t, fl, s, bytes(p)) for t, fl, s, p in raw.frames.feed(data)]
+        assert all(len(fr[3]) <= f.DEFAULT_MAX_FRAME for fr in raw.seen)
+        block = b"".join(fr[3] for fr in raw.seen if fr[2] == 3 and fr[0] in (f.HEADERS, f.CONTINUATION))
+        got = dict(hpack.Decoder(max_header_list_size=1 << 20).decode(block))
+        assert got["grpc-status"] == _CODE["FAILED_PRECONDITION"]
+        assert f.decode_message_text(got["grpc-message"]) == "\u2603" * 4000
+        raw.close()
