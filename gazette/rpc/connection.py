@@ -9,8 +9,11 @@ Invariants:
   level) or as DATA arrives (connection level), so a stream buffers at most its window of
   unread data: a slow handler back-pressures its own peer and nobody else. A peer that
   sends beyond a stream's window has the stream reset (FLOW_CONTROL_ERROR). The connection
-  window is withheld while the streams together hold more than CONNECTION_BUFFER_CAP unread:
-  what one connection can pin is bounded by that cap plus the connection window.
+  window is withheld while the streams together hold more than CONNECTION_BUFFER_CAP unread
+  (or, on a server, more than their share of the process's budget, ``withhold``): what one
+  connection can pin is bounded by that cap plus the connection window. What the peer does
+  not read of our writes is bounded too: past WRITE_BACKLOG_LIMIT queued, the connection is
+  not read until the transport drains.
 * Sends never exceed the peer's stream and connection windows nor its maximum frame size;
   a send waits for a WINDOW_UPDATE, or for the transport to drain, and fails if the stream
   or connection ends meanwhile.
@@ -19,8 +22,13 @@ Invariants:
 * A connection error (bad framing, HPACK failure) sends GOAWAY with its code and closes
   the transport; every stream still open then fails exactly once (``Stream.fail``).
 * What a peer can make us hold or do is bounded, with the error RFC 9113 names: a header
-  block (HEADERS and its CONTINUATIONs) holds at most MAX_HEADER_BLOCK bytes and
-  MAX_CONTINUATIONS frames (else GOAWAY ENHANCE_YOUR_CALM); WINDOW_UPDATE increments are
+  block (HEADERS and its CONTINUATIONs) holds at most MAX_HEADER_BLOCK encoded bytes, checked
+  before any HPACK work (else GOAWAY COMPRESSION_ERROR: it is not decoded) and
+  MAX_CONTINUATIONS frames (else GOAWAY ENHANCE_YOUR_CALM); it decodes in time linear in its
+  size (:mod:`gazette.rpc.hpack_decoder`), to a list of at most MAX_HEADER_LIST_SIZE (as
+  advertised; a longer one is decoded but refused), and a connection decodes at most
+  HEADER_WORK_PER_TURN of blocks per turn of the event loop; the peer's first frame is
+  SETTINGS (RFC 9113 3.4); WINDOW_UPDATE increments are
   non-zero and windows stay within 2^31-1; frames arrive only on the streams their type
   allows (no DATA, RST_STREAM or WINDOW_UPDATE on idle streams or stream 0; no SETTINGS,
   PING or GOAWAY on a stream); SETTINGS values are legal. A server also rate-limits the
@@ -46,12 +54,20 @@ from gazette.rpc.hpack_decoder import HeaderDecoder, HpackError
 log = logging.getLogger(__name__)
 
 # Windows we grant: per stream, what one slow reader may buffer; per connection, enough
-# for many streams of large appends in flight.
+# for several streams of large appends in flight.
 STREAM_WINDOW = 16 << 20
-CONNECTION_WINDOW = 256 << 20
+CONNECTION_WINDOW = 32 << 20
 # Unread DATA all streams of a connection may hold before the connection window stops being
-# replenished (each stream's own window bounds one stream; this bounds their sum).
-CONNECTION_BUFFER_CAP = 64 << 20
+# replenished (each stream's own window bounds one stream; this bounds their sum): what one
+# connection's requests can make us hold is at most this plus CONNECTION_WINDOW (was 64 +
+# 256 MiB: 24 streams each holding 15 MiB of an unfinished message held 382 MiB).
+CONNECTION_BUFFER_CAP = 32 << 20
+# Bytes queued in the transport for a client that does not read them, beyond which the
+# connection is not read either (until the transport drains): answers a client makes us
+# write without reading them (refusals, resets, PING and SETTINGS ACKs) stay bounded.
+# Messages never queue beyond the transport's high-water mark plus one frame, as their
+# sends wait for it to drain.
+WRITE_BACKLOG_LIMIT = 4 << 20
 MAX_FRAME = 1 << 20            # largest frame we accept (we advertise it)
 DEFAULT_MAX_MESSAGE = 256 << 20
 _JOIN_LIMIT = 32 << 10          # frames up to this size are joined into one write
@@ -105,6 +121,7 @@ class RateLimit:
 
 # Reasons a connection's transport is not read (Connection.set_reading).
 _BACKLOG = 1   # frames already read wait for the next loop turn
+_WRITE_BACKLOG = 2  # the client does not read what we write (WRITE_BACKLOG_LIMIT)
 
 _IOV_MAX = 1024  # buffers per writev (POSIX leaves it to the platform; Linux allows 1024)
 
@@ -331,6 +348,8 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused = False
+        if self._hold & _WRITE_BACKLOG:
+            self.set_reading(_WRITE_BACKLOG, True)
         waiters, self._drain_waiters = self._drain_waiters, []
         for w in waiters:
             if not w.done():
@@ -375,6 +394,8 @@ class Connection(asyncio.Protocol):
         else:
             transport.write(b"".join(out))
         out.clear()
+        if self._paused and transport.get_write_buffer_size() > WRITE_BACKLOG_LIMIT:
+            self.set_reading(_WRITE_BACKLOG, False)  # until resume_writing
 
     def _gather(self, transport: asyncio.Transport, out: list[bytes | memoryview]) -> None:
         # With nothing buffered in the transport, writing to its socket directly keeps the
@@ -508,11 +529,19 @@ class Connection(asyncio.Protocol):
             self._withheld = None
         if self.closed or self._conn_unacked < CONNECTION_WINDOW >> 2:
             return
-        if sum(s.buffered for s in self.streams.values()) > CONNECTION_BUFFER_CAP:
+        if self.withhold(self.buffered_bytes()):
             self._withheld = self.loop.call_later(0.05, self.replenish)
             return
         self.write(f.window_update(0, self._conn_unacked))
         self._conn_unacked = 0
+
+    def buffered_bytes(self) -> int:
+        """Request data received and not yet consumed, in all streams."""
+        return sum(s.buffered for s in self.streams.values())
+
+    def withhold(self, held: int) -> bool:
+        """Whether the connection window is withheld, the streams holding ``held`` bytes."""
+        return held > CONNECTION_BUFFER_CAP
 
     def _stream_error(self, sid: int, code: int, message: str) -> None:
         """A stream error: the stream is reset (failing its reader), or, closed already,

@@ -50,6 +50,11 @@ log = logging.getLogger(__name__)
 MAX_CONCURRENT_STREAMS = 8192
 #: Seconds a new connection has to send the whole client preface.
 PREFACE_TIMEOUT = 10.0
+#: Request data all connections together may hold unconsumed: over it, a connection holding
+#: more than its share (MAX_BUFFERED / connections) is granted no more connection window (flow
+#: control) until it holds less. Each connection is bounded by itself too
+#: (connection.CONNECTION_BUFFER_CAP + CONNECTION_WINDOW).
+MAX_BUFFERED = 256 << 20
 #: A connection with no RPC for about this many seconds is sent GOAWAY and closed (clients
 #: dial again when they next call).
 IDLE_TIMEOUT = 300.0
@@ -360,6 +365,18 @@ class ServerConnection(Connection):
         self._refuse(sid, end_stream, grpc.StatusCode.RESOURCE_EXHAUSTED,
                      f"header list over {MAX_HEADER_LIST_SIZE} bytes")
 
+    def withhold(self, held: int) -> bool:
+        if super().withhold(held):
+            return True
+        if not held:
+            return False
+        # Over the process's budget, each connection is held to its share of it: a connection
+        # holding less is still granted window (it cannot be what took the budget), so no
+        # connection is starved by others' load, and together they hold at most the budget
+        # plus a connection window each.
+        srv = self.server
+        return held * len(srv._connections) > srv.max_buffered and srv.buffered_bytes() > srv.max_buffered
+
     def message_refused(self, stream: Stream, err: f.MessageRefused) -> None:
         assert isinstance(stream, ServerStream)
         # A compressed message: say which encodings we take (gRPC's compression.md).
@@ -421,9 +438,11 @@ class RpcServer:
     """
 
     def __init__(self, *, max_message: int = DEFAULT_MAX_MESSAGE,
-                 max_concurrent_streams: int = MAX_CONCURRENT_STREAMS) -> None:
+                 max_concurrent_streams: int = MAX_CONCURRENT_STREAMS,
+                 max_buffered: int = MAX_BUFFERED) -> None:
         self.max_message = max_message
         self.max_concurrent_streams = max_concurrent_streams
+        self.max_buffered = max_buffered
         self._generic: list[Any] = []
         self._registered: dict[str, grpc.RpcMethodHandler] = {}
         self._cache: dict[str, grpc.RpcMethodHandler | None] = {}
@@ -460,6 +479,15 @@ class RpcServer:
         return handler
 
     # -- connections -----------------------------------------------------------------
+
+    def buffered_bytes(self) -> int:
+        """Request data received on all connections and not yet consumed."""
+        return sum(conn.buffered_bytes() for conn in self._connections)
+
+    def queued_bytes(self) -> int:
+        """What all connections have queued for clients and not yet sent."""
+        return sum(conn.transport.get_write_buffer_size() for conn in self._connections
+                   if conn.transport is not None and not conn.closed)
 
     def protocol(self) -> ServerConnection:
         return ServerConnection(self)
