@@ -45,6 +45,7 @@ import collections
 import itertools
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 
 from gazette.errors import GazetteError
@@ -122,6 +123,32 @@ class RateLimit:
 # Reasons a connection's transport is not read (Connection.set_reading).
 _BACKLOG = 1   # frames already read wait for the next loop turn
 _WRITE_BACKLOG = 2  # the client does not read what we write (WRITE_BACKLOG_LIMIT)
+
+class LogLimit:
+    """Log lines about what peers do wrong, rate-limited process-wide: a client opening
+    connection after connection to misbehave cannot flood the log. A line is at most about
+    ``MAX_LINE`` characters (what came from the peer is cut short); the lines left out are
+    counted in the next one written."""
+
+    MAX_LINE = 512
+
+    def __init__(self, burst: float, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit = RateLimit(burst, rate, clock)
+        self.suppressed = 0
+
+    def warning(self, err: str, peer: str) -> None:
+        if not self.limit.take():
+            self.suppressed += 1
+            return
+        extra = {"err": err[:self.MAX_LINE], "peer": peer[:64]}
+        if self.suppressed:
+            extra["suppressed"] = str(self.suppressed)
+            self.suppressed = 0
+        log.warning("HTTP/2 connection error", extra=extra)
+
+
+#: One connection error (GOAWAY sent) is one line; 20 at once, then one every 5 seconds.
+_ERROR_LOG = LogLimit(20, 0.2)
 
 _IOV_MAX = 1024  # buffers per writev (POSIX leaves it to the platform; Linux allows 1024)
 
@@ -418,7 +445,7 @@ class Connection(asyncio.Protocol):
             n = 0
 
     def connection_error(self, message: str, code: int = f.PROTOCOL_ERROR) -> None:
-        log.warning("HTTP/2 connection error", extra={"err": message, "peer": self.peer()})
+        _ERROR_LOG.warning(message, self.peer())
         if self.transport is not None and not self.closed:
             self.write(f.goaway(self.last_peer_stream(), code, message.encode()[:256]))
             self.flush()

@@ -628,3 +628,50 @@ async def test_refused_paths_are_not_kept() -> None:
             assert (await answer(raw, 1 + 2 * i))["grpc-status"] == _CODE["UNIMPLEMENTED"]
         raw.close()
     assert all(len(path) <= 256 for path in srv._cache)
+
+
+# -- logs -----------------------------------------------------------------------------------
+
+
+async def test_misbehaving_connections_log_little(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    import logging
+
+    import gazette.rpc.connection as connection
+
+    monkeypatch.setattr(connection, "_ERROR_LOG", connection.LogLimit(20, 0.2))
+    caplog.set_level(logging.DEBUG)
+    srv = echo_server()
+    async with serving(srv) as port:
+        probes = [
+            tiny_literals(1023 << 10),                                # a block over the bound
+            b"\x00\x01\xff" + bytes(1 << 10),                         # a malformed block
+            b"\x00\x05" + b"x" * 5 + b"\x7f\xff\xff\xff\x7f",         # a string past the block
+        ]
+        for i in range(60):
+            raw = await Raw.connect(port)
+            raw.send(f.frame(f.HEADERS, f.END_HEADERS, 1, probes[i % 3]))
+            assert await raw.goaway_code() in (f.COMPRESSION_ERROR, f.PROTOCOL_ERROR)
+        lines = [r for r in caplog.records if r.name.startswith("gazette.rpc")]
+        assert 0 < len(lines) <= 20  # one per connection at most, and rate-limited
+        for r in lines:
+            assert not r.exc_info
+            assert len(r.getMessage()) + sum(len(str(v)) for k, v in r.__dict__.items()
+                                              if k in ("err", "peer", "suppressed")) <= 1024
+        healthy = await Raw.connect(port)
+        await echo_on(healthy, 1)
+        healthy.close()
+
+
+def test_log_limit_counts_what_it_leaves_out(caplog: Any) -> None:
+    import gazette.rpc.connection as connection
+
+    now = [0.0]
+    limit = connection.LogLimit(2, 1.0, lambda: now[0])
+    for _ in range(5):
+        limit.warning("x" * 5000, "peer")
+    now[0] = 1.0
+    limit.warning("again", "peer")
+    lines = [r for r in caplog.records if r.name == "gazette.rpc.connection"]
+    assert len(lines) == 3
+    assert all(len(r.__dict__["err"]) <= connection.LogLimit.MAX_LINE for r in lines)
+    assert lines[2].__dict__["suppressed"] == "3"
