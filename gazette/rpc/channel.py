@@ -121,7 +121,8 @@ class ClientConnection(Connection):
         self.send_headers(stream, block, end_stream)
         return stream
 
-    def on_headers(self, sid: int, headers: list[tuple[str, str]], end_stream: bool) -> None:
+    def on_headers(self, sid: int, headers: list[tuple[str, str]], end_stream: bool,
+                   malformed: str | None) -> None:
         stream = self.streams.get(sid)
         if stream is None:
             return

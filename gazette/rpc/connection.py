@@ -165,6 +165,10 @@ def _gather_fd(transport: asyncio.Transport) -> int:
         return -1
 
 
+class _Yield(Exception):
+    """This turn's share of header decoding is spent: the rest of the frames read waits."""
+
+
 class StreamReset(GazetteError):
     """The stream ended without its status: reset by the peer or the connection lost."""
 
@@ -270,7 +274,7 @@ class Connection(asyncio.Protocol):
         self.send_window = f.DEFAULT_WINDOW
         self._reader = f.FrameReader(MAX_FRAME)
         self._decoder = HeaderDecoder(HEADER_TABLE_SIZE, MAX_HEADER_LIST_SIZE)
-        self._blocks: dict[bytes, list[tuple[str, str]]] = {}
+        self._blocks: dict[bytes, tuple[list[tuple[str, str]], str | None]] = {}
         self._conn_unacked = 0
         self._withheld: asyncio.TimerHandle | None = None  # while the connection window waits
         self._continuation: tuple[int, int, list[bytes]] | None = None  # stream, flags, parts
@@ -323,11 +327,11 @@ class Connection(asyncio.Protocol):
         try:
             for ftype, flags, sid, payload in frames:
                 self._on_frame(ftype, flags, sid, payload)
-                if self._turn_work > HEADER_WORK_PER_TURN and not self.closed:
-                    self._backlog = frames
-                    self.set_reading(_BACKLOG, False)
-                    self.loop.call_soon(self._run_backlog)
-                    return
+        except _Yield:  # raised between frames: the rest of them is intact
+            if not self.closed:
+                self._backlog = frames
+                self.set_reading(_BACKLOG, False)
+                self.loop.call_soon(self._run_backlog)
         except f.ProtocolError as err:
             self.connection_error(str(err), err.code)
         except HpackError as err:
@@ -654,24 +658,31 @@ class Connection(asyncio.Protocol):
                 self.on_remote_closed(stream)
 
     def _on_header_block(self, sid: int, flags: int, block: bytes) -> None:
-        headers = self._blocks.get(block)
-        if headers is None and block:
+        cached = self._blocks.get(block)
+        if cached is not None:
+            headers, malformed = cached
+        else:
             self._turn_work += len(block)
             decoder = self._decoder
             was_empty = decoder.table_empty
-            headers, over = decoder.decode(block)
+            headers, over = decoder.decode(block) if block else ([], False)
             if over:
                 # Decoded (the HPACK state stays good) but over what we advertised.
                 self.header_list_too_large(sid, bool(flags & f.END_STREAM))
+                if self._turn_work > HEADER_WORK_PER_TURN:
+                    raise _Yield
                 return
+            malformed = self.check_headers(headers)
             # A block decoded with an empty dynamic table that leaves it empty (and does not
             # resize it) neither reads nor changes HPACK state, so the same bytes always mean
-            # the same headers: peers that never index (ours) are decoded once per block.
-            # Small blocks only, and a bounded number: what the cache holds stays small.
-            if (was_empty and decoder.table_empty and block[0] & 0xE0 != 0x20
+            # the same headers (and verdict): peers that never index (ours) are decoded and
+            # checked once per block. Small blocks only, and a bounded number of them.
+            if (was_empty and decoder.table_empty and block and block[0] & 0xE0 != 0x20
                     and len(block) <= _CACHED_BLOCK and len(self._blocks) < _CACHED_BLOCKS):
-                self._blocks[block] = headers
-        self.on_headers(sid, headers or [], bool(flags & f.END_STREAM))
+                self._blocks[block] = (headers, malformed)
+        self.on_headers(sid, headers, bool(flags & f.END_STREAM), malformed)
+        if self._turn_work > HEADER_WORK_PER_TURN:
+            raise _Yield  # checked here, off the path of DATA frames
 
     def _on_settings(self, pairs: list[tuple[int, int]]) -> None:
         for key, value in pairs:
@@ -696,7 +707,13 @@ class Connection(asyncio.Protocol):
 
     # -- hooks of the server and client --------------------------------------------------
 
-    def on_headers(self, sid: int, headers: list[tuple[str, str]], end_stream: bool) -> None:
+    def check_headers(self, headers: list[tuple[str, str]]) -> str | None:
+        """Why ``headers`` are malformed as what the peer opens streams with, or None (the
+        verdict reaches ``on_headers``, cached with the block's decoding)."""
+        return None
+
+    def on_headers(self, sid: int, headers: list[tuple[str, str]], end_stream: bool,
+                   malformed: str | None) -> None:
         raise NotImplementedError
 
     def header_list_too_large(self, sid: int, end_stream: bool) -> None:

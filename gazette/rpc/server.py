@@ -145,7 +145,7 @@ class _Requests:
 
 class ServerStream(Stream):
     __slots__ = ("handler", "task", "headers_sent", "deserialize", "serialize", "deadline_handle", "expired",
-                 "unary", "received")
+                 "received")
 
     conn: ServerConnection
 
@@ -158,20 +158,14 @@ class ServerStream(Stream):
         self.headers_sent = False
         self.deadline_handle: asyncio.TimerHandle | None = None
         self.expired = False
-        self.unary = not handler.request_streaming
-        self.received = 0  # messages received
+        self.received = 0  # messages received (counted on unary calls)
 
-    def on_data(self, payload: memoryview, end_stream: bool) -> None:
-        queued = len(self.messages)
-        super().on_data(payload, end_stream)
-        self.received += len(self.messages) - queued
-        if self.unary and self.received > 1:
-            # grpc-java ends such a call INTERNAL "Too many requests"; answering OK would let
-            # the client believe every message was taken.
-            raise f.MessageRefused("grpc: more than one request message on a unary call")
-        if end_stream and self.reader.partial:
+    def check_end(self) -> None:
+        """The client ended its side: within a message is an error."""
+        if self.reader.partial:
             # grpc-go's serverStream.RecvMsg: io.ErrUnexpectedEOF -> INTERNAL "unexpected EOF".
             raise f.MessageRefused("grpc: unexpected EOF: the stream ended within a message")
+
 
     def on_reset(self, code: int) -> None:
         super().on_reset(code)
@@ -207,6 +201,22 @@ class ServerStream(Stream):
             self.conn.write(f.rst_stream(self.id, f.NO_ERROR))
             self.remote_closed = True
         self.conn.streams.pop(self.id, None)
+
+
+class UnaryServerStream(ServerStream):
+    """A stream of a call taking one request message (streaming ones take the base's
+    ``on_data``, unchanged on their hot path)."""
+
+    __slots__ = ()
+
+    def on_data(self, payload: memoryview, end_stream: bool) -> None:
+        queued = len(self.messages)
+        super().on_data(payload, end_stream)
+        self.received += len(self.messages) - queued
+        if self.received > 1:
+            # grpc-java ends such a call INTERNAL "Too many requests"; answering OK would let
+            # the client believe every message was taken.
+            raise f.MessageRefused("grpc: more than one request message on a unary call")
 
 
 class BadRequest(GazetteError):
@@ -289,17 +299,19 @@ class ServerConnection(Connection):
     def on_goaway(self, last_stream_id: int, code: int, debug: bytes) -> None:
         self._draining = True
 
-    def on_headers(self, sid: int, headers: list[tuple[str, str]], end_stream: bool) -> None:
+    def check_headers(self, headers: list[tuple[str, str]]) -> str | None:
+        return malformed_request(headers)
+
+    def on_headers(self, sid: int, headers: list[tuple[str, str]], end_stream: bool,
+                   malformed: str | None) -> None:
         stream = self.streams.get(sid)
         if stream is not None:
             # Trailers from a client are not part of gRPC; treat them as the end of its stream.
             # A second header block that does not end the stream, or carries pseudo-headers,
             # is malformed (RFC 9113 8.1): a stream error.
             if end_stream and not any(name.startswith(":") for name, _ in headers):
-                try:
-                    stream.on_data(memoryview(b""), True)
-                except f.MessageRefused as err:
-                    self.message_refused(stream, err)
+                stream.on_data(memoryview(b""), True)
+                self.on_remote_closed(stream)
             else:
                 self.reset_stream(stream, f.PROTOCOL_ERROR,
                                   f.ProtocolError("malformed trailers after the request"))
@@ -312,8 +324,7 @@ class ServerConnection(Connection):
             # RFC 9113 5.1.2: beyond the advertised limit, refused (the client may retry).
             self.write(f.rst_stream(sid, f.REFUSED_STREAM))
             return
-        why = malformed_request(headers)
-        if why is not None:
+        if malformed is not None:
             # A malformed request is a stream error PROTOCOL_ERROR (RFC 9113 8.1.1).
             self.write(f.rst_stream(sid, f.PROTOCOL_ERROR))
             return
@@ -346,7 +357,7 @@ class ServerConnection(Connection):
         if handler is None:
             self._refuse(sid, end_stream, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path[:256]}")
             return
-        stream = ServerStream(self, sid, handler)
+        stream = (ServerStream if handler.request_streaming else UnaryServerStream)(self, sid, handler)
         self.streams[sid] = stream
         if end_stream:
             stream.remote_closed = True
@@ -364,6 +375,13 @@ class ServerConnection(Connection):
         self._last_stream = sid
         self._refuse(sid, end_stream, grpc.StatusCode.RESOURCE_EXHAUSTED,
                      f"header list over {MAX_HEADER_LIST_SIZE} bytes")
+
+    def on_remote_closed(self, stream: Stream) -> None:
+        assert isinstance(stream, ServerStream)
+        try:
+            stream.check_end()
+        except f.MessageRefused as err:
+            self.message_refused(stream, err)
 
     def withhold(self, held: int) -> bool:
         if super().withhold(held):
@@ -399,33 +417,41 @@ class ServerConnection(Connection):
             stream.task.cancel()
 
 
-_REQUEST_PSEUDO = frozenset((":method", ":scheme", ":path", ":authority"))
-_REQUIRED_PSEUDO = frozenset((":method", ":scheme", ":path"))
+_PSEUDO_BITS = {":method": 1, ":scheme": 2, ":path": 4, ":authority": 8}  # a request's
+_REQUIRED = 7  # :method, :scheme and :path
 # RFC 9113 8.2.2: connection-specific fields have no place in HTTP/2 ("te" but "trailers").
 _CONNECTION_SPECIFIC = frozenset(("connection", "keep-alive", "proxy-connection", "transfer-encoding",
                                   "upgrade"))
+# Fields every gRPC request has, known well-formed: checked by one lookup.
+_COMMON = frozenset(("content-type", "user-agent", "grpc-timeout", "grpc-accept-encoding", "authorization"))
 
 
 def malformed_request(headers: list[tuple[str, str]]) -> str | None:
-    """Why a request's header list is malformed (RFC 9113 8.1.1, 8.2, 8.3.1), or None."""
-    pseudo: set[str] = set()
+    """Why a request's header list is malformed (RFC 9113 8.1.1, 8.2, 8.3), or None."""
+    seen = 0
     regular = False
     for name, value in headers:
-        if not name or name != name.lower():
-            return "a field name that is empty or not lowercase"  # 8.2.1 (fuzzing: empty)
-        if name[0] == ":":
+        if name[:1] == ":":
             if regular:
                 return f"pseudo-header {name[:32]!r} after a regular field"  # 8.3
-            if name not in _REQUEST_PSEUDO:
+            bit = _PSEUDO_BITS.get(name)
+            if bit is None:
                 return f"pseudo-header {name[:32]!r} is not a request's"    # 8.3
-            if name in pseudo or (name == ":path" and not value):
+            if seen & bit or (bit == 4 and not value):
                 return f"pseudo-header {name} twice or empty"                # 8.3.1
-            pseudo.add(name)
-        else:
-            regular = True
-            if name in _CONNECTION_SPECIFIC or (name == "te" and value != "trailers"):
-                return f"connection-specific field {name!r}"                 # 8.2.2
-    if not _REQUIRED_PSEUDO <= pseudo:
+            seen |= bit
+            continue
+        regular = True
+        if name in _COMMON:
+            continue
+        if name == "te":
+            if value != "trailers":
+                return "connection-specific field 'te'"                       # 8.2.2
+        elif not name or name != name.lower():
+            return "a field name that is empty or not lowercase"             # 8.2.1
+        elif name in _CONNECTION_SPECIFIC:
+            return f"connection-specific field {name!r}"                     # 8.2.2
+    if seen & _REQUIRED != _REQUIRED:
         return "no :method, :scheme or :path"                                # 8.3.1
     return None
 
