@@ -380,6 +380,20 @@ def trailers(code: grpc.StatusCode, details: str, with_headers: bool, extra: byt
         return block + _OK_TRAILERS
     block += literal("grpc-status", str(code.value[0]))
     if details:
-        block += literal("grpc-message", encode_message_text(details))
+        block += literal("grpc-message", _message_text(details))
     return block
+
+
+#: The longest grpc-message we send, encoded: gRPC suggests clients limit a response's
+#: header lists to 8 KiB (grpc-core and grpc-java do), trailers included.
+MAX_MESSAGE_TEXT = 4096
+
+
+def _message_text(details: str) -> str:
+    text = encode_message_text(details)
+    if len(text) <= MAX_MESSAGE_TEXT:
+        return text
+    cut = text[:MAX_MESSAGE_TEXT]
+    escape = cut.rfind("%", MAX_MESSAGE_TEXT - 2)
+    return cut[:escape] if escape >= 0 else cut  # never half an escape
 
