@@ -198,7 +198,7 @@ class ServerStream(Stream):
                                end_stream=True)
         if not self.remote_closed:
             # The client may still be sending (an RPC that failed early): tell it to stop.
-            self.conn.write(f.rst_stream(self.id, f.NO_ERROR))
+            self.conn.send_reset(self.id, f.NO_ERROR)
             self.remote_closed = True
         self.conn.streams.pop(self.id, None)
 
@@ -316,17 +316,19 @@ class ServerConnection(Connection):
                 self.reset_stream(stream, f.PROTOCOL_ERROR,
                                   f.ProtocolError("malformed trailers after the request"))
             return
+        if sid in self._reset_sent:
+            return  # trailers of a stream we reset: ignored (RFC 9113 5.1)
         if sid % 2 == 0 or sid <= self._last_stream:
             raise f.ProtocolError(f"bad new stream id {sid}")
         self._last_stream = sid
         self._busy_at = self.loop.time()
         if len(self.streams) >= self.server.max_concurrent_streams:
             # RFC 9113 5.1.2: beyond the advertised limit, refused (the client may retry).
-            self.write(f.rst_stream(sid, f.REFUSED_STREAM))
+            self.send_reset(sid, f.REFUSED_STREAM)
             return
         if malformed is not None:
             # A malformed request is a stream error PROTOCOL_ERROR (RFC 9113 8.1.1).
-            self.write(f.rst_stream(sid, f.PROTOCOL_ERROR))
+            self.send_reset(sid, f.PROTOCOL_ERROR)
             return
         path = ""
         deadline: float | None = None
@@ -351,7 +353,7 @@ class ServerConnection(Connection):
             elif name[0] != ":" and name not in ("content-type", "te", "user-agent", "grpc-accept-encoding"):
                 metadata.append((name, value))
         if self._draining or self.server._stopping:
-            self.write(f.rst_stream(sid, f.REFUSED_STREAM))
+            self.send_reset(sid, f.REFUSED_STREAM)
             return
         handler = self.server.lookup(path, tuple(metadata))
         if handler is None:
@@ -409,7 +411,7 @@ class ServerConnection(Connection):
         # Details quote what the client sent (a path): cut short, the answer stays small.
         self.write_block(sid, f.trailers(code, details[:512], with_headers=True, extra=extra), True)
         if not end_stream:
-            self.write(f.rst_stream(sid, f.NO_ERROR))  # the client may stop sending (RFC 9113 8.1)
+            self.send_reset(sid, f.NO_ERROR)  # the client may stop sending (RFC 9113 8.1)
 
     def _expire(self, stream: ServerStream) -> None:
         if stream.task is not None and not stream.task.done():
