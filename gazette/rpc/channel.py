@@ -173,6 +173,12 @@ class ClientConnection(Connection):
                 stream.fail(_rpc_error(_UNAVAILABLE, f"{self.channel.target} is going away"))
         self._maybe_close()
 
+    def header_list_too_large(self, sid: int, end_stream: bool) -> None:
+        stream = self.streams.get(sid)
+        if stream is not None:
+            self.reset_stream(stream, f.CANCEL, _rpc_error(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, "the response's header list is over our maximum size"))
+
     def message_refused(self, stream: Stream, err: f.MessageRefused) -> None:
         self.reset_stream(stream, f.CANCEL, _rpc_error(err.status, str(err)))
 

@@ -390,7 +390,7 @@ MAX_MESSAGE_TEXT = 4096
 
 
 def _message_text(details: str) -> str:
-    text = encode_message_text(details)
+    text = encode_message_text(details[:MAX_MESSAGE_TEXT])  # each character encodes to 1+
     if len(text) <= MAX_MESSAGE_TEXT:
         return text
     cut = text[:MAX_MESSAGE_TEXT]

@@ -194,7 +194,7 @@ class ServerStream(Stream):
     def finish(self, code: grpc.StatusCode, details: str, extra: bytes = b"") -> None:
         if self.local_closed or self.conn.closed:
             return
-        self.conn.send_headers(self, f.trailers(code, details[:4096], not self.headers_sent, extra),
+        self.conn.send_headers(self, f.trailers(code, details, not self.headers_sent, extra),
                                end_stream=True)
         if not self.remote_closed:
             # The client may still be sending (an RPC that failed early): tell it to stop.

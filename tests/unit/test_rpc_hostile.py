@@ -749,3 +749,33 @@ def test_decoder_takes_any_bytes_with_hpack_error_at_worst(blocks: list[bytes]) 
             return  # the connection would end here
         assert sum(len(n) + len(v) + 32 for n, v in headers) <= 256
         assert decoder.table_octets <= 4096
+
+
+def _within_block_over_list() -> str:
+    """Details whose trailers-only block is within MAX_HEADER_BLOCK encoded but whose list
+    (32 more per field) is over MAX_HEADER_LIST_SIZE."""
+    n = MAX_HEADER_BLOCK
+    while len(f.trailers(grpc.StatusCode.FAILED_PRECONDITION, "x" * n, True)) > MAX_HEADER_BLOCK:
+        n -= 1
+    return "x" * n
+
+
+async def _abort_huge(request: bytes, context: Any) -> bytes:
+    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, _within_block_over_list())
+    return b""
+
+
+async def test_our_channel_refuses_a_response_header_list_over_the_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gazette.rpc.channel import insecure_channel
+
+    monkeypatch.setattr(f, "MAX_MESSAGE_TEXT", 1 << 20)  # a server that sends what it likes
+    async with serving(echo_server(Huge=grpc.unary_unary_rpc_method_handler(_abort_huge))) as port:
+        channel = insecure_channel(f"127.0.0.1:{port}")
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await channel.unary_unary("/test.Echo/Huge")(b"hi")
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert await channel.unary_unary(ECHO)(b"hi") == b"hi"  # the connection goes on
+        finally:
+            await channel.close()
