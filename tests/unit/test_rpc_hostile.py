@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import gc
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -603,11 +604,15 @@ async def test_unfinished_messages_are_bounded_per_connection(monkeypatch: pytes
         held = srv.buffered_bytes()
         assert held == sent + 5 * len(sids)  # what the accounting counts is all we hold
         assert held <= (2 << 20) + (4 << 20) + f.DEFAULT_WINDOW
+        conn = weakref.ref(next(iter(srv._connections)))
         healthy = await Raw.connect(port)
         await echo_on(healthy, 1)  # the other connections are served
         raw.close()
         await eventually(lambda: srv.buffered_bytes() == 0 and len(srv._connections) == 1,
                          "released once the connection closed")
+        await srv.handlers.wait()  # its calls' tasks are cancelled and gone
+        gc.collect()
+        assert conn() is None, gc.get_referrers(conn())  # nothing keeps the connection
         healthy.close()
 
 
