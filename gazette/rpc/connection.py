@@ -172,7 +172,8 @@ def _gather_fd(transport: asyncio.Transport) -> int:
 
 
 class _Yield(Exception):
-    """This turn's share of header decoding is spent: the rest of the frames read waits."""
+    """This turn's share of frames or header decoding is spent: the rest of the frames read
+    waits for the next turn."""
 
 
 class StreamReset(GazetteError):

@@ -11,9 +11,13 @@ Invariants:
   elapsed ``grpc-timeout`` cancels that task (so ``finally`` blocks and rollbacks run);
   nothing else does until :meth:`RpcServer.stop`'s grace period ends.
 * Every stream gets exactly one end: trailers carrying ``grpc-status`` (OK, the code passed
-  to ``abort``, UNKNOWN for an exception the servicer let escape, DEADLINE_EXCEEDED, or
-  UNIMPLEMENTED for an unknown method), or an RST_STREAM. A failing servicer never takes
-  the connection or the server down.
+  to ``abort``, UNKNOWN for an exception the servicer let escape, DEADLINE_EXCEEDED, or,
+  for what the client got wrong, as grpc-go and grpc-java answer: UNIMPLEMENTED for an
+  unknown method or a compressed message, with ``grpc-accept-encoding: identity``;
+  INVALID_ARGUMENT for a request that does not deserialize; INTERNAL for a message cut short
+  by the end of the stream or a second message on a unary call; RESOURCE_EXHAUSTED for a
+  message or header list over its limit), or an RST_STREAM (PROTOCOL_ERROR for a malformed
+  request, RFC 9113 8.1.1). A failing servicer never takes the connection or the server down.
 * After ``stop()`` begins, connections get GOAWAY: RPCs already started run to their end
   (up to the grace period), new streams are refused.
 """
@@ -165,7 +169,6 @@ class ServerStream(Stream):
         if self.reader.partial:
             # grpc-go's serverStream.RecvMsg: io.ErrUnexpectedEOF -> INTERNAL "unexpected EOF".
             raise f.MessageRefused("grpc: unexpected EOF: the stream ended within a message")
-
 
     def on_reset(self, code: int) -> None:
         super().on_reset(code)
