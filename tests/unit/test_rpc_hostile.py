@@ -784,3 +784,19 @@ async def test_our_channel_refuses_a_response_header_list_over_the_limit(
             assert await channel.unary_unary(ECHO)(b"hi") == b"hi"  # the connection goes on
         finally:
             await channel.close()
+
+
+async def test_distinct_header_blocks_are_not_kept() -> None:
+    srv = echo_server()
+    async with serving(srv) as port:
+        raw = await Raw.connect(port)
+        await eventually(lambda: bool(srv._connections), "the server has the connection")
+        conn = next(iter(srv._connections))
+        for i in range(200):  # 200 distinct legal blocks of 15 KB (unknown methods)
+            block = f.request_headers(f"/x.Y/{i}", "p", "p") + f.literal("x-pad", "v" * 15000)
+            raw.send(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1 + 2 * i, block))
+        assert (await answer(raw, 399))["grpc-status"] == _CODE["UNIMPLEMENTED"]
+        # The decoded-block cache keeps small blocks only (1 KiB, 256 of them): 428 MiB were
+        # held for 200 blocks of 1 MB.
+        assert sum(len(b) for b in conn._blocks) <= 256 << 10
+        raw.close()
