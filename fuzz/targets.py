@@ -97,7 +97,7 @@ _loop = asyncio.new_event_loop()
 
 
 def h2_connection(data: bytes) -> None:
-    """Bytes after the client preface, in two chunks (split at the first byte's value), into
+    """Bytes after the client preface (and its SETTINGS frame), in two chunks (split at the first byte's value), into
     a server hosting a unary echo and a client-streaming sum; the connection's own tasks run
     to completion. Its output must split into frames."""
     async def run() -> None:
@@ -109,7 +109,9 @@ def h2_connection(data: bytes) -> None:
         transport = RecordingTransport()
         conn.connection_made(transport)
         cut = data[0] % (len(data) + 1) if data else 0
-        for chunk in (PREFACE + data[:cut], data[cut:]):
+        # The preface's SETTINGS frame is ours: a fuzzed first frame that is not SETTINGS
+        # ends the connection at once (RFC 9113 3.4), which would leave the rest unexplored.
+        for chunk in (PREFACE + f.settings_frame({}) + data[:cut], data[cut:]):
             if not transport.closed and chunk:
                 conn.data_received(chunk)
         conn.flush()

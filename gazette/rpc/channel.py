@@ -121,7 +121,8 @@ class ClientConnection(Connection):
         self.send_headers(stream, block, end_stream)
         return stream
 
-    def on_headers(self, sid: int, headers: list[tuple[str, str]], end_stream: bool) -> None:
+    def on_headers(self, sid: int, headers: list[tuple[str, str]], end_stream: bool,
+                   malformed: str | None) -> None:
         stream = self.streams.get(sid)
         if stream is None:
             return
@@ -172,8 +173,14 @@ class ClientConnection(Connection):
                 stream.fail(_rpc_error(_UNAVAILABLE, f"{self.channel.target} is going away"))
         self._maybe_close()
 
-    def message_too_large(self, stream: Stream, err: f.MessageTooLarge) -> None:
-        self.reset_stream(stream, f.CANCEL, _rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err)))
+    def header_list_too_large(self, sid: int, end_stream: bool) -> None:
+        stream = self.streams.get(sid)
+        if stream is not None:
+            self.reset_stream(stream, f.CANCEL, _rpc_error(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, "the response's header list is over our maximum size"))
+
+    def message_refused(self, stream: Stream, err: f.MessageRefused) -> None:
+        self.reset_stream(stream, f.CANCEL, _rpc_error(err.status, str(err)))
 
     def _maybe_close(self) -> None:
         if self.going_away and not self.streams and self.transport is not None:

@@ -9,8 +9,11 @@ Invariants:
   level) or as DATA arrives (connection level), so a stream buffers at most its window of
   unread data: a slow handler back-pressures its own peer and nobody else. A peer that
   sends beyond a stream's window has the stream reset (FLOW_CONTROL_ERROR). The connection
-  window is withheld while the streams together hold more than CONNECTION_BUFFER_CAP unread:
-  what one connection can pin is bounded by that cap plus the connection window.
+  window is withheld while the streams together hold more than CONNECTION_BUFFER_CAP unread
+  (or, on a server, more than their share of the process's budget, ``withhold``): what one
+  connection can pin is bounded by that cap plus the connection window. What the peer does
+  not read of our writes is bounded too: past WRITE_BACKLOG_LIMIT queued, the connection is
+  not read until the transport drains.
 * Sends never exceed the peer's stream and connection windows nor its maximum frame size;
   a send waits for a WINDOW_UPDATE, or for the transport to drain, and fails if the stream
   or connection ends meanwhile.
@@ -19,8 +22,14 @@ Invariants:
 * A connection error (bad framing, HPACK failure) sends GOAWAY with its code and closes
   the transport; every stream still open then fails exactly once (``Stream.fail``).
 * What a peer can make us hold or do is bounded, with the error RFC 9113 names: a header
-  block (HEADERS and its CONTINUATIONs) holds at most MAX_HEADER_BLOCK bytes and
-  MAX_CONTINUATIONS frames (else GOAWAY ENHANCE_YOUR_CALM); WINDOW_UPDATE increments are
+  block (HEADERS and its CONTINUATIONs) holds at most MAX_HEADER_BLOCK encoded bytes, checked
+  before any HPACK work (else GOAWAY COMPRESSION_ERROR: it is not decoded) and
+  MAX_CONTINUATIONS frames (else GOAWAY ENHANCE_YOUR_CALM); it decodes in time linear in its
+  size (:mod:`gazette.rpc.hpack_decoder`), to a list of at most MAX_HEADER_LIST_SIZE (as
+  advertised; a longer one is decoded but refused), and a connection decodes at most
+  HEADER_WORK_PER_TURN of blocks (and FRAMES_PER_TURN frames) per turn of the event loop,
+  the rest of what it read waiting for the next turn; the peer's first frame is
+  SETTINGS (RFC 9113 3.4); WINDOW_UPDATE increments are
   non-zero and windows stay within 2^31-1; frames arrive only on the streams their type
   allows (no DATA, RST_STREAM or WINDOW_UPDATE on idle streams or stream 0; no SETTINGS,
   PING or GOAWAY on a stream); SETTINGS values are legal. A server also rate-limits the
@@ -34,25 +43,33 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import os
-from collections.abc import Callable
-from typing import cast
-
-import hpack
+import time
+from collections.abc import Callable, Iterator
 
 from gazette.errors import GazetteError
 from gazette.rpc import frames as f
+from gazette.rpc.hpack_decoder import HeaderDecoder, HpackError
 
 log = logging.getLogger(__name__)
 
 # Windows we grant: per stream, what one slow reader may buffer; per connection, enough
-# for many streams of large appends in flight.
+# for several streams of large appends in flight.
 STREAM_WINDOW = 16 << 20
-CONNECTION_WINDOW = 256 << 20
+CONNECTION_WINDOW = 32 << 20
 # Unread DATA all streams of a connection may hold before the connection window stops being
-# replenished (each stream's own window bounds one stream; this bounds their sum).
-CONNECTION_BUFFER_CAP = 64 << 20
+# replenished (each stream's own window bounds one stream; this bounds their sum): what one
+# connection's requests can make us hold is at most this plus CONNECTION_WINDOW (was 64 +
+# 256 MiB: 24 streams each holding 15 MiB of an unfinished message held 382 MiB).
+CONNECTION_BUFFER_CAP = 32 << 20
+# Bytes queued in the transport for a client that does not read them, beyond which the
+# connection is not read either (until the transport drains): answers a client makes us
+# write without reading them (refusals, resets, PING and SETTINGS ACKs) stay bounded.
+# Messages never queue beyond the transport's high-water mark plus one frame, as their
+# sends wait for it to drain.
+WRITE_BACKLOG_LIMIT = 4 << 20
 MAX_FRAME = 1 << 20            # largest frame we accept (we advertise it)
 DEFAULT_MAX_MESSAGE = 256 << 20
 _JOIN_LIMIT = 32 << 10          # frames up to this size are joined into one write
@@ -60,7 +77,29 @@ _JOIN_LIMIT = 32 << 10          # frames up to this size are joined into one wri
 _HEADERS_FLAG_END = f.END_HEADERS | f.END_STREAM
 
 # Bounds on what a peer may make us hold or do (RFC 9113 leaves them to the endpoint).
-MAX_HEADER_BLOCK = 256 << 10    # encoded bytes of one header block, CONTINUATIONs included
+# Header lists: gRPC suggests clients limit response headers to 8 KiB (PROTOCOL-HTTP2.md) and
+# grpc-core refuses metadata over 16 KiB by default (its hard limit), so gRPC clients keep
+# within that; grpc-go's and Go's net/http2 defaults (16 MiB, 1 MiB) are far above what any
+# Gazette peer sends (a capability token and a timeout take well under 4 KiB). 16 KiB keeps
+# the worst block's decoding to a few milliseconds (a 64 KiB block of tiny fields: ~15 ms).
+MAX_HEADER_LIST_SIZE = 16 << 10  # decoded (RFC 7541 size), advertised as SETTINGS_MAX_HEADER_LIST_SIZE
+# Encoded bytes of one header block, CONTINUATIONs included, checked as frames arrive and
+# before any HPACK work. A sane encoder's block is never larger than its decoded list (a
+# literal costs its bytes plus a few, a field counts 32 more), so this refuses no block a
+# well-behaved peer sends within the list size we advertise.
+MAX_HEADER_BLOCK = MAX_HEADER_LIST_SIZE
+HEADER_TABLE_SIZE = 4096        # the HPACK dynamic table we allow the peer (the default)
+# Header block bytes one connection may have decoded in one turn of the event loop: past it,
+# the rest of what was read waits for the next turn (and the socket is not read meanwhile),
+# so a client packing many blocks into one read cannot hold the loop (~5 ms per 16 KiB).
+HEADER_WORK_PER_TURN = MAX_HEADER_BLOCK
+# Frames one connection may have handled in one turn: a read of 256 KiB holds up to 29,000
+# empty frames (SETTINGS ACKs, empty DATA, unknown types), 40-85 ms of work; 2,048 frames of
+# the costliest kind take about 6 ms. Real traffic yields rarely (2,048 small unary calls).
+FRAMES_PER_TURN = 2048
+_CACHED_BLOCK = 1024            # header blocks up to this size may be cached (see _on_header_block)
+_CACHED_BLOCKS = 256            # ... this many per connection
+_RESETS_KEPT = 256              # streams we reset whose late frames are ignored
 MAX_CONTINUATIONS = 256         # CONTINUATION frames of one header block
 CALM_BURST = 1000               # control frames (PING, SETTINGS, RST_STREAM, PRIORITY) in a
 CALM_RATE = 200.0               # burst, then per second; beyond: GOAWAY ENHANCE_YOUR_CALM
@@ -87,6 +126,36 @@ class RateLimit:
         return True
 
 
+# Reasons a connection's transport is not read (Connection.set_reading).
+_BACKLOG = 1   # frames already read wait for the next loop turn
+_WRITE_BACKLOG = 2  # the client does not read what we write (WRITE_BACKLOG_LIMIT)
+
+class LogLimit:
+    """Log lines about what peers do wrong, rate-limited process-wide: a client opening
+    connection after connection to misbehave cannot flood the log. A line is at most about
+    ``MAX_LINE`` characters (what came from the peer is cut short); the lines left out are
+    counted in the next one written."""
+
+    MAX_LINE = 512
+
+    def __init__(self, burst: float, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit = RateLimit(burst, rate, clock)
+        self.suppressed = 0
+
+    def warning(self, err: str, peer: str) -> None:
+        if not self.limit.take():
+            self.suppressed += 1
+            return
+        extra = {"err": err[:self.MAX_LINE], "peer": peer[:64]}
+        if self.suppressed:
+            extra["suppressed"] = str(self.suppressed)
+            self.suppressed = 0
+        log.warning("HTTP/2 connection error", extra=extra)
+
+
+#: One connection error (GOAWAY sent) is one line; 20 at once, then one every 5 seconds.
+_ERROR_LOG = LogLimit(20, 0.2)
+
 _IOV_MAX = 1024  # buffers per writev (POSIX leaves it to the platform; Linux allows 1024)
 
 
@@ -100,6 +169,11 @@ def _gather_fd(transport: asyncio.Transport) -> int:
         return int(sock.fileno()) if sock is not None else -1
     except (AttributeError, OSError, ValueError):
         return -1
+
+
+class _Yield(Exception):
+    """This turn's share of frames or header decoding is spent: the rest of the frames read
+    waits for the next turn."""
 
 
 class StreamReset(GazetteError):
@@ -136,12 +210,12 @@ class Stream:
         self.buffered += len(payload)
         if self.buffered > STREAM_WINDOW:
             raise StreamReset("peer sent beyond the stream's flow-control window", f.FLOW_CONTROL_ERROR)
+        if end_stream:
+            self.remote_closed = True  # first: a message refused below ends a closed stream
         if payload:
             msgs = self.reader.feed(payload)
             if msgs:
                 self.messages.extend(msgs)
-        if end_stream:
-            self.remote_closed = True
         if self.waiter is not None and (self.messages or self.remote_closed):
             w, self.waiter = self.waiter, None
             if not w.done():
@@ -206,12 +280,14 @@ class Connection(asyncio.Protocol):
         self.peer_max_frame = f.DEFAULT_MAX_FRAME
         self.send_window = f.DEFAULT_WINDOW
         self._reader = f.FrameReader(MAX_FRAME)
-        self._decoder = hpack.Decoder()
-        self._decoder.max_header_list_size = 1 << 20
-        self._blocks: dict[bytes, list[tuple[str, str]]] = {}
+        self._decoder = HeaderDecoder(HEADER_TABLE_SIZE, MAX_HEADER_LIST_SIZE)
+        self._blocks: dict[bytes, tuple[list[tuple[str, str]], str | None]] = {}
         self._conn_unacked = 0
         self._withheld: asyncio.TimerHandle | None = None  # while the connection window waits
         self._continuation: tuple[int, int, list[bytes]] | None = None  # stream, flags, parts
+        # The frame type the next frame must have: the peer's preface is a SETTINGS frame
+        # (RFC 9113 3.4), a header block goes on in CONTINUATIONs; else None.
+        self._expect: int | None = f.SETTINGS
         self._send_waiters: list[asyncio.Future[None]] = []
         self._paused = False
         self._fd = -1  # a socket whose writes may be gathered (see flush)
@@ -224,6 +300,10 @@ class Connection(asyncio.Protocol):
         self._continuation_frames = 0
         # Servers bound the control frames a client may make them answer (see _calm).
         self.calm: RateLimit | None = None
+        self._turn_work = 0  # header block bytes decoded in this turn (see HEADER_WORK_PER_TURN)
+        self._backlog: Iterator[tuple[int, int, int, memoryview]] | None = None
+        self._hold = 0       # reasons the transport is not read (bits: _BACKLOG, ...)
+        self._reset_sent: dict[int, None] = {}  # streams we reset lately, oldest first
 
     # -- transport events ------------------------------------------------------------
 
@@ -236,7 +316,8 @@ class Connection(asyncio.Protocol):
             f.SETTINGS_ENABLE_PUSH: 0,
             f.SETTINGS_INITIAL_WINDOW_SIZE: STREAM_WINDOW,
             f.SETTINGS_MAX_FRAME_SIZE: MAX_FRAME,
-            f.SETTINGS_MAX_HEADER_LIST_SIZE: 1 << 20,
+            f.SETTINGS_HEADER_TABLE_SIZE: HEADER_TABLE_SIZE,
+            f.SETTINGS_MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_SIZE,
         }
         if self.max_concurrent_streams is not None:
             settings[f.SETTINGS_MAX_CONCURRENT_STREAMS] = self.max_concurrent_streams
@@ -244,16 +325,54 @@ class Connection(asyncio.Protocol):
                         + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
 
     def data_received(self, data: bytes) -> None:
+        if self._backlog is not None:  # read though paused (a transport may deliver what it holds)
+            self._backlog = itertools.chain(self._backlog, self._reader.feed(data))
+            return
+        self._run(self._reader.feed(data))
+
+    def _run(self, frames: Iterator[tuple[int, int, int, memoryview]]) -> None:
+        self._turn_work = 0
+        budget = FRAMES_PER_TURN
         try:
-            for ftype, flags, sid, payload in self._reader.feed(data):
+            for ftype, flags, sid, payload in frames:
                 self._on_frame(ftype, flags, sid, payload)
+                budget -= 1
+                if not budget:
+                    raise _Yield
+        except _Yield:  # raised between frames: the rest of them is intact
+            if not self.closed:
+                self._backlog = frames
+                self.set_reading(_BACKLOG, False)
+                self.loop.call_soon(self._run_backlog)
         except f.ProtocolError as err:
             self.connection_error(str(err), err.code)
-        except hpack.HPACKError as err:
+        except HpackError as err:
             self.connection_error(f"bad header block: {err}", f.COMPRESSION_ERROR)
+
+    def _run_backlog(self) -> None:
+        frames, self._backlog = self._backlog, None
+        if frames is None or self.closed:
+            return
+        self._run(frames)
+        if self._backlog is None:
+            self.set_reading(_BACKLOG, True)
+
+    def set_reading(self, reason: int, on: bool) -> None:
+        """Stops (or resumes) reading the transport for ``reason`` (a bit): it is read while
+        no reason holds it."""
+        was = self._hold
+        self._hold = was & ~reason if on else was | reason
+        transport = self.transport
+        if transport is None or self.closed or bool(was) == bool(self._hold):
+            return
+        if self._hold:
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._backlog = None
         if self._withheld is not None:
             self._withheld.cancel()
             self._withheld = None
@@ -272,6 +391,8 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused = False
+        if self._hold & _WRITE_BACKLOG:
+            self.set_reading(_WRITE_BACKLOG, True)
         waiters, self._drain_waiters = self._drain_waiters, []
         for w in waiters:
             if not w.done():
@@ -316,6 +437,8 @@ class Connection(asyncio.Protocol):
         else:
             transport.write(b"".join(out))
         out.clear()
+        if self._paused and transport.get_write_buffer_size() > WRITE_BACKLOG_LIMIT:
+            self.set_reading(_WRITE_BACKLOG, False)  # until resume_writing
 
     def _gather(self, transport: asyncio.Transport, out: list[bytes | memoryview]) -> None:
         # With nothing buffered in the transport, writing to its socket directly keeps the
@@ -338,7 +461,7 @@ class Connection(asyncio.Protocol):
             n = 0
 
     def connection_error(self, message: str, code: int = f.PROTOCOL_ERROR) -> None:
-        log.warning("HTTP/2 connection error", extra={"err": message, "peer": self.peer()})
+        _ERROR_LOG.warning(message, self.peer())
         if self.transport is not None and not self.closed:
             self.write(f.goaway(self.last_peer_stream(), code, message.encode()[:256]))
             self.flush()
@@ -356,19 +479,26 @@ class Connection(asyncio.Protocol):
     # -- frames ----------------------------------------------------------------------
 
     def _on_frame(self, ftype: int, flags: int, sid: int, payload: memoryview) -> None:
-        if self._continuation is not None and ftype != f.CONTINUATION:
-            raise f.ProtocolError("expected a CONTINUATION frame")
+        if self._expect is not None:
+            if ftype != self._expect:
+                raise f.ProtocolError(f"expected a {'SETTINGS' if self._expect == f.SETTINGS else 'CONTINUATION'} "
+                                      f"frame, not type {ftype}")
+            if ftype == f.SETTINGS:
+                if flags & f.ACK:
+                    raise f.ProtocolError("the peer's preface is a SETTINGS ACK")
+                self._expect = None
         if ftype == f.DATA:
             self._on_data(flags, sid, payload)
         elif ftype == f.HEADERS:
             if sid == 0:
                 raise f.ProtocolError("HEADERS on stream 0")
             block = f.strip_padding(flags, payload, priority=True)
+            self._check_header_block(len(block), 0)  # before any HPACK work
             if flags & f.END_HEADERS:
                 self._on_header_block(sid, flags, bytes(block))
             else:
-                self._check_header_block(len(block), 0)
                 self._continuation = (sid, flags, [bytes(block)])
+                self._expect = f.CONTINUATION
                 self._continuation_bytes, self._continuation_frames = len(block), 0
         elif ftype == f.CONTINUATION:
             if self._continuation is None or self._continuation[0] != sid:
@@ -379,7 +509,7 @@ class Connection(asyncio.Protocol):
             self._continuation[2].append(bytes(payload))
             if flags & f.END_HEADERS:
                 csid, cflags, parts = self._continuation
-                self._continuation = None
+                self._continuation = self._expect = None
                 self._on_header_block(csid, cflags, b"".join(parts))
         elif ftype == f.WINDOW_UPDATE:
             self._on_window_update(sid, payload)
@@ -442,11 +572,19 @@ class Connection(asyncio.Protocol):
             self._withheld = None
         if self.closed or self._conn_unacked < CONNECTION_WINDOW >> 2:
             return
-        if sum(s.buffered for s in self.streams.values()) > CONNECTION_BUFFER_CAP:
+        if self.withhold(self.buffered_bytes()):
             self._withheld = self.loop.call_later(0.05, self.replenish)
             return
         self.write(f.window_update(0, self._conn_unacked))
         self._conn_unacked = 0
+
+    def buffered_bytes(self) -> int:
+        """Request data received and not yet consumed, in all streams."""
+        return sum(s.buffered for s in self.streams.values())
+
+    def withhold(self, held: int) -> bool:
+        """Whether the connection window is withheld, the streams holding ``held`` bytes."""
+        return held > CONNECTION_BUFFER_CAP
 
     def _stream_error(self, sid: int, code: int, message: str) -> None:
         """A stream error: the stream is reset (failing its reader), or, closed already,
@@ -455,13 +593,19 @@ class Connection(asyncio.Protocol):
         if stream is not None:
             self.reset_stream(stream, code, f.ProtocolError(message))
         else:
-            self.write(f.rst_stream(sid, code))
+            self.send_reset(sid, code)
 
     def _check_header_block(self, size: int, continuations: int) -> None:
-        if size > MAX_HEADER_BLOCK or continuations > MAX_CONTINUATIONS:
-            raise f.ProtocolError(
-                f"header block over {MAX_HEADER_BLOCK} bytes or {MAX_CONTINUATIONS} "
-                "CONTINUATION frames", f.ENHANCE_YOUR_CALM)
+        # A block we do not decode leaves the connection's HPACK state unknown: RFC 9113 4.3
+        # requires the connection to end then, with COMPRESSION_ERROR ("if it does not
+        # decompress a field block"). Decoding it instead, to refuse just its stream, would
+        # cost time in proportion to whatever the peer sends; a peer told our
+        # SETTINGS_MAX_HEADER_LIST_SIZE has no business sending more.
+        if size > MAX_HEADER_BLOCK:
+            raise f.ProtocolError(f"header block over {MAX_HEADER_BLOCK} bytes", f.COMPRESSION_ERROR)
+        if continuations > MAX_CONTINUATIONS:
+            raise f.ProtocolError(f"header block of over {MAX_CONTINUATIONS} CONTINUATION frames",
+                                  f.ENHANCE_YOUR_CALM)
 
     def _calm(self) -> None:
         if self.calm is not None and not self.calm.take():
@@ -505,7 +649,8 @@ class Connection(asyncio.Protocol):
             # peer learns the stream is closed (RFC 9113 5.1: a stream error, STREAM_CLOSED).
             if sid == 0 or self.stream_is_idle(sid):
                 raise f.ProtocolError(f"DATA on {'stream 0' if sid == 0 else f'idle stream {sid}'}")
-            self.write(f.rst_stream(sid, f.STREAM_CLOSED))
+            if sid not in self._reset_sent:  # frames after our RST_STREAM are ignored (5.1)
+                self.send_reset(sid, f.STREAM_CLOSED)
             return
         if stream.remote_closed:  # DATA after END_STREAM (RFC 9113 5.1: half-closed remote)
             self.reset_stream(stream, f.STREAM_CLOSED, f.ProtocolError("DATA after END_STREAM"))
@@ -515,8 +660,8 @@ class Connection(asyncio.Protocol):
             stream.on_data(content, bool(flags & f.END_STREAM))
             if len(content) != n:
                 stream.credit(n - len(content))
-        except f.MessageTooLarge as err:
-            self.message_too_large(stream, err)
+        except f.MessageRefused as err:
+            self.message_refused(stream, err)
         except f.ProtocolError as err:
             self.reset_stream(stream, f.PROTOCOL_ERROR, err)
         except StreamReset as err:
@@ -526,17 +671,31 @@ class Connection(asyncio.Protocol):
                 self.on_remote_closed(stream)
 
     def _on_header_block(self, sid: int, flags: int, block: bytes) -> None:
-        headers = self._blocks.get(block)
-        if headers is None and block:
-            entries = self._decoder.header_table.dynamic_entries
-            was_empty = not entries
-            headers = cast(list[tuple[str, str]], self._decoder.decode(block))
+        cached = self._blocks.get(block)
+        if cached is not None:
+            headers, malformed = cached
+        else:
+            self._turn_work += len(block)
+            decoder = self._decoder
+            was_empty = decoder.table_empty
+            headers, over = decoder.decode(block) if block else ([], False)
+            if over:
+                # Decoded (the HPACK state stays good) but over what we advertised.
+                self.header_list_too_large(sid, bool(flags & f.END_STREAM))
+                if self._turn_work > HEADER_WORK_PER_TURN:
+                    raise _Yield
+                return
+            malformed = self.check_headers(headers)
             # A block decoded with an empty dynamic table that leaves it empty (and does not
             # resize it) neither reads nor changes HPACK state, so the same bytes always mean
-            # the same headers: peers that never index (ours) are decoded once per block.
-            if was_empty and not entries and block[0] & 0xE0 != 0x20 and len(self._blocks) < 512:
-                self._blocks[block] = headers
-        self.on_headers(sid, headers or [], bool(flags & f.END_STREAM))
+            # the same headers (and verdict): peers that never index (ours) are decoded and
+            # checked once per block. Small blocks only, and a bounded number of them.
+            if (was_empty and decoder.table_empty and block and block[0] & 0xE0 != 0x20
+                    and len(block) <= _CACHED_BLOCK and len(self._blocks) < _CACHED_BLOCKS):
+                self._blocks[block] = (headers, malformed)
+        self.on_headers(sid, headers, bool(flags & f.END_STREAM), malformed)
+        if self._turn_work > HEADER_WORK_PER_TURN:
+            raise _Yield  # checked here, off the path of DATA frames
 
     def _on_settings(self, pairs: list[tuple[int, int]]) -> None:
         for key, value in pairs:
@@ -561,8 +720,18 @@ class Connection(asyncio.Protocol):
 
     # -- hooks of the server and client --------------------------------------------------
 
-    def on_headers(self, sid: int, headers: list[tuple[str, str]], end_stream: bool) -> None:
+    def check_headers(self, headers: list[tuple[str, str]]) -> str | None:
+        """Why ``headers`` are malformed as what the peer opens streams with, or None (the
+        verdict reaches ``on_headers``, cached with the block's decoding)."""
+        return None
+
+    def on_headers(self, sid: int, headers: list[tuple[str, str]], end_stream: bool,
+                   malformed: str | None) -> None:
         raise NotImplementedError
+
+    def header_list_too_large(self, sid: int, end_stream: bool) -> None:
+        """A header block on ``sid`` decoded to more than MAX_HEADER_LIST_SIZE."""
+        self._stream_error(sid, f.PROTOCOL_ERROR, "header list over its maximum size")
 
     def stream_is_idle(self, sid: int) -> bool:
         """Whether stream ``sid`` was never opened (frames other than HEADERS and PRIORITY
@@ -575,7 +744,7 @@ class Connection(asyncio.Protocol):
     def on_goaway(self, last_stream_id: int, code: int, debug: bytes) -> None:
         raise NotImplementedError
 
-    def message_too_large(self, stream: Stream, err: f.MessageTooLarge) -> None:
+    def message_refused(self, stream: Stream, err: f.MessageRefused) -> None:
         self.reset_stream(stream, f.CANCEL, StreamReset(str(err)))
 
     def last_peer_stream(self) -> int:
@@ -592,18 +761,23 @@ class Connection(asyncio.Protocol):
     def send_headers(self, stream: Stream, block: bytes, end_stream: bool) -> None:
         if stream.local_closed or self.closed:
             return
-        flags = _HEADERS_FLAG_END if end_stream else f.END_HEADERS
-        if len(block) <= self.peer_max_frame:
-            self.write(f.frame(f.HEADERS, flags, stream.id, block))
-        else:
-            step = self.peer_max_frame
-            parts = [block[i:i + step] for i in range(0, len(block), step)]
-            out = [f.frame(f.HEADERS, flags & f.END_STREAM, stream.id, parts[0])]
-            for i, part in enumerate(parts[1:], 1):
-                out.append(f.frame(f.CONTINUATION, f.END_HEADERS if i == len(parts) - 1 else 0, stream.id, part))
-            self.write(b"".join(out))
+        self.write_block(stream.id, block, end_stream)
         if end_stream:
             stream.local_closed = True
+
+    def write_block(self, sid: int, block: bytes, end_stream: bool) -> None:
+        """Writes header block ``block`` on ``sid``: a HEADERS frame, followed by
+        CONTINUATION frames if it is larger than the peer's SETTINGS_MAX_FRAME_SIZE."""
+        flags = _HEADERS_FLAG_END if end_stream else f.END_HEADERS
+        if len(block) <= self.peer_max_frame:
+            self.write(f.frame(f.HEADERS, flags, sid, block))
+            return
+        step = self.peer_max_frame
+        parts = [block[i:i + step] for i in range(0, len(block), step)]
+        out = [f.frame(f.HEADERS, flags & f.END_STREAM, sid, parts[0])]
+        for i, part in enumerate(parts[1:], 1):
+            out.append(f.frame(f.CONTINUATION, f.END_HEADERS if i == len(parts) - 1 else 0, sid, part))
+        self.write(b"".join(out))
 
     def try_send_message(self, stream: Stream, data: bytes | memoryview, end_stream: bool = False) -> bool:
         """Sends one gRPC message on ``stream`` if it fits the windows and the transport is
@@ -683,10 +857,20 @@ class Connection(asyncio.Protocol):
                     self.write(c)
                 self.write_large(b"", chunks[-1])
 
+    def send_reset(self, sid: int, code: int) -> None:
+        """Writes RST_STREAM ``code`` on ``sid``, remembering (a bounded number of) the
+        streams reset: what the peer had sent on them before it learns is ignored, as RFC
+        9113 5.1 requires, rather than answered."""
+        self.write(f.rst_stream(sid, code))
+        reset = self._reset_sent
+        reset[sid] = None
+        if len(reset) > _RESETS_KEPT:
+            del reset[next(iter(reset))]
+
     def reset_stream(self, stream: Stream, code: int, err: BaseException | None = None) -> None:
         """Resets ``stream`` (RST_STREAM ``code``) and fails it locally."""
         if not stream.local_closed or not stream.remote_closed:
-            self.write(f.rst_stream(stream.id, code))
+            self.send_reset(stream.id, code)
         self.streams.pop(stream.id, None)
         stream.remote_closed = True
         stream.fail(err or StreamReset(f"stream reset (code {code})", code))

@@ -84,8 +84,25 @@ class ProtocolError(GazetteError):
         self.code = code
 
 
-class MessageTooLarge(ProtocolError):
+class MessageRefused(ProtocolError):
+    """A gRPC message the receiver will not take: its call (not the connection) ends with
+    ``status``."""
+
+    status = grpc.StatusCode.INTERNAL
+
+
+class MessageTooLarge(MessageRefused):
     """A gRPC message longer than the receiver's maximum: the call ends RESOURCE_EXHAUSTED."""
+
+    status = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class MessageCompressed(MessageRefused):
+    """A compressed gRPC message: we agree no compression (``grpc-accept-encoding:
+    identity``), so the call ends UNIMPLEMENTED, as gRPC's compression.md prescribes for "a
+    message compressed by an algorithm that is not supported"."""
+
+    status = grpc.StatusCode.UNIMPLEMENTED
 
 
 def frame_head(ftype: int, flags: int, stream_id: int, length: int) -> bytes:
@@ -251,8 +268,11 @@ class MessageReader:
 
     def _start(self, buf: bytes | memoryview, at: int) -> int:
         flag, length = _MSG_PREFIX.unpack_from(buf, at)
-        if flag & 1:
-            raise ProtocolError("compressed gRPC messages are not supported (no grpc-encoding agreed)")
+        if flag:
+            if flag == 1:
+                raise MessageCompressed("grpc: compressed messages are not supported (grpc-accept-encoding: identity)")
+            # grpc-go: "grpc: received unexpected payload format" (INTERNAL).
+            raise MessageRefused(f"grpc: unexpected payload format {flag}")
         if length > self.max_message:
             raise MessageTooLarge(f"gRPC message of {length} bytes exceeds the maximum of {self.max_message}")
         self._body = True
@@ -349,13 +369,31 @@ def status_code(value: int) -> grpc.StatusCode:
 _OK_TRAILERS = literal("grpc-status", "0")
 
 
-def trailers(code: grpc.StatusCode, details: str, with_headers: bool) -> bytes:
-    """A trailer block (or a trailers-only response when ``with_headers``)."""
-    block = RESPONSE_HEADERS if with_headers else b""
+ACCEPT_IDENTITY = literal("grpc-accept-encoding", "identity")
+
+
+def trailers(code: grpc.StatusCode, details: str, with_headers: bool, extra: bytes = b"") -> bytes:
+    """A trailer block (or a trailers-only response when ``with_headers``), with ``extra``
+    encoded fields."""
+    block = (RESPONSE_HEADERS + extra) if with_headers else extra
     if code is grpc.StatusCode.OK and not details:
         return block + _OK_TRAILERS
     block += literal("grpc-status", str(code.value[0]))
     if details:
-        block += literal("grpc-message", encode_message_text(details))
+        block += literal("grpc-message", _message_text(details))
     return block
+
+
+#: The longest grpc-message we send, encoded: gRPC suggests clients limit a response's
+#: header lists to 8 KiB (grpc-core and grpc-java do), trailers included.
+MAX_MESSAGE_TEXT = 4096
+
+
+def _message_text(details: str) -> str:
+    text = encode_message_text(details[:MAX_MESSAGE_TEXT])  # each character encodes to 1+
+    if len(text) <= MAX_MESSAGE_TEXT:
+        return text
+    cut = text[:MAX_MESSAGE_TEXT]
+    escape = cut.rfind("%", MAX_MESSAGE_TEXT - 2)
+    return cut[:escape] if escape >= 0 else cut  # never half an escape
 

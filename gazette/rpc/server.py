@@ -11,9 +11,13 @@ Invariants:
   elapsed ``grpc-timeout`` cancels that task (so ``finally`` blocks and rollbacks run);
   nothing else does until :meth:`RpcServer.stop`'s grace period ends.
 * Every stream gets exactly one end: trailers carrying ``grpc-status`` (OK, the code passed
-  to ``abort``, UNKNOWN for an exception the servicer let escape, DEADLINE_EXCEEDED, or
-  UNIMPLEMENTED for an unknown method), or an RST_STREAM. A failing servicer never takes
-  the connection or the server down.
+  to ``abort``, UNKNOWN for an exception the servicer let escape, DEADLINE_EXCEEDED, or,
+  for what the client got wrong, as grpc-go and grpc-java answer: UNIMPLEMENTED for an
+  unknown method or a compressed message, with ``grpc-accept-encoding: identity``;
+  INVALID_ARGUMENT for a request that does not deserialize; INTERNAL for a message cut short
+  by the end of the stream or a second message on a unary call; RESOURCE_EXHAUSTED for a
+  message or header list over its limit), or an RST_STREAM (PROTOCOL_ERROR for a malformed
+  request, RFC 9113 8.1.1). A failing servicer never takes the connection or the server down.
 * After ``stop()`` begins, connections get GOAWAY: RPCs already started run to their end
   (up to the grace period), new streams are refused.
 """
@@ -29,12 +33,13 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from gazette.errors import incident
+from gazette.errors import GazetteError, incident
 from gazette.rpc import frames as f
 from gazette.rpc.connection import (
     CALM_BURST,
     CALM_RATE,
     DEFAULT_MAX_MESSAGE,
+    MAX_HEADER_LIST_SIZE,
     Connection,
     RateLimit,
     Stream,
@@ -49,6 +54,11 @@ log = logging.getLogger(__name__)
 MAX_CONCURRENT_STREAMS = 8192
 #: Seconds a new connection has to send the whole client preface.
 PREFACE_TIMEOUT = 10.0
+#: Request data all connections together may hold unconsumed: over it, a connection holding
+#: more than its share (MAX_BUFFERED / connections) is granted no more connection window (flow
+#: control) until it holds less. Each connection is bounded by itself too
+#: (connection.CONNECTION_BUFFER_CAP + CONNECTION_WINDOW).
+MAX_BUFFERED = 256 << 20
 #: A connection with no RPC for about this many seconds is sent GOAWAY and closed (clients
 #: dial again when they next call).
 IDLE_TIMEOUT = 300.0
@@ -138,7 +148,8 @@ class _Requests:
 
 
 class ServerStream(Stream):
-    __slots__ = ("handler", "task", "headers_sent", "deserialize", "serialize", "deadline_handle", "expired")
+    __slots__ = ("handler", "task", "headers_sent", "deserialize", "serialize", "deadline_handle", "expired",
+                 "received")
 
     conn: ServerConnection
 
@@ -151,6 +162,13 @@ class ServerStream(Stream):
         self.headers_sent = False
         self.deadline_handle: asyncio.TimerHandle | None = None
         self.expired = False
+        self.received = 0  # messages received (counted on unary calls)
+
+    def check_end(self) -> None:
+        """The client ended its side: within a message is an error."""
+        if self.reader.partial:
+            # grpc-go's serverStream.RecvMsg: io.ErrUnexpectedEOF -> INTERNAL "unexpected EOF".
+            raise f.MessageRefused("grpc: unexpected EOF: the stream ended within a message")
 
     def on_reset(self, code: int) -> None:
         super().on_reset(code)
@@ -164,7 +182,10 @@ class ServerStream(Stream):
         try:
             return self.deserialize(msg)
         except Exception as err:
-            raise _BadRequest(f"could not parse the request message: {err}") from err
+            # Whatever the deserializer raises on bytes it cannot take (protobuf's DecodeError,
+            # our zero-copy decoders' ValueError), the client sent garbage: INVALID_ARGUMENT
+            # (as a GazetteError, also where a servicer's own loop meets it through the edge).
+            raise BadRequest(f"could not parse the request message: {str(err)[:200]}") from err
 
     async def send_response(self, message: Any) -> None:
         data = self.serialize(message) if self.serialize is not None else message
@@ -173,19 +194,39 @@ class ServerStream(Stream):
             self.conn.send_headers(self, f.RESPONSE_HEADERS, end_stream=False)
         await self.conn.send_message(self, data)
 
-    def finish(self, code: grpc.StatusCode, details: str) -> None:
+    def finish(self, code: grpc.StatusCode, details: str, extra: bytes = b"") -> None:
         if self.local_closed or self.conn.closed:
             return
-        self.conn.send_headers(self, f.trailers(code, details[:4096], not self.headers_sent), end_stream=True)
+        self.conn.send_headers(self, f.trailers(code, details, not self.headers_sent, extra),
+                               end_stream=True)
         if not self.remote_closed:
             # The client may still be sending (an RPC that failed early): tell it to stop.
-            self.conn.write(f.rst_stream(self.id, f.NO_ERROR))
+            self.conn.send_reset(self.id, f.NO_ERROR)
             self.remote_closed = True
         self.conn.streams.pop(self.id, None)
 
 
-class _BadRequest(Exception):
-    pass
+class UnaryServerStream(ServerStream):
+    """A stream of a call taking one request message (streaming ones take the base's
+    ``on_data``, unchanged on their hot path)."""
+
+    __slots__ = ()
+
+    def on_data(self, payload: memoryview, end_stream: bool) -> None:
+        queued = len(self.messages)
+        super().on_data(payload, end_stream)
+        self.received += len(self.messages) - queued
+        if self.received > 1:
+            # grpc-java ends such a call INTERNAL "Too many requests"; answering OK would let
+            # the client believe every message was taken.
+            raise f.MessageRefused("grpc: more than one request message on a unary call")
+
+
+class BadRequest(GazetteError):
+    """A request message that does not decode: the call ends INVALID_ARGUMENT."""
+
+    grpc_code = "INVALID_ARGUMENT"
+    http_status = 400
 
 
 class ServerConnection(Connection):
@@ -261,7 +302,11 @@ class ServerConnection(Connection):
     def on_goaway(self, last_stream_id: int, code: int, debug: bytes) -> None:
         self._draining = True
 
-    def on_headers(self, sid: int, headers: list[tuple[str, str]], end_stream: bool) -> None:
+    def check_headers(self, headers: list[tuple[str, str]]) -> str | None:
+        return malformed_request(headers)
+
+    def on_headers(self, sid: int, headers: list[tuple[str, str]], end_stream: bool,
+                   malformed: str | None) -> None:
         stream = self.streams.get(sid)
         if stream is not None:
             # Trailers from a client are not part of gRPC; treat them as the end of its stream.
@@ -269,45 +314,55 @@ class ServerConnection(Connection):
             # is malformed (RFC 9113 8.1): a stream error.
             if end_stream and not any(name.startswith(":") for name, _ in headers):
                 stream.on_data(memoryview(b""), True)
+                self.on_remote_closed(stream)
             else:
                 self.reset_stream(stream, f.PROTOCOL_ERROR,
                                   f.ProtocolError("malformed trailers after the request"))
             return
+        if sid in self._reset_sent:
+            return  # trailers of a stream we reset: ignored (RFC 9113 5.1)
         if sid % 2 == 0 or sid <= self._last_stream:
             raise f.ProtocolError(f"bad new stream id {sid}")
         self._last_stream = sid
         self._busy_at = self.loop.time()
         if len(self.streams) >= self.server.max_concurrent_streams:
             # RFC 9113 5.1.2: beyond the advertised limit, refused (the client may retry).
-            self.write(f.rst_stream(sid, f.REFUSED_STREAM))
+            self.send_reset(sid, f.REFUSED_STREAM)
+            return
+        if malformed is not None:
+            # A malformed request is a stream error PROTOCOL_ERROR (RFC 9113 8.1.1).
+            self.send_reset(sid, f.PROTOCOL_ERROR)
             return
         path = ""
         deadline: float | None = None
         metadata: list[tuple[str, str]] = []
         for name, value in headers:
-            if not name or name != name.lower():
-                # RFC 9113 8.2.1: a field name must be non-empty lowercase; a malformed
-                # request is a stream error (found by fuzzing: an empty name).
-                self.write(f.rst_stream(sid, f.PROTOCOL_ERROR))
-                return
             if name == ":path":
                 path = value
             elif name == "grpc-timeout":
                 try:
                     deadline = self.loop.time() + f.parse_timeout(value)
                 except ValueError:
-                    self._refuse(sid, grpc.StatusCode.INVALID_ARGUMENT, f"malformed grpc-timeout {value!r}")
+                    self._refuse(sid, end_stream, grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"malformed grpc-timeout {value[:64]!r}")
+                    return
+            elif name == "grpc-encoding":
+                if value != "identity":
+                    # As grpc-go answers an encoding it has no decompressor for.
+                    self._refuse(sid, end_stream, grpc.StatusCode.UNIMPLEMENTED,
+                                 f"grpc: Decompressor is not installed for grpc-encoding {value[:64]!r}",
+                                 f.ACCEPT_IDENTITY)
                     return
             elif name[0] != ":" and name not in ("content-type", "te", "user-agent", "grpc-accept-encoding"):
                 metadata.append((name, value))
         if self._draining or self.server._stopping:
-            self.write(f.rst_stream(sid, f.REFUSED_STREAM))
+            self.send_reset(sid, f.REFUSED_STREAM)
             return
         handler = self.server.lookup(path, tuple(metadata))
         if handler is None:
-            self._refuse(sid, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path}")
+            self._refuse(sid, end_stream, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path[:256]}")
             return
-        stream = ServerStream(self, sid, handler)
+        stream = (ServerStream if handler.request_streaming else UnaryServerStream)(self, sid, handler)
         self.streams[sid] = stream
         if end_stream:
             stream.remote_closed = True
@@ -316,21 +371,94 @@ class ServerConnection(Connection):
         if deadline is not None:
             stream.deadline_handle = self.loop.call_at(deadline, self._expire, stream)
 
-    def message_too_large(self, stream: Stream, err: f.MessageTooLarge) -> None:
+    def header_list_too_large(self, sid: int, end_stream: bool) -> None:
+        # gRPC's answer to metadata over the limit is RESOURCE_EXHAUSTED (grpc-core: "received
+        # initial metadata size exceeds limit"); on a stream already open, a reset.
+        if sid in self.streams or sid % 2 == 0 or sid <= self._last_stream:
+            super().header_list_too_large(sid, end_stream)
+            return
+        self._last_stream = sid
+        self._refuse(sid, end_stream, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                     f"header list over {MAX_HEADER_LIST_SIZE} bytes")
+
+    def on_remote_closed(self, stream: Stream) -> None:
         assert isinstance(stream, ServerStream)
-        stream.finish(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+        try:
+            stream.check_end()
+        except f.MessageRefused as err:
+            self.message_refused(stream, err)
+
+    def withhold(self, held: int) -> bool:
+        if super().withhold(held):
+            return True
+        if not held:
+            return False
+        # Over the process's budget, each connection is held to its share of it: a connection
+        # holding less is still granted window (it cannot be what took the budget), so no
+        # connection is starved by others' load, and together they hold at most the budget
+        # plus a connection window each.
+        srv = self.server
+        return held * len(srv._connections) > srv.max_buffered and srv.buffered_bytes() > srv.max_buffered
+
+    def message_refused(self, stream: Stream, err: f.MessageRefused) -> None:
+        assert isinstance(stream, ServerStream)
+        # A compressed message: say which encodings we take (gRPC's compression.md).
+        stream.finish(err.status, str(err), f.ACCEPT_IDENTITY if isinstance(err, f.MessageCompressed) else b"")
         stream.fail(StreamReset(str(err)))
         if stream.task is not None and not stream.task.done():
             stream.task.cancel()
 
-    def _refuse(self, sid: int, code: grpc.StatusCode, details: str) -> None:
-        block = f.trailers(code, details, with_headers=True)
-        self.write(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, sid, block))
+    def _refuse(self, sid: int, end_stream: bool, code: grpc.StatusCode, details: str,
+                extra: bytes = b"") -> None:
+        """Answers new stream ``sid`` with a status alone (trailers-only)."""
+        # Details quote what the client sent (a path): cut short, the answer stays small.
+        self.write_block(sid, f.trailers(code, details[:512], with_headers=True, extra=extra), True)
+        if not end_stream:
+            self.send_reset(sid, f.NO_ERROR)  # the client may stop sending (RFC 9113 8.1)
 
     def _expire(self, stream: ServerStream) -> None:
         if stream.task is not None and not stream.task.done():
             stream.expired = True
             stream.task.cancel()
+
+
+_PSEUDO_BITS = {":method": 1, ":scheme": 2, ":path": 4, ":authority": 8}  # a request's
+_REQUIRED = 7  # :method, :scheme and :path
+# RFC 9113 8.2.2: connection-specific fields have no place in HTTP/2 ("te" but "trailers").
+_CONNECTION_SPECIFIC = frozenset(("connection", "keep-alive", "proxy-connection", "transfer-encoding",
+                                  "upgrade"))
+# Fields every gRPC request has, known well-formed: checked by one lookup.
+_COMMON = frozenset(("content-type", "user-agent", "grpc-timeout", "grpc-accept-encoding", "authorization"))
+
+
+def malformed_request(headers: list[tuple[str, str]]) -> str | None:
+    """Why a request's header list is malformed (RFC 9113 8.1.1, 8.2, 8.3), or None."""
+    seen = 0
+    regular = False
+    for name, value in headers:
+        if name[:1] == ":":
+            if regular:
+                return f"pseudo-header {name[:32]!r} after a regular field"  # 8.3
+            bit = _PSEUDO_BITS.get(name)
+            if bit is None:
+                return f"pseudo-header {name[:32]!r} is not a request's"    # 8.3
+            if seen & bit or (bit == 4 and not value):
+                return f"pseudo-header {name} twice or empty"                # 8.3.1
+            seen |= bit
+            continue
+        regular = True
+        if name in _COMMON:
+            continue
+        if name == "te":
+            if value != "trailers":
+                return "connection-specific field 'te'"                       # 8.2.2
+        elif not name or name != name.lower():
+            return "a field name that is empty or not lowercase"             # 8.2.1
+        elif name in _CONNECTION_SPECIFIC:
+            return f"connection-specific field {name!r}"                     # 8.2.2
+    if seen & _REQUIRED != _REQUIRED:
+        return "no :method, :scheme or :path"                                # 8.3.1
+    return None
 
 
 class RpcServer:
@@ -341,9 +469,11 @@ class RpcServer:
     """
 
     def __init__(self, *, max_message: int = DEFAULT_MAX_MESSAGE,
-                 max_concurrent_streams: int = MAX_CONCURRENT_STREAMS) -> None:
+                 max_concurrent_streams: int = MAX_CONCURRENT_STREAMS,
+                 max_buffered: int = MAX_BUFFERED) -> None:
         self.max_message = max_message
         self.max_concurrent_streams = max_concurrent_streams
+        self.max_buffered = max_buffered
         self._generic: list[Any] = []
         self._registered: dict[str, grpc.RpcMethodHandler] = {}
         self._cache: dict[str, grpc.RpcMethodHandler | None] = {}
@@ -374,11 +504,21 @@ class RpcServer:
             handler = generic.service(_CallDetails(path, metadata))
             if handler is not None:
                 break
-        if len(self._cache) < 1024:
+        # Bounded: paths are the client's (48 refused 1 MB paths stayed cached, 94 MiB).
+        if len(self._cache) < 1024 and len(path) <= 256:
             self._cache[path] = handler
         return handler
 
     # -- connections -----------------------------------------------------------------
+
+    def buffered_bytes(self) -> int:
+        """Request data received on all connections and not yet consumed."""
+        return sum(conn.buffered_bytes() for conn in self._connections)
+
+    def queued_bytes(self) -> int:
+        """What all connections have queued for clients and not yet sent."""
+        return sum(conn.transport.get_write_buffer_size() for conn in self._connections
+                   if conn.transport is not None and not conn.closed)
 
     def protocol(self) -> ServerConnection:
         return ServerConnection(self)
@@ -426,7 +566,9 @@ class RpcServer:
             else:
                 request = await stream.next_request()
                 if request is None:
-                    raise _BadRequest("the stream ended without a request message")
+                    # grpc-java: INTERNAL "Half-closed without a request".
+                    stream.finish(grpc.StatusCode.INTERNAL, "grpc: the stream ended without a request message")
+                    return
             if handler.response_streaming:
                 fn = handler.stream_stream if handler.request_streaming else handler.unary_stream
                 assert fn is not None
@@ -445,8 +587,8 @@ class RpcServer:
             code, details = ctx.code or grpc.StatusCode.OK, ctx.details
         except grpc.aio.AbortError:
             code, details = ctx.code or grpc.StatusCode.UNKNOWN, ctx.details
-        except _BadRequest as err:
-            code, details = grpc.StatusCode.INTERNAL, str(err)
+        except BadRequest as err:
+            code, details = grpc.StatusCode.INVALID_ARGUMENT, str(err)
         except asyncio.CancelledError:
             # This task is the top of its own call and only this server cancels it (a reset, a
             # deadline, a stop): the cancellation ends the call with a status, and nothing

@@ -70,9 +70,30 @@ _HEADERS = f.request_headers(ECHO, "oracle", "oracle")
 # WINDOW_UPDATE of idle streams pass where RFC 9113 5.1 makes them connection errors, as ours
 # does (the raw-frame probes of test_rpc_hardening cover them).
 stream_ids = st.sampled_from([0, 1, 3, 5, 7, 9])
+
+
+def _block(*fields: tuple[str, str]) -> bytes:
+    return b"".join(f.literal(n, v) for n, v in fields)
+
+
+_GOOD = ((":method", "POST"), (":scheme", "http"), (":path", ECHO), (":authority", "o"),
+         ("content-type", "application/grpc"), ("te", "trailers"))
+# Request header blocks, well-formed and malformed (RFC 9113 8.1.1, 8.2, 8.3).
+_BLOCKS = st.sampled_from([
+    _HEADERS,
+    _block(*_GOOD),
+    _block(*_GOOD[:2], ("content-type", "application/grpc"), (":path", ECHO)),  # pseudo late
+    _block(*_GOOD, ("connection", "close")),
+    _block(*_GOOD, ("transfer-encoding", "chunked")),
+    _block(*_GOOD[:5], ("te", "gzip")),
+    _block((":protocol", "x"), *_GOOD),
+    _block(*_GOOD[:2], *_GOOD[3:]),                                            # no :path
+    _block(*_GOOD[1:]),                                                        # no :method
+    _block(*_GOOD[:3], (":path", ECHO), *_GOOD[3:]),                           # :path twice
+])
 frames = st.one_of(
-    st.builds(lambda sid, end: f.frame(f.HEADERS, f.END_HEADERS | (f.END_STREAM if end else 0),
-                                       sid, _HEADERS), stream_ids, st.booleans()),
+    st.builds(lambda sid, end, block: f.frame(f.HEADERS, f.END_HEADERS | (f.END_STREAM if end else 0),
+                                              sid, block), stream_ids, st.booleans(), _BLOCKS),
     st.builds(lambda sid, n, end: f.frame(f.DATA, f.END_STREAM if end else 0, sid,
                                           f.message_prefix(n) + bytes(n)),
               stream_ids, st.integers(0, 64), st.booleans()),
@@ -87,7 +108,7 @@ frames = st.one_of(
                                f.SETTINGS_MAX_FRAME_SIZE, f.SETTINGS_MAX_HEADER_LIST_SIZE]),
               st.sampled_from([0, 1, 2, 100, 16384, 65535, (1 << 24) - 1, 1 << 24,
                                (1 << 31) - 1, 1 << 31])),
-    st.builds(lambda sid: f.frame(f.PRIORITY, 0, sid, bytes(5)), stream_ids),
+    st.builds(lambda sid, n: f.frame(f.PRIORITY, 0, sid, bytes(n)), stream_ids, st.sampled_from([5, 5, 4, 6])),
 )
 # h2 takes no frame after a client's GOAWAY (RFC 9113 lets a peer go on): it comes last.
 goaways = st.sampled_from([b"", f.frame(f.GOAWAY, 0, 0, bytes(8)),
