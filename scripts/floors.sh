@@ -28,7 +28,7 @@ for pkg in pyspark pyarrow pandas numpy atheris; do
 done
 
 echo "--- floors: installing constraints/floors.txt (+ test tools at their constraints/dev.txt pins)"
-"${pip[@]}" install -q -c constraints/floors.txt -c constraints/dev.txt \
+"${pip[@]}" install -q --no-compile -c constraints/floors.txt -c constraints/dev.txt \
   -e ".[s3,postgres,sql-sqlite,rocksdb,etcd]" \
   pytest pytest-asyncio pytest-timeout hypothesis "moto[server]" grpcio-tools mypy-protobuf
 "${pip[@]}" check
