@@ -90,3 +90,18 @@ def test_the_version_is_written_once() -> None:
     assert "version" in PYPROJECT["project"]["dynamic"]
     assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "gazette.__version__"}
     assert re.fullmatch(r"\d+\.\d+\.\d+", gazette.__version__)
+
+
+def test_the_images_pins_satisfy_the_packages_requirements() -> None:
+    """deploy/requirements.txt pins every requirement of what the image installs (the core and
+    its extras), at a version the requirement allows."""
+    pins = _pins(ROOT / "deploy" / "requirements.txt")
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    reqs = [Requirement(t) for t in [*PYPROJECT["project"]["dependencies"], *extras["s3"],
+                                     *extras["postgres"], *extras["sql-sqlite"], *extras["rocksdb"]]]
+    wrong = [str(r) for r in reqs if (r.marker is None or r.marker.evaluate())
+             and not r.specifier.contains(pins.get(canonicalize_name(r.name), "0"))]
+    assert wrong == [], "unpinned, or pinned outside the requirement, in deploy/requirements.txt"
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert "USER 10001" in dockerfile and "-c /tmp/requirements.txt" in dockerfile
+    assert re.search(r"ARG PYTHON_IMAGE=python:\d+\.\d+\.\d+-slim-\w+", dockerfile)
