@@ -11,11 +11,14 @@ Each case runs in a fresh interpreter, where ``sys.modules`` shows what an impor
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("aetcd", "grpc", "gazette.consumer", "gazette.client", "gazette.spark", "pyarrow",
@@ -42,6 +45,13 @@ def test_the_pytest_plugin_and_gazette_testing_import_nothing_heavy() -> None:
     assert out["fn"] == "gazette.testing.etcd"  # the names still resolve, on first use
 
 
+needs_pyspark = pytest.mark.skipif(importlib.util.find_spec("pyspark") is None,
+                                   reason="pyspark is not installed (the spark extra)")
+needs_pyarrow = pytest.mark.skipif(importlib.util.find_spec("pyarrow") is None,
+                                   reason="pyarrow is not installed (the spark extra)")
+
+
+@needs_pyspark
 def test_spark_lookup_registers_the_source_without_loading_it_or_pyarrow() -> None:
     out = _python(
         "sys.modules['pyarrow'] = None; sys.modules['numpy'] = None  # as if not installed\n"
@@ -72,6 +82,8 @@ def test_without_pyspark_the_module_imports_and_registers_nothing() -> None:
     assert out["has"] is False and out["loaded"] == []
 
 
+@needs_pyspark
+@needs_pyarrow
 def test_with_pyspark_and_pyarrow_the_source_is_gazettes() -> None:
     out = _python("import pyspark_gazette as m\n"
                   "src = m.DefaultSource({'broker': 'http://127.0.0.1:1', 'mode': 'raw', 'selector': 'name=a/b'})\n"
