@@ -3,13 +3,18 @@ script runs it, for environments without the script on PATH."""
 
 import sys
 
-from gazette.cli import version_text
 
-if sys.argv[1:] == ["--version"]:
-    # Answered here as well as by the command's parser, which needs its whole flag set built.
-    print(version_text("gazette"))
-    sys.exit(0)
+def main() -> int:
+    if sys.argv[1:] == ["--version"]:
+        # Answered here as well as by the command's parser, which needs its whole flag set built.
+        from gazette.cli import version_text
 
-from gazette.cli.serve import main  # noqa: E402 - --version needs none of it
+        print(version_text("gazette"))
+        return 0
+    from gazette.cli.serve import main as serve
 
-sys.exit(main())
+    return serve()
+
+
+if __name__ == "__main__":  # imported (module walks, docs) it runs nothing
+    sys.exit(main())

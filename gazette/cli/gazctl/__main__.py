@@ -4,4 +4,5 @@ import sys
 
 from gazette.cli.gazctl import main
 
-sys.exit(main())
+if __name__ == "__main__":  # imported (module walks, docs) it runs nothing
+    sys.exit(main())
