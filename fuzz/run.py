@@ -6,6 +6,9 @@
 A campaign keeps its corpus under ``fuzz/corpus/<target>/`` (not committed) and writes a
 crashing input to ``fuzz/crash-<target>-*``; add it to ``fuzz/regressions/<target>/`` and the
 unit tests replay it from then on. Only gazette's modules are instrumented.
+
+atheris is in the ``fuzz`` extra, not ``dev`` (it has wheels for Linux x86-64 only):
+``bash scripts/bootstrap.sh dev,fuzz`` (as ``.ci/run`` does) or ``pip install -e '.[fuzz]'``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ ROOT = os.path.dirname(HERE)
 def fuzz_one(target: str, libfuzzer_args: list[str]) -> None:
     import logging
 
-    import atheris
+    try:
+        import atheris
+    except ImportError:
+        sys.exit("fuzz/run.py needs atheris: pip install -e '.[fuzz]' (Linux x86-64)")
 
     logging.disable(logging.CRITICAL)  # refused input is logged: millions of lines, no news
 

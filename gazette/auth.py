@@ -229,8 +229,11 @@ def _parse_keys(text: str) -> tuple[list[bytes], bool]:
 
 
 # PyJWT warns on every use of a key shorter than 32 bytes; Gazette's keys may be (its own tests'
-# are 5 bytes). KeyedAuth says so once, when it is made, instead of once per request.
-warnings.filterwarnings("ignore", category=jwt.warnings.InsecureKeyLengthWarning)
+# are 5 bytes). KeyedAuth says so once, when it is made, instead of once per request. PyJWT
+# before 2.11 has no such warning (and does not warn), so its absence is not an error.
+_INSECURE_KEY_LENGTH: type[Warning] | None = getattr(jwt.warnings, "InsecureKeyLengthWarning", None)
+if _INSECURE_KEY_LENGTH is not None:
+    warnings.filterwarnings("ignore", category=_INSECURE_KEY_LENGTH)
 
 
 class KeyedAuth:

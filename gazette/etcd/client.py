@@ -5,6 +5,10 @@ Invariants:
 * ``connect`` never waits for etcd to be reachable (the channel is lazy); calls made while it
   is down fail and callers retry (the keyspace watch, the member process's first load).
 * A client reconnects within about a second of etcd coming back (capped gRPC backoff).
+* Channels are plaintext (aetcd opens no other): an ``https://`` endpoint is refused with an
+  ``EtcdEndpointError`` rather than dialled without TLS. A TLS-only etcd is reached through a
+  local proxy that holds the client certificate (``etcd grpc-proxy start --endpoints
+  https://... --cacert ... --cert ... --key ...``), given as ``http://`` to ``--etcd.address``.
 """
 
 from __future__ import annotations
@@ -12,7 +16,16 @@ from __future__ import annotations
 import aetcd
 import aetcd.exceptions
 
-__all__ = ["CHANNEL_OPTIONS", "TRANSIENT_ERRORS", "connect", "parse_endpoint"]
+from gazette.etcd.errors import EtcdError
+
+__all__ = ["CHANNEL_OPTIONS", "TRANSIENT_ERRORS", "EtcdEndpointError", "connect", "parse_endpoint"]
+
+
+class EtcdEndpointError(EtcdError, ValueError):
+    """An etcd endpoint that cannot be used (``--etcd.address``, ``ETCD_ADDRESS``)."""
+
+    grpc_code = "INVALID_ARGUMENT"
+    http_status = 400
 
 # What a call fails with while etcd is down, restarting or unreachable: worth retrying. gRPC's
 # core reports a stream torn down by a server going away as INTERNAL ("Internal error from
@@ -26,16 +39,21 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """Splits "host:port" or "http://host:port[/]" into (host, port)."""
+    """Splits "host:port" or "http://host:port[/]" into (host, port). An ``https://`` endpoint
+    is an ``EtcdEndpointError``: gazette's etcd client has no TLS (see the module docstring)."""
     rest = endpoint.strip()
-    for scheme in ("http://", "https://"):
-        if rest.startswith(scheme):
-            rest = rest[len(scheme):]
-            break
+    if rest.lower().startswith("https://"):
+        raise EtcdEndpointError(
+            f"etcd endpoint {endpoint!r}: TLS to etcd is not supported (the etcd client opens "
+            "plaintext channels only); give --etcd.address (ETCD_ADDRESS) an http:// endpoint, "
+            "e.g. a local 'etcd grpc-proxy' holding the TLS client certificate")
+    if rest.startswith("http://"):
+        rest = rest[len("http://"):]
     rest = rest.rstrip("/")
     host, sep, port_text = rest.rpartition(":")
     if not sep or not host or not port_text.isdigit():
-        raise ValueError(f"etcd endpoint {endpoint!r} is not of the form host:port")
+        raise EtcdEndpointError(f"etcd endpoint {endpoint!r} is not of the form host:port "
+                                "(--etcd.address, ETCD_ADDRESS)")
     return host.strip("[]"), int(port_text)
 
 

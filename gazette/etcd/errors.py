@@ -4,6 +4,7 @@
 
     EtcdError (GazetteError)      base of everything below
     ├── TxnFailedError            a revision-checked transaction did not apply (compare failed)
+    ├── client.EtcdEndpointError  an endpoint that cannot be used (malformed, or https://)
     ├── keyspace.KeySpaceError    the mirror: layout and decoding
     └── testing.etcd_process.*    running an etcd server (binary not found, start failed)
 """

@@ -193,7 +193,12 @@ class DirCapture:
         fnode = self.recorder.fnode_of(name)
         if fnode is None or st.st_size - k.size > _READ_CHUNK:
             return False
-        fd = os.open(full, os.O_RDONLY)
+        try:
+            fd = os.open(full, os.O_RDONLY)
+        except FileNotFoundError:
+            # Deleted since its stat (RocksDB drops an obsolete WAL from a background thread):
+            # the scan records the unlink.
+            return False
         try:
             at = k.size - len(k.tail)
             data = os.pread(fd, st.st_size - at, at)

@@ -9,11 +9,30 @@ pytest fixtures built on these live in the project's tests/conftest.py:
 * `etcd_fresh` (function): a private `EtcdProcess`, free to be killed, restarted or compacted.
 * `postgres_dsn` (session): DSN of a fresh database, dropped at the end of the run.
 * `s3_server` (session) / `s3_bucket` (function): a moto S3 endpoint URL and a fresh bucket.
+
+Names are loaded on first use: the ``gazette`` pytest plugin (``gazette.testing.pytest_plugin``)
+is loaded into every pytest session of an environment with gazette installed, and importing
+this package must not load etcd's client, gRPC or the consumer stack into them.
 """
 
-from gazette.testing.etcd import EtcdFixture, etcd_context, start_test_etcd, unique_prefix
-from gazette.testing.postgres import PostgresError, PostgresServer, temporary_database
-from gazette.testing.s3 import MotoS3Server, create_bucket, s3_client
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gazette.testing.etcd import EtcdFixture, etcd_context, start_test_etcd, unique_prefix
+    from gazette.testing.postgres import PostgresError, PostgresServer, temporary_database
+    from gazette.testing.s3 import MotoS3Server, create_bucket, s3_client
+
+_HOMES = {
+    "EtcdFixture": "gazette.testing.etcd", "etcd_context": "gazette.testing.etcd",
+    "start_test_etcd": "gazette.testing.etcd", "unique_prefix": "gazette.testing.etcd",
+    "PostgresError": "gazette.testing.postgres", "PostgresServer": "gazette.testing.postgres",
+    "temporary_database": "gazette.testing.postgres",
+    "MotoS3Server": "gazette.testing.s3", "create_bucket": "gazette.testing.s3",
+    "s3_client": "gazette.testing.s3",
+}
 
 __all__ = [
     "EtcdFixture",
@@ -27,3 +46,16 @@ __all__ = [
     "create_bucket",
     "s3_client",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'gazette.testing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # found once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -9,6 +9,10 @@
               ...
 
 Async tests need an asyncio pytest plugin (pytest-asyncio, as this project uses).
+
+pytest loads this plugin into every session of an environment where gazette is installed
+(its ``pytest11`` entry point): importing it loads only pytest and this module. The harness
+(etcd's client, gRPC, the consumer stack) is imported when a fixture is first used.
 """
 
 from __future__ import annotations
@@ -16,18 +20,20 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from gazette.testing.consumer import ConsumerHarness
-from gazette.testing.etcd import start_test_etcd
+if TYPE_CHECKING:
+    from gazette.testing.consumer import ConsumerHarness
 
 __all__ = ["gazette_consumer", "gazette_etcd_url"]
 
 
 @pytest.fixture(scope="session")
 def gazette_etcd_url() -> Iterator[str]:
+    from gazette.testing.etcd import start_test_etcd
+
     server = start_test_etcd()
     try:
         yield server.url
@@ -37,6 +43,8 @@ def gazette_etcd_url() -> Iterator[str]:
 
 @pytest.fixture
 def gazette_consumer(gazette_etcd_url: str, tmp_path: Path) -> Callable[..., ConsumerHarness]:
+    from gazette.testing.consumer import ConsumerHarness
+
     counter = iter(range(1 << 30))
 
     def make(app: Any, **kwargs: Any) -> ConsumerHarness:

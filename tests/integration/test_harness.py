@@ -43,6 +43,14 @@ def test_parse_endpoint_rejects(bad: str) -> None:
         parse_endpoint(bad)
 
 
+def test_https_is_refused_naming_the_flag_not_dialled_in_plaintext() -> None:
+    from gazette.errors import GazetteError
+
+    with pytest.raises(ValueError, match=r"TLS to etcd is not supported.*--etcd\.address") as err:
+        parse_endpoint("https://etcd.example:2379")
+    assert isinstance(err.value, GazetteError) and err.value.grpc_code == "INVALID_ARGUMENT"
+
+
 async def test_etcd_fixture_isolates_by_prefix(etcd: EtcdFixture) -> None:
     assert etcd.prefix.startswith("/gazette-test/")
     assert etcd.endpoint == etcd.server.endpoint

@@ -15,6 +15,9 @@ Invariants:
 - ``main`` returns the exit status: 0 on success, 1 with a single ``FATA`` log line on
   stderr for any expected failure (bad input, unreachable broker, refused request);
   never a traceback for those. 2 is argparse's status for unusable flags.
+- ``--log.level`` (``$LOG_LEVEL``) and ``--log.format`` (``$LOG_FORMAT``: text, json, color)
+  apply to gazctl's lines and to the library's ``logging`` records alike, which go through
+  the same ``Log`` while ``main`` runs. ``--version`` prints ``gazette.__version__``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import asyncio
 import configparser
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -30,10 +34,11 @@ from pathlib import Path
 from typing import IO, Any, TextIO
 
 from gazette.auth import Authorizer, BearerAuth, KeyedAuth
+from gazette.cli import version_text
 from gazette.cli.gazctl import attach_uuids
 from gazette.cli.gazctl.common import CommandError, Context
 from gazette.cli.gazctl.journals import COMMANDS as JOURNAL_COMMANDS
-from gazette.cli.gazctl.output import LEVELS, Log
+from gazette.cli.gazctl.output import FORMATS, LEVELS, Log, LogHandler
 from gazette.cli.gazctl.shards import COMMANDS as SHARD_COMMANDS
 from gazette.client.errors import ClientError
 from gazette.client.journal_client import DEFAULT_ADDRESS, grpc_target
@@ -75,7 +80,7 @@ def _common_flags() -> argparse.ArgumentParser:
     g.add_argument("--log.level", dest="log_level", default=argparse.SUPPRESS,
                    choices=sorted(LEVELS), help="Logging level (env LOG_LEVEL; default info)")
     g.add_argument("--log.format", dest="log_format", default=argparse.SUPPRESS,
-                   choices=["text", "json", "color"], help="Logging output format (text)")
+                   choices=list(FORMATS), help="Logging output format (env LOG_FORMAT; default text)")
     return p
 
 
@@ -85,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gazctl", parents=[common],
         description="gazctl is a tool for interacting with Gazette brokers and consumer "
                     "applications.")
+    parser.add_argument("--version", action="version", version=version_text("gazctl"))
     groups = parser.add_subparsers(dest="group", metavar="{attach-uuids,journals,shards}")
     groups.required = True
     attach = groups.add_parser(
@@ -173,12 +179,27 @@ def main(argv: Sequence[str] | None = None, *, stdin: IO[bytes] | None = None,
         return int(exc.code or 0)
 
     log_level = getattr(ns, "log_level", None) or environ.get("LOG_LEVEL") or "info"
+    log_format = getattr(ns, "log_format", None) or environ.get("LOG_FORMAT") or "text"
     try:
-        log = Log(err_stream, log_level)
+        log = Log(err_stream, log_level, log_format)
     except ValueError as exc:
         err_stream.write(f"gazctl: {exc}\n")
         return 1
+    # The library's logging (client retries, route changes, ...) goes through gazctl's Log, at
+    # its level and in its format, for this call only (main is also called in-process by tests).
+    root = logging.getLogger()
+    handler, saved_level = LogHandler(log), root.level
+    root.addHandler(handler)
+    root.setLevel(log.level)
+    try:
+        return _run(ns, log, environ, stdin, stdout)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved_level)
 
+
+def _run(ns: argparse.Namespace, log: Log, environ: Any, stdin: IO[bytes] | None,
+         stdout: IO[bytes] | None) -> int:
     out_stream = stdout if stdout is not None else sys.stdout.buffer
     if ns.group == "attach-uuids":
         return run_attach_uuids(ns, log, stdin if stdin is not None else sys.stdin.buffer,

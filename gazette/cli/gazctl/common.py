@@ -97,6 +97,21 @@ def apply_flags(p: argparse.ArgumentParser) -> None:
                         "transaction")
 
 
+# etcd's refusal of a transaction with more than its --max-txn-ops (default 128) operations.
+ETCD_TXN_TOO_LARGE = "too many operations in txn request"
+
+
+def apply_failed(what: str, err: Exception, count: int) -> CommandError:
+    """The error of a failed ``journals apply`` or ``shards apply`` of ``count`` changes; when
+    etcd refused the transaction as too large, it says to split it with ``--max-txn-size``."""
+    fields: dict[str, Any] = {"err": str(err)}
+    if ETCD_TXN_TOO_LARGE in str(err):
+        fields["hint"] = (f"{count} changes exceed etcd's limit of operations per transaction "
+                          "(--max-txn-ops, 128 by default); apply them in several transactions "
+                          "with --max-txn-size (e.g. --max-txn-size 50)")
+    return CommandError(f"failed to apply {what}", **fields)
+
+
 async def read_specs(ctx: Context) -> str:
     """The text of ``--specs`` (a path, or ``-`` for stdin)."""
     import asyncio

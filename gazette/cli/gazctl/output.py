@@ -7,18 +7,22 @@ Invariants:
 - ``go_json`` encodes a message as Go's encoding/json encodes Gazette's structs: proto field
   names, zero values omitted, enums and 64-bit integers as numbers.
 - Log lines are logrus's text layout: ``LEVL[0000] message`` padded to 44 columns, then
-  ``key=value`` fields (values quoted when they need it), one line each, on stderr.
+  ``key=value`` fields (values quoted when they need it), one line each, on stderr; or its
+  colored layout, or its JSON (``--log.format``). The library's own ``logging`` records go
+  through the same ``Log`` (``LogHandler``), so one command writes one format.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import math
 import re
 import time
 import unicodedata
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, TextIO
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -164,13 +168,25 @@ def _quote(v: Any) -> str:
     return s if _BARE.match(s) else json.dumps(s, ensure_ascii=False)
 
 
+FORMATS = ("text", "json", "color")
+# logrus's TextFormatter colours: gray for debug and trace, blue info, yellow warn, red above.
+_COLOR = {5: 37, 10: 37, 20: 36, 30: 33, 40: 31, 50: 31}
+_JSON_LEVEL = {5: "trace", 10: "debug", 20: "info", 30: "warning", 40: "error", 50: "fatal"}
+
+
 class Log:
-    def __init__(self, stream: TextIO, level: str = "info") -> None:
+    """gazctl's log: logrus's text layout (``text``), its colored one (``color``), or its JSON
+    (``json``: one object per line, ``level``, ``msg``, ``time`` and the fields)."""
+
+    def __init__(self, stream: TextIO, level: str = "info", format: str = "text") -> None:
         if level.lower() not in LEVELS:
             raise ValueError(f"invalid log level {level!r} (want one of debug, info, warn, "
                              "error, fatal)")
+        if format not in FORMATS:
+            raise ValueError(f"invalid log format {format!r} (want one of text, json, color)")
         self.stream = stream
         self.level = LEVELS[level.lower()]
+        self.format = format
         self._start = time.monotonic()
 
     def enabled(self, level: int) -> bool:
@@ -179,10 +195,23 @@ class Log:
     def emit(self, level: int, message: str, **fields: Any) -> None:
         if level < self.level:
             return
-        secs = int(time.monotonic() - self._start)
-        line = f"{_TEXT[level]}[{secs:04d}] {message:<44} "
-        line += "".join(f" {k}={_quote(v)}" for k, v in fields.items())
-        self.stream.write(line.rstrip() + "\n")
+        level = max(k for k in _TEXT if k <= level) if level >= 5 else 5
+        if self.format == "json":
+            obj = {k: v if isinstance(v, (int, float, bool)) or v is None else str(v)
+                   for k, v in fields.items()}
+            obj.update(level=_JSON_LEVEL[level], msg=message,
+                       time=datetime.now().astimezone().isoformat(timespec="seconds"))
+            self.stream.write(json_line(obj))
+        else:
+            secs = int(time.monotonic() - self._start)
+            if self.format == "color":
+                color = _COLOR[level]
+                line = f"\x1b[{color}m{_TEXT[level]}\x1b[0m[{secs:04d}] {message:<44} "
+                line += "".join(f" \x1b[{color}m{k}\x1b[0m={_quote(v)}" for k, v in fields.items())
+            else:
+                line = f"{_TEXT[level]}[{secs:04d}] {message:<44} "
+                line += "".join(f" {k}={_quote(v)}" for k, v in fields.items())
+            self.stream.write(line.rstrip() + "\n")
         self.stream.flush()
 
     def debug(self, message: str, **fields: Any) -> None:
@@ -199,3 +228,26 @@ class Log:
 
     def fatal(self, message: str, **fields: Any) -> None:
         self.emit(50, message, **fields)
+
+
+_RECORD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message", "asctime", "taskName"}
+
+
+class LogHandler(logging.Handler):
+    """Routes the library's ``logging`` records through a gazctl ``Log``: same stream, level
+    and format as gazctl's own lines; a record's ``extra`` becomes its fields, an exception
+    its ``err`` field."""
+
+    def __init__(self, log: Log) -> None:
+        super().__init__()
+        self.log = log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields = {k: v for k, v in record.__dict__.items() if k not in _RECORD_ATTRS}
+            if record.exc_info and record.exc_info[1] is not None:
+                fields["err"] = str(record.exc_info[1]) or type(record.exc_info[1]).__name__
+            self.log.emit(record.levelno, record.getMessage(), **fields)
+        except Exception:  # logging must not fail the command
+            self.handleError(record)

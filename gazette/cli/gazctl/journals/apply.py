@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from google.protobuf import text_format
 
-from gazette.cli.gazctl.common import CommandError, Context, read_specs
+from gazette.cli.gazctl.common import CommandError, Context, apply_failed, read_specs
 from gazette.client.errors import (
     ClientError,
 )
@@ -34,7 +34,7 @@ async def _apply(ctx: Context, client: JournalClient, req: pb.ApplyRequest) -> N
     try:
         resp = await client.apply(req, ctx.args.max_txn_size)
     except ClientError as err:
-        raise CommandError("failed to apply journals", err=str(err)) from None
+        raise apply_failed("journals", err, len(req.changes)) from None
     ctx.log.info("successfully applied", revision=resp.header.etcd.revision)
 
 
