@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gazette import malloc
+from gazette.cli import version_text
 from gazette.server.flags import Flags, add_flags, server_security_flags
 from gazette.server.logs import setup_logging
 
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gazette.consumer.run import CONSUMER_FLAGS
 
     parser = argparse.ArgumentParser(prog="gazette", description="Gazette broker and consumers")
+    parser.add_argument("--version", action="version", version=version_text("gazette"))
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="Serve as Gazette broker")
     add_flags(serve, _FLAGS)
@@ -83,7 +85,7 @@ def config_from_args(ns: argparse.Namespace) -> Any:
         max_replication=integer("broker.max-replication"),
         max_append_rate=rate("broker.max-append-rate"),
         min_append_rate=rate("broker.min-append-rate"),
-        etcd_address=get("etcd.address"),
+        etcd_address=flags.etcd_address(),
         etcd_prefix=get("etcd.prefix").rstrip("/"),
         etcd_lease=lease,
         tls=flags.server_tls("broker"),

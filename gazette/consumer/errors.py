@@ -21,6 +21,10 @@ class ConsumerError(GazetteError):
     """Base of the consumer framework's errors."""
 
 
+
+class MissingExtraError(ConsumerError, ImportError):
+    """A store's driver is not installed: the message names the extra that brings it."""
+
 class TransactionError(ConsumerError):
     """A transaction failed: ``phase`` says where (consume, finalize, commit, ack, ...)."""
 

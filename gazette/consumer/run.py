@@ -84,7 +84,7 @@ def config_from_args(ns: argparse.Namespace) -> ConsumerConfig:
     config = ConsumerConfig(host=get("consumer.host"), port=integer("consumer.port"),
                           zone=zone, suffix=suffix, limit=integer("consumer.limit"),
                           max_hot_standbys=integer("consumer.max-hot-standbys"),
-                          broker_address=get("broker.address"), etcd_address=get("etcd.address"),
+                          broker_address=get("broker.address"), etcd_address=flags.etcd_address(),
                           etcd_prefix=get("etcd.prefix").rstrip("/"), etcd_lease=lease, args=ns,
                           tls=flags.server_tls("consumer"), peer_tls=flags.peer_tls("consumer"),
                           broker_tls=flags.client_tls("broker"), auth_keys=get("auth-keys"),

@@ -127,6 +127,18 @@ class Flags:
             raise SystemExit(f"gazette: invalid --{flag}: {err}") from None
         return tls
 
+    def etcd_address(self, name: str = "etcd.address") -> str:
+        """``--etcd.address``, checked now: a malformed or ``https://`` endpoint exits naming the
+        flag (rather than failing with a traceback as the process dials etcd)."""
+        from gazette.etcd.client import EtcdEndpointError, parse_endpoint
+
+        address = self.get(name)
+        try:
+            parse_endpoint(address)
+        except EtcdEndpointError as err:
+            raise SystemExit(f"gazette: invalid --{name}: {err}") from None
+        return address
+
     def auth_keys(self, name: str = "auth-keys") -> KeyedAuth | None:
         """``--auth-keys`` (or ``--{role}.auth-keys``): the keyed auth, None when empty."""
         from gazette.auth import KeyedAuth

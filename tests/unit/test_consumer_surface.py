@@ -44,3 +44,19 @@ async def test_shard_done_is_a_deprecated_alias_of_stopping() -> None:
     with pytest.warns(DeprecationWarning, match="Shard.stopping"):
         assert rt.done is rt.stopping
     assert isinstance(rt.stopping, asyncio.Event)
+
+
+@pytest.mark.parametrize("blocked, store, extra", [
+    ("sqlalchemy", "SQLStore", "gazette[postgres]"),
+    ("rocksdict", "RocksDBStore", "gazette[rocksdb]"),
+])
+def test_a_store_without_its_driver_names_the_extra(blocked: str, store: str, extra: str) -> None:
+    code = (f"import sys; sys.modules[{blocked!r}] = None\n"
+            "import gazette.consumer as c\n"
+            "try:\n"
+            f"    getattr(c, {store!r})\n"
+            "except ImportError as err:\n"
+            "    print(type(err).__name__, err)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("MissingExtraError") and extra in out.stdout, out.stdout

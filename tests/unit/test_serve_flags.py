@@ -72,3 +72,18 @@ def test_no_warning_on_loopback_or_with_keys(caplog: pytest.LogCaptureFixture, h
 def test_bad_auth_keys_exit_naming_the_flag() -> None:
     with pytest.raises(SystemExit, match="auth-keys"):
         _config(["--broker.id", "broker-one", "--auth-keys", "not base64!"])
+
+
+@pytest.mark.parametrize("address", ["https://etcd.example:2379", "http://host:port"])
+def test_an_unusable_etcd_address_exits_naming_the_flag(address: str) -> None:
+    with pytest.raises(SystemExit, match="--etcd.address"):
+        _config(["--broker.id", "broker-one", "--etcd.address", address])
+
+
+def test_version_is_the_packages(capsys: pytest.CaptureFixture[str]) -> None:
+    from gazette import __version__
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"gazette {__version__}"

@@ -23,7 +23,13 @@ import shutil
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
-import rocksdict
+from gazette.consumer.errors import MissingExtraError
+
+try:
+    import rocksdict
+except ModuleNotFoundError as err:
+    raise MissingExtraError(
+        "RocksDBStore needs rocksdict: pip install 'gazette[rocksdb]'") from err
 
 from gazette.consumer.interfaces import OpFuture, Shard
 from gazette.consumer.stores.recorded import StoreOptionError, commit_batch, store_directory

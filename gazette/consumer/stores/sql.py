@@ -49,22 +49,28 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import (
-    Column,
-    Connection,
-    Engine,
-    Integer,
-    LargeBinary,
-    MetaData,
-    Table,
-    Text,
-    select,
-    update,
-)
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from gazette.consumer.errors import ConsumerError, MissingExtraError
 
-from gazette.consumer.errors import ConsumerError
+try:
+    from sqlalchemy import (
+        Column,
+        Connection,
+        Engine,
+        Integer,
+        LargeBinary,
+        MetaData,
+        Table,
+        Text,
+        select,
+        update,
+    )
+    from sqlalchemy.exc import IntegrityError
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+except ModuleNotFoundError as err:
+    raise MissingExtraError(
+        "SQLStore needs SQLAlchemy and a driver: pip install 'gazette[postgres]' (psycopg) or "
+        "'gazette[sql-sqlite]' (aiosqlite)") from err
+
 from gazette.consumer.interfaces import OpFuture, Shard
 from gazette.protocol import consumer_pb2 as pc
 

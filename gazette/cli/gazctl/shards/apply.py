@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from google.protobuf import text_format
 
-from gazette.cli.gazctl.common import CommandError, Context, read_specs
+from gazette.cli.gazctl.common import CommandError, Context, apply_failed, read_specs
 from gazette.client.errors import ClientError
 from gazette.consumer.client import ShardClient, ShardStatusError
 from gazette.errors import GazetteError
@@ -48,13 +48,13 @@ async def apply_changes(ctx: Context, client: ShardClient, req: pc.ApplyRequest)
         if err.status == pc.Status.ETCD_TRANSACTION_FAILED:
             raise CommandError("failed to apply shards: a shard changed since it was listed "
                                "(stale revision); list again and retry", err=str(err)) from None
-        raise CommandError("failed to apply shards", err=str(err)) from None
+        raise apply_failed("shards", err, len(req.changes)) from None
     except ClientError as err:
-        fields = {"err": str(err)}
+        failed = apply_failed("shards", err, len(req.changes))
         shard = _shard_of(req, str(err))
         if shard:
-            fields["shard"] = shard
-        raise CommandError("failed to apply shards", **fields) from None
+            failed.fields["shard"] = shard
+        raise failed from None
     ctx.log.info("successfully applied", revision=resp.header.etcd.revision)
 
 
