@@ -643,7 +643,11 @@ async def test_closing_the_channel_ends_calls_in_flight(served: Served, client_k
         await within(reading.read())
     if isinstance(err.value, grpc.aio.AioRpcError):
         assert err.value.code() == grpc.StatusCode.CANCELLED
-    await within(served.svc.gate("read").ended.wait(), CANCEL_WITHIN)
+    # Our server is held to CANCEL_WITHIN; grpcio's own server cancels its handler on its
+    # own schedule, which under load on 2 cores passed 1 s (once in three full runs): it is
+    # held only to end the handler promptly.
+    await within(served.svc.gate("read").ended.wait(),
+                 CANCEL_WITHIN if served.kind == "ours" else WITHIN)
 
 
 # a request over the server's max_message ends the call RESOURCE_EXHAUSTED
