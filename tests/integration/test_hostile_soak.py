@@ -117,6 +117,7 @@ def _apply(client: SyncJournalClient, name: str) -> None:
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(SECONDS + 300)  # the run itself, then set-up, reading back and the reports
 def test_hostile_clients_of_every_class_at_once(cluster: Cluster, tmp_path: Path) -> None:
     broker = cluster.add_broker()
     pid = broker.pid
