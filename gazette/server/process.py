@@ -313,5 +313,12 @@ def dump_tasks() -> None:
     tasks = sorted(asyncio.all_tasks(), key=lambda t: t.get_name())
     for task in tasks:
         out.write(f"--- task {task.get_name()}\n")
-        task.print_stack(limit=12, file=out)
+        # Not Task.print_stack: on 3.11 a suspended frame's f_lineno may be None, and
+        # linecache then raises, losing the whole dump exactly when it is needed.
+        try:
+            for frame in task.get_stack(limit=12):
+                code = frame.f_code
+                out.write(f"  {code.co_filename}:{frame.f_lineno or code.co_firstlineno} in {code.co_name}\n")
+        except Exception as err:  # noqa: BLE001 - a diagnostic dump must not fail half-way
+            out.write(f"  (stack unavailable: {err!r})\n")
     logging.getLogger("gazette").warning("%d asyncio tasks (SIGUSR1):\n%s", len(tasks), out.getvalue())
