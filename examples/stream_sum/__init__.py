@@ -7,7 +7,7 @@
   publishes a stream's final ``Sum`` when its empty last chunk arrives.
 * ``chunker``: publishes the chunks of many concurrent streams, computes each sum itself, and
   fails loudly when a published sum is wrong, repeated, or later than the SLA.
-* ``crashtest``: etcd, three brokers in two zones, summers and chunkers on loopback, with kill
+* ``crashtest``: etcd, four brokers in two zones, summers and chunkers on loopback, with kill
   -9s, SIGTERMs, freezes and etcd restarts at random intervals.
 """
 
