@@ -34,7 +34,7 @@ from gazette.allocator import item_route, keys
 from gazette.auth import Claims
 from gazette.broker.replica import Replica
 from gazette.errors import GazetteError
-from gazette.etcd.keyspace import KeySpace, KeyValue
+from gazette.etcd.keyspace import KeyLayoutError, KeySpace, KeyValue
 from gazette.protocol import labels
 from gazette.protocol import protocol_pb2 as pb
 from gazette.server import cluster
@@ -199,46 +199,72 @@ class Resolver:
 
     def update_replicas(self) -> None:
         """Keyspace observer: start replicas of newly-assigned journals, stop revoked ones,
-        and signal replicas whose journal's assignments changed."""
+        and signal replicas whose journal's assignments changed.
+
+        Works on the journals the update touched (`KeySpace.changed`: their items or
+        assignments), each through its own key range, so a change costs O(changed * log n),
+        not O(n): with 10,000 journals every broker sees every allocator write. After a load
+        (`changed` None) it walks every assigned or held journal."""
         if self.replicas is None:
             return
         self._cache.clear()
-        local: dict[str, tuple[pb.JournalSpec, int, bool]] = {}
-        sigs: dict[str, list[tuple[str, int]]] = {}
-        for kv in self.ks.prefixed(keys.assignments_prefix(self.ks.root)):
+        changed = self.ks.changed
+        if changed is None:
+            journals = {keys.parse_assignment_key(self.ks.root, kv.key).item
+                        for kv in self.ks.prefixed(keys.assignments_prefix(self.ks.root))}
+            journals.update(self.replicas)
+        else:
+            journals = self._journals_of(changed)
+        for name in sorted(journals):
+            self._update_journal(name, self.replicas)
+
+    def _journals_of(self, changed: frozenset[str]) -> set[str]:
+        assign_prefix = keys.assignments_prefix(self.ks.root)
+        items_prefix = keys.items_prefix(self.ks.root)
+        journals: set[str] = set()
+        for key in changed:
+            if key.startswith(assign_prefix):
+                try:
+                    journals.add(keys.parse_assignment_key(self.ks.root, key).item)
+                except KeyLayoutError:
+                    continue  # not an assignment the allocator wrote: nothing of ours
+            elif key.startswith(items_prefix):
+                journals.add(key[len(items_prefix):])
+        return journals
+
+    def _update_journal(self, name: str, replicas: dict[str, Replica]) -> None:
+        """Brings the local replica of ``name`` (if any) in line with its item and assignments."""
+        local_key = _id_key(self.local_id)
+        sig: list[tuple[str, int]] = []
+        slot: int | None = None
+        for kv in self.ks.prefixed(keys.item_assignments_prefix(self.ks.root, name)):
             a = keys.parse_assignment_key(self.ks.root, kv.key)
-            sigs.setdefault(a.item, []).append((kv.key, kv.mod_revision))
-            if (a.zone, a.suffix) != _id_key(self.local_id):
-                continue
-            item = self.ks.search(self._item_key(a.item))
-            if item is None or item.value is None:
-                continue
-            local[a.item] = (item.value, item.create_revision, a.slot == 0)
-
-        next_replicas: dict[str, Replica] = {}
-        for name, (spec, create_rev, primary) in local.items():
-            replica = self.replicas.get(name)
-            if replica is None or self._create_revs.get(name) != create_rev:
-                if replica is not None:
-                    self._cancel(replica)
-                log.info("starting local journal replica", extra={"journal": name, "primary": primary})
-                replica = self._new_replica(name, spec)
-                self._create_revs[name] = create_rev
-            else:
-                replica.spec = spec
-            replica.set_primary(primary)
-            sig = tuple(sigs.get(name, ()))
-            if sig != replica.assignments_sig:
-                replica.assignments_sig = sig
-                replica.signal_route_change()
-            next_replicas[name] = replica
-
-        for name, replica in self.replicas.items():
-            if name not in next_replicas:
+            sig.append((kv.key, kv.mod_revision))
+            if (a.zone, a.suffix) == local_key:
+                slot = a.slot
+        item = self.ks.search(self._item_key(name))
+        replica = replicas.get(name)
+        if slot is None or item is None or item.value is None:
+            if replica is not None:
                 log.info("stopping local journal replica", extra={"journal": name})
                 self._cancel(replica)
+                del replicas[name]
                 self._create_revs.pop(name, None)
-        self.replicas = next_replicas
+            return
+        spec: pb.JournalSpec = item.value
+        if replica is None or self._create_revs.get(name) != item.create_revision:
+            if replica is not None:
+                self._cancel(replica)
+            log.info("starting local journal replica", extra={"journal": name, "primary": slot == 0})
+            replica = self._new_replica(name, spec)
+            self._create_revs[name] = item.create_revision
+            replicas[name] = replica
+        else:
+            replica.spec = spec
+        replica.set_primary(slot == 0)
+        if tuple(sig) != replica.assignments_sig:
+            replica.assignments_sig = tuple(sig)
+            replica.signal_route_change()
 
     def _cancel(self, replica: Replica) -> None:
         self._cache.clear()

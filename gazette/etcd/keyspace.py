@@ -17,7 +17,9 @@ Invariants of a KeySpace:
 * Updates are applied in revision order, all events of one etcd revision (one transaction) at
   once; watch responses arriving within `apply_delay` of each other are applied as one batch.
   After each applied batch, the `observers` run synchronously, in registration order, before any
-  waiter of `wait_for_revision` / `update_signal` wakes.
+  waiter of `wait_for_revision` / `update_signal` wakes. While they run, `changed` holds the
+  keys the batch touched (put or deleted), or None after a load (everything may have changed):
+  an observer can then work in proportion to the change, not to the keyspace.
 * A value that fails to decode is logged and not applied: a new key stays absent, an existing
   key keeps its last good value. A later, valid write repairs it. The mirror never crashes on
   bad data.
@@ -201,6 +203,7 @@ class KeySpace:
         self._range_end = _bytes_prefix_end(self._prefix_bytes)
         self._kvs: list[KeyValue] = []
         self._keys: list[str] = []
+        self._changed: frozenset[str] | None = None
         self._header = EtcdHeader()
         self._resume_revision = 1
         self._updated = asyncio.Event()
@@ -212,6 +215,12 @@ class KeySpace:
     def key_values(self) -> list[KeyValue]:
         """All mirrored entries, sorted by key. Treat as read-only: it is shared."""
         return self._kvs
+
+    @property
+    def changed(self) -> frozenset[str] | None:
+        """The keys the last applied batch put or deleted; None after a load (see the module
+        docstring). Meant for observers, while they run."""
+        return self._changed
 
     @property
     def header(self) -> EtcdHeader:
@@ -305,7 +314,9 @@ class KeySpace:
         # time it answered (which may be later): that is the mirror's effective revision.
         self._install(
             kvs,
+            [entry.key for entry in kvs],
             EtcdHeader(first.cluster_id, first.member_id, revision, first.raft_term),
+            None,
         )
         self._resume_revision = revision + 1
 
@@ -453,6 +464,8 @@ class KeySpace:
         events.sort(key=lambda ev: ev.kv.key)
         cur_kvs, cur_keys = self._kvs, self._keys
         kvs: list[KeyValue] = []
+        keys: list[str] = []
+        changed: set[str] = set()
         pos, i, n = 0, 0, len(events)
         while i < n:
             raw_key = events[i].kv.key
@@ -465,10 +478,12 @@ class KeySpace:
                 log.error("keyspace %s: skipping non-UTF-8 key %r", self.root, raw_key)
                 i = j
                 continue
+            changed.add(key)
             ind = bisect.bisect_left(cur_keys, key, pos)
             # Unchanged entries between the previous changed key and this one are copied as a
             # run (a C-level slice), so a batch costs O(changes * log n) Python steps.
             kvs.extend(cur_kvs[pos:ind])
+            keys.extend(cur_keys[pos:ind])
             entry: KeyValue | None = None
             if ind < len(cur_keys) and cur_keys[ind] == key:
                 entry = cur_kvs[ind]
@@ -478,9 +493,11 @@ class KeySpace:
                 entry = self._apply_event(entry, key, event)
             if entry is not None:
                 kvs.append(entry)
+                keys.append(key)
             i = j
         kvs.extend(cur_kvs[pos:])
-        self._install(kvs, header)
+        keys.extend(cur_keys[pos:])
+        self._install(kvs, keys, header, frozenset(changed))
 
     def _apply_event(self, entry: KeyValue | None, key: str, event: Any) -> KeyValue | None:
         kv = event.kv
@@ -543,11 +560,16 @@ class KeySpace:
                 f"{self._header.cluster_id} to {cluster_id}"
             )
 
-    def _install(self, kvs: list[KeyValue], header: EtcdHeader) -> None:
+    def _install(self, kvs: list[KeyValue], keys: list[str], header: EtcdHeader,
+                 changed: frozenset[str] | None) -> None:
         self._kvs = kvs
-        self._keys = [entry.key for entry in kvs]
+        self._keys = keys
         self._header = header
-        for observer in self.observers:
-            observer()
+        self._changed = changed
+        try:
+            for observer in self.observers:
+                observer()
+        finally:
+            self._changed = None
         signal, self._updated = self._updated, asyncio.Event()
         signal.set()
