@@ -22,7 +22,7 @@ error) for a valid, permitted request; a malformed one is INVALID_ARGUMENT (Gaze
 anyone holds every capability, so the broker checks only stores some journal spec names (a
 caller could otherwise make it dial an endpoint of their choosing, e.g. an ``s3://`` URL's
 ``endpoint=``, and send it a signed PUT): another store is FAILED_PRECONDITION, saying so.
-Too many requests waiting on checks: RESOURCE_EXHAUSTED (``fragment/health.py``).
+Too many requests waiting on checks: RESOURCE_EXHAUSTED (``broker/store_health.py``).
 """
 
 from __future__ import annotations
