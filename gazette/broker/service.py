@@ -200,7 +200,7 @@ class JournalService(pb_grpc.JournalServicer):
         self, request_iterator: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[pb.ReplicateResponse]:
         """A primary's pipeline stream: see ``replicate.serve``. Requests arrive as raw bytes
-        (see ``server._add_journal_service``) or, registered otherwise, as messages."""
+        (see ``Broker.register_services`` in ``broker/server.py``) or, registered otherwise, as messages."""
         self._verify(context, auth.REPLICATE)
         try:
             async for resp in replicate_mod.serve(self.broker, request_iterator.__aiter__()):
