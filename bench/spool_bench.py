@@ -14,7 +14,7 @@ import os
 import tempfile
 import time
 
-from gazette.broker.fragment import Spool, SpoolSnapshot
+from gazette.broker.spool import Spool, SpoolSnapshot
 from gazette.fragment import Fragment
 from gazette.protocol import protocol_pb2 as pb
 

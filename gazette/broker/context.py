@@ -15,15 +15,15 @@ from typing import Protocol
 
 from gazette.auth import Claims, Verifier
 from gazette.broker.config import BrokerConfig
-from gazette.broker.fragment.health import StoreHealth
 from gazette.broker.pipeline import PeerStream
 from gazette.broker.replica import Replica
 from gazette.broker.resolver import Resolution, Resolver
+from gazette.broker.store_health import StoreHealth
 from gazette.etcd.keyspace import KeySpace
+from gazette.fragment.stores import Stores
 from gazette.protocol import labels
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
-from gazette.stores import Stores
 
 __all__ = ["BrokerContext"]
 

@@ -42,7 +42,7 @@ from typing import Protocol
 import grpc
 
 from gazette.allocator import routes_equivalent
-from gazette.broker.fragment import Spool
+from gazette.broker.spool import Spool
 from gazette.errors import GazetteError
 from gazette.fragment import Fragment
 from gazette.protocol import protocol_pb2 as pb

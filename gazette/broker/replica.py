@@ -36,10 +36,12 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from gazette.broker.flow import AppendFlowControl
-from gazette.broker.fragment import Index, Persister, Spool, SpoolSnapshot
+from gazette.broker.index import Index
+from gazette.broker.persister import Persister
+from gazette.broker.spool import Spool, SpoolSnapshot
 from gazette.fragment import Fragment
+from gazette.fragment.stores import Stores, walk_all_stores
 from gazette.protocol import protocol_pb2 as pb
-from gazette.stores import Stores, walk_all_stores
 from gazette.tasks import Supervisor, cancel_and_wait, wait_first
 
 if TYPE_CHECKING:

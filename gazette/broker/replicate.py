@@ -40,9 +40,8 @@ import grpc
 
 from gazette.allocator import routes_equivalent
 from gazette.broker.context import BrokerContext
-from gazette.broker.fragment import Spool
-from gazette.broker.fragment.spool import ContentWrite
 from gazette.broker.replica import acquire_unless
+from gazette.broker.spool import ContentWrite, Spool
 from gazette.broker.wire import Content, decode_request
 from gazette.errors import GazetteError
 from gazette.fragment.errors import SpoolError

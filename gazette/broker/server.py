@@ -31,19 +31,20 @@ from gazette.auth import NO_AUTH, Claims, KeyedAuth, Verifier
 from gazette.broker import append as append_mod
 from gazette.broker import wire
 from gazette.broker.config import BrokerConfig
-from gazette.broker.fragment import Persister
-from gazette.broker.fragment.health import StoreHealth
 from gazette.broker.http_gateway import Gateway
 from gazette.broker.keys import broker_decoder
+from gazette.broker.persister import Persister
 from gazette.broker.pipeline import PeerStream
 from gazette.broker.replica import Replica
 from gazette.broker.replicate import FailedPeerStream, GrpcPeerStream
 from gazette.broker.resolver import Resolution, Resolver
 from gazette.broker.service import JournalService
+from gazette.broker.store_health import StoreHealth
 from gazette.client.channels import ChannelPool
 from gazette.etcd import txn
 from gazette.etcd.keyspace import KeySpace
 from gazette.fragment import Fragment
+from gazette.fragment.stores import Stores
 from gazette.protocol import labels
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
@@ -51,7 +52,6 @@ from gazette.rpc.channel import insecure_channel
 from gazette.server import cluster
 from gazette.server.grpc import CHANNEL_OPTIONS, GrpcServer, add_service
 from gazette.server.process import MemberProcess
-from gazette.stores import Stores
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ error) for a valid, permitted request; a malformed one is INVALID_ARGUMENT (Gaze
 anyone holds every capability, so the broker checks only stores some journal spec names (a
 caller could otherwise make it dial an endpoint of their choosing, e.g. an ``s3://`` URL's
 ``endpoint=``, and send it a signed PUT): another store is FAILED_PRECONDITION, saying so.
-Too many requests waiting on checks: RESOURCE_EXHAUSTED (``fragment/health.py``).
+Too many requests waiting on checks: RESOURCE_EXHAUSTED (``broker/store_health.py``).
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ class JournalService(pb_grpc.JournalServicer):
         self, request_iterator: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[pb.ReplicateResponse]:
         """A primary's pipeline stream: see ``replicate.serve``. Requests arrive as raw bytes
-        (see ``server._add_journal_service``) or, registered otherwise, as messages."""
+        (see ``Broker.register_services`` in ``broker/server.py``) or, registered otherwise, as messages."""
         self._verify(context, auth.REPLICATE)
         try:
             async for resp in replicate_mod.serve(self.broker, request_iterator.__aiter__()):

@@ -37,7 +37,7 @@ from gazette.client import JournalClient
 from gazette.consumer import metrics
 from gazette.consumer.client import ShardClient
 from gazette.consumer.initialize import InitArgs, Initializer
-from gazette.consumer.interfaces import Application, Assignment
+from gazette.consumer.interfaces import Application, Assignment, maybe_await
 from gazette.consumer.keys import consumer_decoder
 from gazette.consumer.recovery import HintsStore
 from gazette.consumer.resolver import Resolver
@@ -121,9 +121,7 @@ class ConsumerProcess(MemberProcess):
         if isinstance(self.app, Initializer):
             args = InitArgs(config=self.config.args, server=server, resolver=self.resolver,
                             journal_client=self.client, peers=self.peers)
-            result = self.app.init_application(args)
-            if asyncio.iscoroutine(result):
-                await result
+            await maybe_await(self.app.init_application(args))
             self._app_routes = list(args.routes)
 
     def http_routes(self) -> Iterable[web.RouteDef]:

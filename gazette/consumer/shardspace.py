@@ -54,7 +54,7 @@ from gazette.specspace import (
 __all__ = [
     "apply_request",
     "FlatShard",
-    "Shard",
+    "ShardEntry",
     "ShardSet",
     "SpecSpaceError",
     "flatten",
@@ -91,7 +91,7 @@ _DURATION_KEYS = ("max_txn_duration", "min_txn_duration")
 
 
 @dataclass
-class Shard:
+class ShardEntry:
     """A member of a :class:`ShardSet`; zero fields of ``spec`` come from ``common``."""
 
     spec: pc.ShardSpec = field(default_factory=pc.ShardSpec)
@@ -105,7 +105,7 @@ class ShardSet:
     """Shards sharing a ``common`` ShardSpec template."""
 
     common: pc.ShardSpec = field(default_factory=pc.ShardSpec)
-    shards: list[Shard] = field(default_factory=list)
+    shards: list[ShardEntry] = field(default_factory=list)
 
 
 @dataclass
@@ -218,7 +218,7 @@ def set_from_dict(d: Any) -> ShardSet:
             raise SpecSpaceError(where, "id", "shard appears more than once")
         seen.add(shard_id)
         out.shards.append(
-            Shard(
+            ShardEntry(
                 spec=_spec_from_yaml(sm, where),
                 delete=as_opt_bool(sm.get("delete"), where, "delete"),
                 revision=as_int(sm.get("revision"), where, "revision", *INT64),
@@ -368,7 +368,7 @@ def nest(entries: Iterable[FlatShard]) -> ShardSet:
         set_labels(spec.labels, sorted(labels_of(spec.labels)))
         spec = _canonical(spec)
         out.shards.append(
-            Shard(spec, delete=True if e.delete else None, revision=e.revision, comment=e.comment)
+            ShardEntry(spec, delete=True if e.delete else None, revision=e.revision, comment=e.comment)
         )
         common = _copy(spec) if common is None else _intersect(common, spec)
     if common is not None:

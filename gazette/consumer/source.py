@@ -22,12 +22,12 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gazette.client import JournalClient
+from gazette.consumer.interfaces import maybe_await
 from gazette.message import Envelope, ProducerState, Sequencer, flatten_producer_states
 from gazette.message.fanin import FanIn
 from gazette.message.framing import Framing
@@ -108,10 +108,8 @@ class ShardSource:
 
     async def _replay(self, journal: str, begin: int, end: int) -> Sequence[Envelope]:
         if self._replay_range is not None:  # the app's producer replays its own ranges
-            replayed = self._replay_range(journal, begin, end)
-            if asyncio.iscoroutine(replayed):
-                replayed = await replayed
-            return replayed  # type: ignore[no-any-return]
+            replayed: Sequence[Envelope] = await maybe_await(self._replay_range(journal, begin, end))
+            return replayed
         framing, decode = self._codecs[journal]
         return await read_replay(self._replay_opener, framing, decode, journal, begin, end)
 

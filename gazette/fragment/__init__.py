@@ -1,12 +1,14 @@
 """Fragments: content-addressed spans of a journal, their names and their codecs.
 
-A leaf below the client, the broker and the stores (Gazette keeps ``broker/codecs`` and the
-fragment type as leaves the client imports): reading a compressed fragment loads nothing of
-the broker.
+Below the client and the broker (Gazette keeps ``broker/codecs`` and the fragment type as
+leaves the client imports): reading a compressed fragment loads nothing of the broker.
+Importing this package loads none of :mod:`.stores` (the fragment stores, which import the
+modules here and never the reverse).
 
 * :mod:`.fragment` — :class:`Fragment` and :class:`CoverSet`, content names and SHA1 sums.
 * :mod:`.codecs` — streaming (de)compressors, Gazette's file extensions.
 * :mod:`.errors` — the fragment layer's exception tree (fragments, codecs, spools, stores).
+* :mod:`.stores` — fragment stores: the protocol and registry, ``file://`` and ``s3://``.
 """
 
 from gazette.fragment.codecs import (

@@ -39,6 +39,7 @@ __all__ = [
     "Clock",
     "UUIDColumns",
     "Flags",
+    "G1582_NS100",
     "ProducerID",
     "build_uuid",
     "clock_from_time",

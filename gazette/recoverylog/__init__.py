@@ -10,7 +10,6 @@ rebuilds the store elsewhere (Gazette's ``consumer/recoverylog``).
 """
 
 from gazette.recoverylog.errors import (
-    FencedError,
     FSMError,
     HintsError,
     LogFencedError,
@@ -29,7 +28,6 @@ __all__ = [
     "FSM",
     "FSMError",
     "FSMHints",
-    "FencedError",
     "FnodeSegments",
     "HintsError",
     "LogFencedError",

@@ -22,7 +22,6 @@ __all__ = [
     "ChecksumMismatch",
     "ExpectedHintedFnode",
     "FSMError",
-    "FencedError",
     "LogFencedError",
     "FnodeNotTracked",
     "HintsError",
@@ -93,6 +92,3 @@ class LogFencedError(RecoveryLogError):
     """Another process took over the log (REGISTER_MISMATCH): this recorder never appends again.
     (Not the SQL store's ``CheckpointFencedError``: that fence is a checkpoint row's.)"""
 
-
-FencedError = LogFencedError
-"""The former name, kept for callers (ambiguous beside the SQL store's checkpoint fence)."""

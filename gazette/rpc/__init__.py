@@ -10,8 +10,10 @@ costs tens of microseconds. It hosts servicers written for ``grpc.aio`` unchange
 conventions (:class:`~gazette.rpc.channel.Channel`) for generated stubs.
 
 Modules: ``frames`` (pure codecs), ``connection`` (one HTTP/2 connection: settings, flow
-control, pings), ``server`` and ``channel``. Not supported: TLS (use grpcio's secure
-channels), message compression, server push.
+control, pings), ``hpack_decoder``, ``server``, ``channel``, ``tls`` (server and client TLS
+contexts: the server runs on the multiplexer's TLS transport, the channel dials with the
+client context) and ``seam`` (the typed boundary to generated stubs). Not supported: message
+compression, server push.
 """
 
 import os

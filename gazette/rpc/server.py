@@ -529,10 +529,6 @@ class RpcServer:
         self._servers.append(srv)
         return int(srv.sockets[0].getsockname()[1])
 
-    async def start_unix(self, path: str) -> None:
-        srv = await asyncio.get_running_loop().create_unix_server(self.protocol, path)
-        self._servers.append(srv)
-
     async def stop(self, grace: float | None = None) -> None:
         """Stops listening, lets running RPCs finish within ``grace`` seconds, then cancels
         them and closes every connection."""

@@ -44,7 +44,7 @@ from gazette.message.framing import (
     CONTENT_TYPE_PROTO_FIXED,
     framing_for_content_type,
 )
-from gazette.message.uuid import uuid_words
+from gazette.message.uuid import ACK_TXN, G1582_NS100, uuid_words
 from gazette.spark.errors import ContentError
 
 __all__ = [
@@ -61,8 +61,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 META_COLUMNS: Final = ("_journal", "_offset", "_value", "_uuid", "_producer", "_publish_time")
-ACK_FLAG: Final = 2
-_UUID_EPOCH_TICKS: Final = 0x01B21DD213814000  # 1582-10-15 to 1970-01-01 in 100 ns ticks.
+ACK_FLAG: Final = int(ACK_TXN)
 _ZERO_UUID_TEXT: Final = "00000000-0000-0000-0000-000000000000"
 _HEX_COLUMNS: Final = np.array([*range(0, 8), *range(9, 13), *range(14, 18), *range(19, 23),
                                 *range(24, 36)])
@@ -348,7 +347,7 @@ def uuid_fields(raw: npt.NDArray[np.uint8]
 
 def _publish_times(raw: npt.NDArray[np.uint8], valid: npt.NDArray[np.bool_]) -> pa.Array:
     ticks = uuid_fields(raw)[1] >> np.uint64(4)  # a clock is its 60-bit timestamp, then 4 counter bits
-    micros = (ticks.astype(np.int64) - _UUID_EPOCH_TICKS) // 10
+    micros = (ticks.astype(np.int64) - G1582_NS100) // 10
     return pa.array(micros, pa.timestamp("us", tz="UTC"), mask=~valid)
 
 

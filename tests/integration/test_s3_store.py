@@ -21,7 +21,7 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from gazette.broker.fragment.health import RETRY_INTERVALS_ENV
+from gazette.broker.store_health import RETRY_INTERVALS_ENV
 from gazette.client import JournalClient, RetryReader
 from gazette.fragment import codecs, parse_content_name
 from gazette.protocol import protocol_pb2 as pb

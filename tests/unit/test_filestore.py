@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gazette.broker.fragment import Spool, SpoolFile, SpoolSnapshot
+from gazette.broker.spool import Spool, SpoolFile, SpoolSnapshot
 from gazette.fragment import (
     CoverSet,
     Fragment,
@@ -22,8 +22,8 @@ from gazette.fragment import (
     parse_content_name,
 )
 from gazette.fragment.codecs import Codec
+from gazette.fragment.stores import FileStore, Stores, store_for_url, walk_all_stores
 from gazette.protocol import protocol_pb2 as pb
-from gazette.stores import FileStore, Stores, store_for_url, walk_all_stores
 
 CC = pb.CompressionCodec
 ALL = [CC.NONE, CC.GZIP, CC.ZSTANDARD, CC.SNAPPY, CC.GZIP_OFFLOAD_DECOMPRESSION]

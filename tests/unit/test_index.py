@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from gazette.broker.fragment import OFFSET_JUMP_AGE, Index
+from gazette.broker.index import OFFSET_JUMP_AGE, Index
 from gazette.fragment import CoverSet, Fragment, IndexClosedError
 from gazette.protocol import protocol_pb2 as pb
 from gazette.server.edge import grpc_status

@@ -26,5 +26,5 @@ def test_client_reads_compressed_fragments_without_the_broker() -> None:
 
 
 def test_stores_load_no_backend_dependency() -> None:
-    mods = _modules_after("import gazette.stores")
-    assert "boto3" not in mods and "gazette.stores.s3" not in mods
+    mods = _modules_after("import gazette.fragment.stores")
+    assert "boto3" not in mods and "gazette.fragment.stores.s3" not in mods

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from gazette.broker.fragment import Index, Persister, Spool, SpoolSnapshot, eval_path_postfix
+from gazette.broker.index import Index
+from gazette.broker.persister import Persister, eval_path_postfix
+from gazette.broker.spool import Spool, SpoolSnapshot
 from gazette.fragment import Fragment, StoreAuthError, StoreError, TemplateError
+from gazette.fragment.stores import FileStore, FragmentStore, Stores
 from gazette.protocol import protocol_pb2 as pb
-from gazette.stores import FileStore, FragmentStore, Stores
 
 CC = pb.CompressionCodec
 

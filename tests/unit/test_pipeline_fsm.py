@@ -25,14 +25,15 @@ from test_pipeline import JOURNAL, MEMBERS, FakeBroker, FakePeer, header, route
 from gazette.allocator import keys
 from gazette.broker import append as append_mod
 from gazette.broker.flow import READ_AHEAD
-from gazette.broker.fragment import Persister, Spool
+from gazette.broker.persister import Persister
 from gazette.broker.pipeline import PeerStream, ReplicationError
 from gazette.broker.replica import Replica
 from gazette.broker.resolver import Resolution
+from gazette.broker.spool import Spool
 from gazette.etcd.keyspace import KeyValue
 from gazette.fragment import CoverSet, Fragment
+from gazette.fragment.stores import Stores
 from gazette.protocol import protocol_pb2 as pb
-from gazette.stores import Stores
 
 
 class FSMBroker:

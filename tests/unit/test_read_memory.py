@@ -20,12 +20,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from gazette.broker.fragment.index import Index
+from gazette.broker.index import Index
 from gazette.broker.read import CHUNK_SIZE, serve_read
 from gazette.fragment import CoverSet, Fragment, codecs
+from gazette.fragment.stores import Stores
+from gazette.fragment.stores.base import MIN_FEED, read_stored
 from gazette.protocol import protocol_pb2 as pb
-from gazette.stores import Stores
-from gazette.stores.base import MIN_FEED, read_stored
 
 JOURNAL = "a/journal"
 READERS = 40

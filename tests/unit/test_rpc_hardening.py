@@ -5,117 +5,27 @@ on another connection keeps being served."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 import grpc.aio
 import pytest
+from raw_h2 import DEADLINE, ECHO, PARK, Raw, serving, with_echo
 
 from gazette.rpc import frames as f
 from gazette.rpc.connection import CALM_BURST, MAX_HEADER_BLOCK, RateLimit
 from gazette.rpc.server import RpcServer
 
-DEADLINE = 10.0
-ECHO = "/test.Echo/Echo"
-PARK = "/test.Echo/Park"
-
-
-async def _echo(request: bytes, context: Any) -> bytes:
-    return request
-
-
-async def _park(request: bytes, context: Any) -> bytes:
-    await asyncio.Event().wait()
-    return b""
-
-
-def _test_echo(srv: RpcServer, **more: Any) -> RpcServer:
-    """``srv`` serving test.Echo: Echo, Park (never returns) and ``more`` handlers."""
-    srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Echo", {
-        "Echo": grpc.unary_unary_rpc_method_handler(_echo),
-        "Park": grpc.unary_unary_rpc_method_handler(_park), **more})])
-    return srv
-
-
-@contextlib.asynccontextmanager
-async def _serving(srv: RpcServer) -> AsyncIterator[int]:
-    port = await srv.start("127.0.0.1", 0)
-    try:
-        yield port
-    finally:
-        await srv.stop(0)
-
 
 @pytest.fixture
 async def server() -> AsyncIterator[tuple[RpcServer, int]]:
-    srv = _test_echo(RpcServer(max_concurrent_streams=8))
-    async with _serving(srv) as port:
+    srv = with_echo(RpcServer(max_concurrent_streams=8))
+    async with serving(srv) as port:
         yield srv, port
 
 
-class Raw:
-    """A raw HTTP/2 client: frames out, frames in."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.frames = f.FrameReader(f.MAX_FRAME_LIMIT)
-        self.seen: list[tuple[int, int, int, bytes]] = []
-        self.sent = 0
-
-    @classmethod
-    async def connect(cls, port: int) -> Raw:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        raw = cls(reader, writer)
-        raw.send(f.PREFACE + f.settings_frame({}))
-        return raw
-
-    def send(self, data: bytes) -> None:
-        self.sent += len(data)
-        self.writer.write(data)
-
-    def headers(self, sid: int, path: str = ECHO, flags: int = f.END_HEADERS) -> None:
-        self.send(f.frame(f.HEADERS, flags, sid, f.request_headers(path, "probe", "probe")))
-
-    async def until(self, ftype: int, sid: int | None = None) -> tuple[int, int, int, bytes] | None:
-        """The first frame of ``ftype`` (on ``sid``), or None if the server closed first."""
-        async def read() -> tuple[int, int, int, bytes] | None:
-            while True:
-                for fr in self.seen:
-                    if fr[0] == ftype and (sid is None or fr[2] == sid):
-                        return fr
-                try:
-                    data = await self.reader.read(1 << 16)
-                except ConnectionResetError:
-                    data = b""
-                if not data:
-                    return None
-                self.seen += [(t, fl, s, bytes(p)) for t, fl, s, p in self.frames.feed(data)]
-        return await asyncio.wait_for(read(), DEADLINE)
-
-    async def goaway_code(self) -> int:
-        fr = await self.until(f.GOAWAY)
-        assert fr is not None, "the server closed without a GOAWAY"
-        code = f.u32(memoryview(fr[3]), 4)
-        # And then the server closes the connection (a reset, if our frames were unread).
-        try:
-            while await asyncio.wait_for(self.reader.read(1 << 16), DEADLINE):
-                pass
-        except ConnectionResetError:
-            pass
-        return code
-
-    async def rst_code(self, sid: int) -> int:
-        fr = await self.until(f.RST_STREAM, sid)
-        assert fr is not None, f"no RST_STREAM on stream {sid}"
-        return f.u32(memoryview(fr[3]))
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-async def _still_serving(port: int) -> None:
+async def _stillserving(port: int) -> None:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         echo = channel.unary_unary(ECHO)
         assert await asyncio.wait_for(echo(b"hello"), DEADLINE) == b"hello"
@@ -131,7 +41,7 @@ async def test_advertises_and_enforces_max_concurrent_streams(server: Any) -> No
         raw.headers(1 + 2 * i, PARK)  # Parked: they stay open.
     raw.headers(17, PARK)
     assert await raw.rst_code(17) == f.REFUSED_STREAM
-    await _still_serving(port)
+    await _stillserving(port)
     raw.close()
 
 
@@ -144,7 +54,7 @@ async def test_continuation_flood_is_cut_off(server: Any) -> None:
         raw.send(f.frame(f.CONTINUATION, 0, 1, chunk))
     # Not decoded: the HPACK state is lost, so the connection ends (RFC 9113 4.3).
     assert await raw.goaway_code() == f.COMPRESSION_ERROR
-    await _still_serving(port)
+    await _stillserving(port)
 
 
 async def test_empty_continuation_frames_are_counted_too(server: Any) -> None:
@@ -164,7 +74,7 @@ async def test_rapid_reset_ends_with_enhance_your_calm(server: Any) -> None:
         raw.headers(sid, PARK)
         raw.send(f.rst_stream(sid, f.CANCEL))
     assert await raw.goaway_code() == f.ENHANCE_YOUR_CALM
-    await _still_serving(port)
+    await _stillserving(port)
 
 
 async def test_ping_flood_ends_with_enhance_your_calm(server: Any) -> None:
@@ -203,7 +113,7 @@ async def test_illegal_frames_are_connection_errors(server: Any, probe: Any, cod
     raw = await Raw.connect(port)
     probe(raw)
     assert await raw.goaway_code() == code
-    await _still_serving(port)
+    await _stillserving(port)
 
 
 async def test_stream_window_errors_reset_only_that_stream(server: Any) -> None:
@@ -250,7 +160,7 @@ async def port_rig(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> AsyncItera
         return web.Response(text="hello")
 
     runner = await http.start_app([web.get("/hello", hello)])
-    srv = _test_echo(RpcServer())
+    srv = with_echo(RpcServer())
     assert runner.server is not None
     mux = Multiplexer(str(tmp_path / "grpc.sock"), runner.server, h2_protocol_factory=srv.protocol)
     mux.first_bytes_timeout = 0.5
@@ -291,7 +201,7 @@ async def test_slow_connections_are_closed(port_rig: Any, opening: bytes) -> Non
     writer.write(opening)
     assert await _closed(reader)
     await _http_ok(port)
-    await _still_serving(port)
+    await _stillserving(port)
 
 
 async def test_connections_beyond_the_limit_are_closed(port_rig: Any) -> None:
@@ -330,8 +240,8 @@ async def test_streams_that_are_not_read_pin_a_bounded_amount(monkeypatch: pytes
         await asyncio.Event().wait()  # Never reads what the client sends.
         return b""
 
-    srv = _test_echo(RpcServer(), Sink=grpc.stream_unary_rpc_method_handler(sink))
-    async with _serving(srv) as port:
+    srv = with_echo(RpcServer(), Sink=grpc.stream_unary_rpc_method_handler(sink))
+    async with serving(srv) as port:
         raw = await Raw.connect(port)
         streams = [1, 3, 5, 7]  # Each may take 16 MiB (its window): 64 MiB in all, unbounded.
         for sid in streams:
@@ -357,7 +267,7 @@ async def test_streams_that_are_not_read_pin_a_bounded_amount(monkeypatch: pytes
         # Bounded by the cap plus the connection window (and the initial 64 KiB).
         assert sent <= (1 << 20) + (2 << 20) + f.DEFAULT_WINDOW
         raw.close()
-        await _still_serving(port)
+        await _stillserving(port)
 
 
 async def test_client_stream_ids_never_wrap(server: Any) -> None:
@@ -384,7 +294,7 @@ async def test_idle_connections_are_sent_away(monkeypatch: pytest.MonkeyPatch) -
     import gazette.rpc.server as rpc_server
 
     monkeypatch.setattr(rpc_server, "IDLE_TIMEOUT", 0.4)
-    async with _serving(_test_echo(RpcServer())) as port:
+    async with serving(with_echo(RpcServer())) as port:
         busy = await Raw.connect(port)
         busy.headers(1, PARK)  # An RPC in progress keeps its connection.
         idle = await Raw.connect(port)
@@ -393,5 +303,5 @@ async def test_idle_connections_are_sent_away(monkeypatch: pytest.MonkeyPatch) -
         assert await busy.until(f.PING) is not None
         assert not any(fr[0] == f.GOAWAY for fr in busy.seen)
         # Our client dials again after a GOAWAY.
-        await _still_serving(port)
+        await _stillserving(port)
         busy.close()

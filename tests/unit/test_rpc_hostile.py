@@ -5,11 +5,9 @@ event loop never held long by one connection."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
@@ -19,85 +17,32 @@ from hpack.huffman import HuffmanEncoder
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_rpc_hardening import DEADLINE, ECHO, Raw
+from raw_h2 import (
+    DEADLINE,
+    ECHO,
+    GRPC_CODE,
+    STALL_BOUND,
+    Raw,
+    answer,
+    echo_server,
+    grpc_status,
+    ping_rtt,
+    request,
+    serving,
+    tiny_literals,
+)
 
 from gazette.rpc import frames as f
 from gazette.rpc.connection import (
     FRAMES_PER_TURN,
     MAX_HEADER_BLOCK,
     MAX_HEADER_LIST_SIZE,
-    Connection,
 )
 from gazette.rpc.hpack_decoder import HeaderDecoder, HpackError
 from gazette.rpc.server import RpcServer
-
-#: The longest one connection may hold the loop in these tests (the issue asks for 50 ms; a
-#: busy 2-core test machine gets a margin). Measured in-process, per call into the connection.
-STALL_BOUND = 0.1
+from gazette.testing.eventually import eventually
 
 _huffman = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH)
-
-
-async def _echo(request: bytes, context: Any) -> bytes:
-    return request
-
-
-async def _park(request: bytes, context: Any) -> bytes:
-    await asyncio.Event().wait()
-    return b""
-
-
-def echo_server(**more: Any) -> RpcServer:
-    srv = RpcServer(max_concurrent_streams=64)
-    srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Echo", {
-        "Echo": grpc.unary_unary_rpc_method_handler(_echo),
-        "Park": grpc.unary_unary_rpc_method_handler(_park), **more})])
-    return srv
-
-
-@contextlib.asynccontextmanager
-async def serving(srv: RpcServer) -> AsyncIterator[int]:
-    port = await srv.start("127.0.0.1", 0)
-    try:
-        yield port
-    finally:
-        await srv.stop(0)
-
-
-@pytest.fixture
-def stalls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
-    """The CPU time of every call into a connection's frame processing: what it holds the
-    loop for at a time. CPU time of this thread, not wall time, so that the other processes of
-    a busy machine preempting the test do not count, and with the garbage collector paused
-    (collecting the test process's whole heap is no cost of this code)."""
-    got: list[float] = []
-    run = Connection._run
-    gc.collect()
-    gc.disable()
-
-    def timed(self: Connection, frames: Any) -> None:
-        t0 = time.thread_time()
-        try:
-            run(self, frames)
-        finally:
-            got.append(time.thread_time() - t0)
-
-    monkeypatch.setattr(Connection, "_run", timed)
-    try:
-        yield got
-    finally:
-        gc.enable()
-
-
-async def ping_rtt(raw: Raw, n: int) -> float:
-    t0 = time.perf_counter()
-    raw.send(f.frame(f.PING, 0, 0, n.to_bytes(8, "big")))
-    while True:
-        fr = await raw.until(f.PING)
-        assert fr is not None
-        raw.seen.remove(fr)
-        if fr[1] & f.ACK and fr[3] == n.to_bytes(8, "big"):
-            return time.perf_counter() - t0
 
 
 async def echo_on(raw: Raw, sid: int) -> None:
@@ -105,28 +50,6 @@ async def echo_on(raw: Raw, sid: int) -> None:
     raw.headers(sid, ECHO)
     raw.send(f.frame(f.DATA, f.END_STREAM, sid, f.message_prefix(2) + b"hi"))
     assert await grpc_status(raw, sid) == "0"
-
-
-async def grpc_status(raw: Raw, sid: int) -> str:
-    """The grpc-status ending the response on ``sid`` (decoded with a fresh HPACK context:
-    our server never indexes what it sends)."""
-    async with asyncio.timeout(DEADLINE):
-        block = await _read_until_headers(raw, sid)
-    return str(dict(hpack.Decoder().decode(block)).get("grpc-status"))
-
-
-async def _read_until_headers(raw: Raw, sid: int) -> bytes:
-    while True:
-        for t, fl, s, p in raw.seen:
-            if t == f.HEADERS and s == sid and fl & f.END_STREAM:
-                return p
-        data = await raw.reader.read(1 << 16)
-        assert data, f"connection closed before stream {sid} ended"
-        raw.seen += [(t, fl, s, bytes(p)) for t, fl, s, p in raw.frames.feed(data)]
-
-
-def tiny_literals(size: int) -> bytes:
-    return b"\x00\x01a\x00" * (size // 4)               # name "a", empty value, never indexed
 
 
 def tiny_indexed(size: int) -> bytes:
@@ -314,9 +237,6 @@ async def test_floods_of_small_frames_are_handled_a_share_per_turn(stalls: list[
 
 # -- gRPC semantics -------------------------------------------------------------------------
 
-_CODE = {c.name: str(c.value[0]) for c in grpc.StatusCode}
-
-
 async def _count(requests: Any, context: Any) -> bytes:
     n = 0
     async for _ in requests:
@@ -347,25 +267,6 @@ def semantics_server() -> RpcServer:
                                                     request_deserializer=decode_append_request))
 
 
-async def answer(raw: Raw, sid: int) -> dict[str, str]:
-    """The headers ending the response on ``sid``, after checking no error reset it before
-    (after, its DATA arriving on the closed stream may be answered STREAM_CLOSED)."""
-    async with asyncio.timeout(DEADLINE):
-        block = await _read_until_headers(raw, sid)
-    for t, fl, s, p in raw.seen:
-        if s != sid:
-            continue
-        if t == f.HEADERS and fl & f.END_STREAM:
-            break
-        assert t != f.RST_STREAM, f"reset (code {f.u32(memoryview(p))}) before its status"
-    return {str(k): str(v) for k, v in hpack.Decoder().decode(block)}
-
-
-def request(raw: Raw, sid: int, path: str, body: bytes, more: bytes = b"") -> None:
-    raw.send(f.frame(f.HEADERS, f.END_HEADERS, sid, f.request_headers(path, "probe", "probe") + more))
-    raw.send(f.frame(f.DATA, f.END_STREAM, sid, body))
-
-
 @pytest.mark.parametrize("path", [ECHO, "/test.Echo/Count"], ids=["unary", "client-streaming"])
 async def test_message_cut_short_by_the_end_of_stream_is_internal(caplog: Any, path: str) -> None:
     async with serving(semantics_server()) as port:
@@ -374,7 +275,7 @@ async def test_message_cut_short_by_the_end_of_stream_is_internal(caplog: Any, p
             request(raw, 1 + 2 * i, path, f.message_prefix(100) + b"only some")
         for i in range(50):
             got = await answer(raw, 1 + 2 * i)
-            assert got["grpc-status"] == _CODE["INTERNAL"], got
+            assert got["grpc-status"] == GRPC_CODE["INTERNAL"], got
         await echo_on(raw, 101)
         raw.close()
     assert not [r for r in caplog.records if r.levelno >= 40 or r.exc_info]
@@ -387,7 +288,7 @@ async def test_compressed_message_is_unimplemented(caplog: Any, encoding: str | 
         more = f.literal("grpc-encoding", encoding) if encoding else b""
         request(raw, 1, ECHO, b"\x01" + (2).to_bytes(4, "big") + b"hi", more)
         got = await answer(raw, 1)
-        assert got["grpc-status"] == _CODE["UNIMPLEMENTED"]
+        assert got["grpc-status"] == GRPC_CODE["UNIMPLEMENTED"]
         assert got["grpc-accept-encoding"] == "identity"
         await echo_on(raw, 3)
         raw.close()
@@ -406,7 +307,7 @@ async def test_two_messages_on_a_unary_call_are_internal() -> None:
     async with serving(semantics_server()) as port:
         raw = await Raw.connect(port)
         request(raw, 1, ECHO, (f.message_prefix(2) + b"hi") * 2)
-        assert (await answer(raw, 1))["grpc-status"] == _CODE["INTERNAL"]
+        assert (await answer(raw, 1))["grpc-status"] == GRPC_CODE["INTERNAL"]
         # A streaming request takes any number.
         request(raw, 3, "/test.Echo/Count", (f.message_prefix(2) + b"hi") * 3)
         got = await answer(raw, 3)
@@ -423,7 +324,7 @@ async def test_frames_after_our_reset_are_ignored() -> None:
         raw.headers(3, ECHO)
         raw.send(f.frame(f.DATA, 0, 3, (f.message_prefix(2) + b"hi") * 2))  # INTERNAL, reset
         raw.send(f.frame(f.DATA, f.END_STREAM, 3, f.message_prefix(2) + b"hi"))
-        assert (await answer(raw, 3))["grpc-status"] == _CODE["INTERNAL"]
+        assert (await answer(raw, 3))["grpc-status"] == GRPC_CODE["INTERNAL"]
         await ping_rtt(raw, 1)  # after everything sent above was handled
         resets = [f.u32(memoryview(p)) for t, _, s, p in raw.seen if t == f.RST_STREAM]
         assert resets == [f.NO_ERROR, f.NO_ERROR]  # no STREAM_CLOSED for what was in flight
@@ -441,7 +342,7 @@ def test_garbage_protobuf_is_invalid_argument_never_unknown(garbage: bytes, path
             raw.close()
             return got["grpc-status"]
     # Garbage may decode (protobuf is lenient) and then be served: OK or INVALID_ARGUMENT.
-    assert asyncio.run(run()) in ("0", _CODE["INVALID_ARGUMENT"])
+    assert asyncio.run(run()) in ("0", GRPC_CODE["INVALID_ARGUMENT"])
 
 
 # -- HTTP/2 details -------------------------------------------------------------------------
@@ -527,7 +428,7 @@ async def test_frames_never_exceed_the_peer_max_frame_size(monkeypatch: pytest.M
         raw = await Raw.connect(port)  # our SETTINGS leave SETTINGS_MAX_FRAME_SIZE at 16,384
         path = "/" + "\u2603" * 5000  # 15 KB, 45 KB percent-encoded in "Method not found"
         request(raw, 1, path, f.message_prefix(2) + b"hi")
-        assert (await answer(raw, 1))["grpc-status"] == _CODE["UNIMPLEMENTED"]
+        assert (await answer(raw, 1))["grpc-status"] == GRPC_CODE["UNIMPLEMENTED"]
         request(raw, 3, "/test.Echo/Long", f.message_prefix(2) + b"hi")
         async with asyncio.timeout(DEADLINE):
             while not any(fr[0] == f.CONTINUATION and fr[1] & f.END_HEADERS for fr in raw.seen):
@@ -537,7 +438,7 @@ async def test_frames_never_exceed_the_peer_max_frame_size(monkeypatch: pytest.M
         assert all(len(fr[3]) <= f.DEFAULT_MAX_FRAME for fr in raw.seen)
         block = b"".join(fr[3] for fr in raw.seen if fr[2] == 3 and fr[0] in (f.HEADERS, f.CONTINUATION))
         got = dict(hpack.Decoder(max_header_list_size=1 << 20).decode(block))
-        assert got["grpc-status"] == _CODE["FAILED_PRECONDITION"]
+        assert got["grpc-status"] == GRPC_CODE["FAILED_PRECONDITION"]
         # Cut to 4 KiB encoded (gRPC clients commonly take 8 KiB of trailers), at an escape.
         assert len(got["grpc-message"]) <= f.MAX_MESSAGE_TEXT
         text = f.decode_message_text(got["grpc-message"])
@@ -546,15 +447,6 @@ async def test_frames_never_exceed_the_peer_max_frame_size(monkeypatch: pytest.M
 
 
 # -- memory budgets -------------------------------------------------------------------------
-
-
-async def eventually(cond: Any, what: str) -> None:
-    """Polls a condition of the server's state (nothing to await) under a deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE
-    while not cond():
-        assert loop.time() < deadline, f"{what}: not met within {DEADLINE}s"
-        await asyncio.sleep(0.005)
 
 
 async def _hold(requests: Any, context: Any) -> bytes:
@@ -629,7 +521,7 @@ async def test_extra_data_on_unary_calls_is_bounded(monkeypatch: pytest.MonkeyPa
         sent = await flood(raw, sids, 15 << 20)  # ... and a second message under way on each
         assert srv.buffered_bytes() <= (2 << 20) + (4 << 20) + f.DEFAULT_WINDOW < sent + (4 << 20)
         raw.close()
-        await eventually(lambda: srv.buffered_bytes() == 0 and not srv._connections, "released")
+        await eventually(lambda: srv.buffered_bytes() == 0 and not srv._connections, "released", DEADLINE, interval=0.005)
 
 
 async def test_connections_together_are_bounded_by_the_process_budget(
@@ -650,7 +542,7 @@ async def test_connections_together_are_bounded_by_the_process_budget(
         await echo_on(healthy, 1)
         for raw in raws:
             raw.close()
-        await eventually(lambda: srv.buffered_bytes() == 0, "released")
+        await eventually(lambda: srv.buffered_bytes() == 0, "released", DEADLINE, interval=0.005)
         healthy.close()
 
 
@@ -667,20 +559,20 @@ async def test_answers_the_client_does_not_read_are_bounded(monkeypatch: pytest.
         batch = b"".join(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, sid, block)
                          for sid in range(1, 20001, 2))
         sid = 20001
-        await eventually(lambda: bool(srv._connections), "the server has the connection")
+        await eventually(lambda: bool(srv._connections), "the server has the connection", DEADLINE, interval=0.005)
         conn = next(iter(srv._connections))
         for _ in range(40):
             raw.send(batch)
             batch = b"".join(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, s, block)
                              for s in range(sid, sid + 20000, 2))
             sid += 20000
-        await eventually(lambda: bool(conn._hold & connection._WRITE_BACKLOG), "the connection is not read")
+        await eventually(lambda: bool(conn._hold & connection._WRITE_BACKLOG), "the connection is not read", DEADLINE, interval=0.005)
         # Over the limit by at most the answers to one read's requests.
         assert srv.queued_bytes() <= (256 << 10) + (1 << 20)
         healthy = await Raw.connect(port)
         await echo_on(healthy, 1)
         raw.writer.transport.abort()
-        await eventually(lambda: srv.queued_bytes() == 0 and len(srv._connections) == 1, "released")
+        await eventually(lambda: srv.queued_bytes() == 0 and len(srv._connections) == 1, "released", DEADLINE, interval=0.005)
         healthy.close()
 
 
@@ -692,7 +584,7 @@ async def test_refused_paths_are_not_kept() -> None:
             path = f"/{i}/" + "x" * 15000
             request(raw, 1 + 2 * i, path, f.message_prefix(0))
         for i in range(48):
-            assert (await answer(raw, 1 + 2 * i))["grpc-status"] == _CODE["UNIMPLEMENTED"]
+            assert (await answer(raw, 1 + 2 * i))["grpc-status"] == GRPC_CODE["UNIMPLEMENTED"]
         raw.close()
     assert all(len(path) <= 256 for path in srv._cache)
 
@@ -791,12 +683,12 @@ async def test_distinct_header_blocks_are_not_kept() -> None:
     srv = echo_server()
     async with serving(srv) as port:
         raw = await Raw.connect(port)
-        await eventually(lambda: bool(srv._connections), "the server has the connection")
+        await eventually(lambda: bool(srv._connections), "the server has the connection", DEADLINE, interval=0.005)
         conn = next(iter(srv._connections))
         for i in range(200):  # 200 distinct legal blocks of 15 KB (unknown methods)
             block = f.request_headers(f"/x.Y/{i}", "p", "p") + f.literal("x-pad", "v" * 15000)
             raw.send(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1 + 2 * i, block))
-        assert (await answer(raw, 399))["grpc-status"] == _CODE["UNIMPLEMENTED"]
+        assert (await answer(raw, 399))["grpc-status"] == GRPC_CODE["UNIMPLEMENTED"]
         # The decoded-block cache keeps small blocks only (1 KiB, 256 of them): 428 MiB were
         # held for 200 blocks of 1 MB.
         assert sum(len(b) for b in conn._blocks) <= 256 << 10

@@ -13,14 +13,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from test_rpc_hardening import Raw
-from test_rpc_hostile import (
-    _CODE,
+from raw_h2 import (
+    GRPC_CODE,
     STALL_BOUND,
+    Raw,
     answer,
     ping_rtt,
     request,
-    stalls,  # noqa: F401  (a fixture)
     tiny_literals,
 )
 
@@ -72,7 +71,7 @@ async def test_broker_bounds_header_blocks_and_answers_garbage_appends(cluster: 
         garbage = rng.randbytes(rng.randint(1, 40))
         request(raw, 1 + 2 * i, "/protocol.Journal/Append", f.message_prefix(len(garbage)) + garbage)
         got = await answer(raw, 1 + 2 * i)
-        assert got["grpc-status"] in ("0", _CODE["INVALID_ARGUMENT"]), (garbage, got)
+        assert got["grpc-status"] in ("0", GRPC_CODE["INVALID_ARGUMENT"]), (garbage, got)
     await echo_on_broker(raw, 85)
     raw.close()
 
@@ -139,7 +138,7 @@ async def _running(m: _Member) -> AsyncIterator[None]:
 
 @pytest.mark.timeout(120)
 async def test_consumer_member_bounds_header_blocks_and_answers_garbage(
-        etcd: EtcdFixture, stalls: list[float]) -> None:  # noqa: F811
+        etcd: EtcdFixture, stalls: list[float]) -> None:
     member = _Member(etcd)
     async with _running(member):
         port = member.bound_port
@@ -150,7 +149,7 @@ async def test_consumer_member_bounds_header_blocks_and_answers_garbage(
         raw = await Raw.connect(port)
         garbage = b"\xff\xff\xff"
         request(raw, 1, "/consumer.Shard/List", f.message_prefix(len(garbage)) + garbage)
-        assert (await answer(raw, 1))["grpc-status"] == _CODE["INVALID_ARGUMENT"]
+        assert (await answer(raw, 1))["grpc-status"] == GRPC_CODE["INVALID_ARGUMENT"]
         body = cpb.ListRequest().SerializeToString()
         request(raw, 3, "/consumer.Shard/List", f.message_prefix(len(body)) + body)
         assert (await answer(raw, 3))["grpc-status"] == "0"

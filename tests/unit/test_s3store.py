@@ -22,10 +22,10 @@ from test_filestore import ALL, make_snapshot
 from gazette.client.reader import open_fragment
 from gazette.fragment import Fragment, StoreAuthError, StoreError, UnsupportedStoreError, codecs
 from gazette.fragment.codecs import Codec
+from gazette.fragment.stores import Stores, store_for_url
+from gazette.fragment.stores import s3 as s3store_mod
+from gazette.fragment.stores.s3 import S3Store, parse_s3_url
 from gazette.protocol import protocol_pb2 as pb
-from gazette.stores import Stores, store_for_url
-from gazette.stores import s3 as s3store_mod
-from gazette.stores.s3 import S3Store, parse_s3_url
 from gazette.testing.etcd_process import free_port
 from gazette.testing.s3 import s3_client
 
@@ -121,7 +121,7 @@ def test_missing_region_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: An
 
 
 def test_without_boto3_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(sys.modules, "gazette.stores.s3")
+    monkeypatch.delitem(sys.modules, "gazette.fragment.stores.s3")
     monkeypatch.setitem(sys.modules, "boto3", None)  # An import of boto3 now fails.
     with pytest.raises(UnsupportedStoreError, match=r"gazette\[s3\]"):
         store_for_url("s3://bucket/prefix/?region=us-east-1")

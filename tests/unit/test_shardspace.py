@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from gazette.consumer.shardspace import (
     FlatShard,
-    Shard,
+    ShardEntry,
     ShardSet,
     SpecSpaceError,
     flatten,
@@ -121,7 +121,7 @@ def test_hoisting_keeps_differences_on_the_shards() -> None:
         disable_wait_for_ack=True,
     )
     assert s.shards == [
-        Shard(
+        ShardEntry(
             pc.ShardSpec(
                 id="shard-A", sources=[source("journal/A")], labels=labels("name-2", "val-2")
             ),
@@ -129,7 +129,7 @@ def test_hoisting_keeps_differences_on_the_shards() -> None:
             revision=123,
             comment="This is a comment",
         ),
-        Shard(
+        ShardEntry(
             pc.ShardSpec(
                 id="shard-B",
                 sources=[source("journal/B")],
@@ -214,7 +214,7 @@ shards:
 def test_single_shard_hoists_everything_but_its_id() -> None:
     one = FlatShard(pc.ShardSpec(id="only-one", hint_backups=3, disable=True), revision=5)
     s = nest([one])
-    assert s.shards == [Shard(pc.ShardSpec(id="only-one"), revision=5)]
+    assert s.shards == [ShardEntry(pc.ShardSpec(id="only-one"), revision=5)]
     assert to_yaml(s) == (
         "common:\n  hint_backups: 3\n  disable: true\nshards:\n- id: only-one\n  revision: 5\n"
     )
@@ -280,9 +280,9 @@ def test_bad_inputs_name_the_shard_and_field(
 
 def test_flatten_and_nest_reject_missing_and_duplicate_ids() -> None:
     with pytest.raises(SpecSpaceError, match="missing shard id"):
-        flatten(ShardSet(shards=[Shard(pc.ShardSpec(hint_backups=1))]))
+        flatten(ShardSet(shards=[ShardEntry(pc.ShardSpec(hint_backups=1))]))
     with pytest.raises(SpecSpaceError, match="more than once"):
-        flatten(ShardSet(shards=[Shard(pc.ShardSpec(id="aaaa"))] * 2))
+        flatten(ShardSet(shards=[ShardEntry(pc.ShardSpec(id="aaaa"))] * 2))
     with pytest.raises(SpecSpaceError, match="more than once"):
         nest([FlatShard(pc.ShardSpec(id="aaaa"))] * 2)
 

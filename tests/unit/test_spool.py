@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gazette.broker.fragment import Spool, SpoolFile, SpoolSnapshot
+from gazette.broker.spool import Spool, SpoolFile, SpoolSnapshot
 from gazette.fragment import ZERO_SUM, Fragment, SpoolError, codecs, sum_to_proto
 from gazette.fragment.codecs import Codec
 from gazette.protocol import protocol_pb2 as pb

@@ -17,12 +17,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from gazette.broker.fragment import Index, Spool, SpoolSnapshot
-from gazette.broker.fragment import spool as spool_mod
+from gazette.broker import spool as spool_mod
+from gazette.broker.index import Index
+from gazette.broker.spool import Spool, SpoolSnapshot
 from gazette.fragment import ZERO_SUM, Fragment, sum_to_proto
 from gazette.fragment.codecs import Codec
+from gazette.fragment.stores import FileStore
 from gazette.protocol import protocol_pb2 as pb
-from gazette.stores import FileStore
 
 CC = pb.CompressionCodec
 JOURNAL = "a/journal"

@@ -14,8 +14,9 @@ import grpc
 import pytest
 
 from gazette import auth
-from gazette.broker.fragment import health as health_mod
-from gazette.broker.fragment.health import (
+from gazette.broker import store_health as health_mod
+from gazette.broker.service import JournalService
+from gazette.broker.store_health import (
     FIRST_CHECK_PENDING,
     LAST_CHECK,
     RETRY_INTERVALS,
@@ -25,10 +26,9 @@ from gazette.broker.fragment.health import (
     check_delete,
     default_retry_intervals,
 )
-from gazette.broker.service import JournalService
 from gazette.fragment.errors import StoreError
+from gazette.fragment.stores import FragmentStore, Stores
 from gazette.protocol import protocol_pb2 as pb
-from gazette.stores import FragmentStore, Stores
 
 URL = "fake://store/"
 

@@ -78,7 +78,6 @@ __all__ = [
     "CHECKPOINTS",
     "CheckpointFencedError",
     "EngineKindError",
-    "FencedError",
     "PreviousCommitFailed",
     "SQLStore",
     "SyncSQLStore",
@@ -101,9 +100,6 @@ class CheckpointFencedError(ConsumerError):
     """The checkpoint's fence moved: another primary restored this shard since. (Not the
     recovery log's ``LogFencedError``: that fence is the log's author.)"""
 
-
-FencedError = CheckpointFencedError
-"""The former name, kept for callers (ambiguous beside the recovery log's fence)."""
 
 
 class EngineKindError(ConsumerError, TypeError):

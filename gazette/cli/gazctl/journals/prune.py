@@ -23,7 +23,7 @@ def prune_flags(p: argparse.ArgumentParser) -> None:
 
 async def remove_fragment(spec: pb.Fragment, file_root: str | None) -> None:
     from gazette.fragment.fragment import Fragment
-    from gazette.stores import store_for_url
+    from gazette.fragment.stores import store_for_url
 
     await store_for_url(spec.backing_store, file_root).remove(Fragment.from_proto(spec))
 

@@ -48,7 +48,7 @@ from botocore.config import Config
 from gazette.fragment.codecs import GZIP_OFFLOAD_DECOMPRESSION, NONE
 from gazette.fragment.errors import ContentNameError, StoreAuthError, StoreError
 from gazette.fragment.fragment import Fragment, parse_content_name
-from gazette.stores.base import (
+from gazette.fragment.stores.base import (
     HEALTH_CHECK_CONTENT,
     HEALTH_CHECK_PATH,
     OPEN_CHUNK,

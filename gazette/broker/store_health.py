@@ -60,8 +60,8 @@ from prometheus_client import Counter
 
 from gazette.errors import GazetteError
 from gazette.fragment.errors import StoreError
+from gazette.fragment.stores import FragmentStore, Stores, store_for_url
 from gazette.protocol import protocol_pb2 as pb
-from gazette.stores import FragmentStore, Stores, store_for_url
 
 __all__ = [
     "FIRST_CHECK_PENDING",

@@ -31,7 +31,7 @@ from gazette.fragment.errors import (
     StorePathError,
 )
 from gazette.fragment.fragment import Fragment, parse_content_name
-from gazette.stores.base import (
+from gazette.fragment.stores.base import (
     HEALTH_CHECK_CONTENT,
     HEALTH_CHECK_PATH,
     OPEN_CHUNK,

@@ -4,7 +4,7 @@ A store is named by a URL (a journal's ``fragment.stores`` entry, e.g. ``file://
 ``s3://bucket/prefix/``). A fragment lives in it at ``{url path}{content_path}``, i.e.
 ``{prefix}{journal}/[{postfix}/]{content_name}``, optionally rewritten by the URL's ``find`` and
 ``replace`` arguments (the first occurrence of ``find`` in the content path is replaced), as in
-Gazette. Backends: ``gazette.stores.file`` (``file://``), ``gazette.stores.s3`` (``s3://``).
+Gazette. Backends: ``gazette.fragment.stores.file`` (``file://``), ``gazette.fragment.stores.s3`` (``s3://``).
 
 Invariants:
 

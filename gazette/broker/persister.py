@@ -29,11 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from gazette.broker.fragment.spool import SpoolSnapshot
+from gazette.broker.spool import SpoolSnapshot
 from gazette.fragment.errors import StoreAuthError, TemplateError
 from gazette.fragment.fragment import Fragment
+from gazette.fragment.stores import Stores
 from gazette.protocol import protocol_pb2 as pb
-from gazette.stores import Stores
 
 __all__ = ["Persister", "eval_path_postfix"]
 

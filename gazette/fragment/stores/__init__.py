@@ -6,7 +6,7 @@ first use). Importing this package loads no backend dependency; the broker, gazc
 (next) recovery-log playback and Spark all read fragments through it.
 """
 
-from gazette.stores.base import (
+from gazette.fragment.stores.base import (
     Content,
     FragmentStore,
     StoreFactory,
@@ -16,10 +16,10 @@ from gazette.stores.base import (
     store_for_url,
     walk_all_stores,
 )
-from gazette.stores.file import FileStore
+from gazette.fragment.stores.file import FileStore
 
 register_store("file", FileStore)
-register_store("s3", "gazette.stores.s3:S3Store", extra="s3")
+register_store("s3", "gazette.fragment.stores.s3:S3Store", extra="s3")
 
 __all__ = [
     "Content",
