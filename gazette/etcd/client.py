@@ -91,7 +91,9 @@ def tls_failure(endpoint: str, err: grpc.aio.AioRpcError) -> EtcdTLSError | None
     details = err.details() or ""
     if err.code() != grpc.StatusCode.UNAVAILABLE or "handshake" not in details.lower():
         return None
-    why = details.rsplit("SSL routines:", 1)[-1].split(":")[0].strip() or details
+    # BoringSSL's reason ("...:SSL routines:OPENSSL_internal:REASON[: text]: OK"), else all.
+    _, sep, why = details.rpartition("OPENSSL_internal:")
+    why = why.removesuffix(": OK").strip() if sep else details
     return EtcdTLSError(f"etcd at {endpoint}: TLS handshake failed ({why}): check --etcd.cert-file, "
                         "--etcd.cert-key-file and --etcd.trusted-ca-file")
 
