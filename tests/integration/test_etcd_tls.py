@@ -1,6 +1,7 @@
 """etcd over TLS: a real etcd serving clients with mutual TLS (``--client-cert-auth``), a
 ``gazette serve`` broker dialling it with ``--etcd.cert-file``/``-cert-key-file``/
-``-trusted-ca-file``, and gazctl working through that broker; clients without a certificate
+``-trusted-ca-file``, gazctl working through that broker, and a consumer process on the same
+etcd; clients without a certificate
 (or trusting another CA) are refused with an error that names what to fix.
 
 Certificates are made by trustme: one CA signs etcd's (for 127.0.0.1) and the client's.
@@ -8,6 +9,7 @@ Certificates are made by trustme: one CA signs etcd's (for 127.0.0.1) and the cl
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,7 +19,9 @@ import aetcd.exceptions
 import grpc
 import pytest
 import trustme
+from consumer_support import CountingApp
 
+from gazette.consumer.process import ConsumerConfig, ConsumerProcess
 from gazette.etcd import connect
 from gazette.etcd.client import EtcdTLSError, tls_failure
 from gazette.rpc.tls import ClientTLS, ServerTLS
@@ -103,6 +107,21 @@ async def test_a_broker_and_gazctl_work_over_an_mtls_etcd(tls_etcd: EtcdProcess,
             await client.close()
         assert f"{prefix}/items/{name}" in keys, keys
         assert any(k.startswith(f"{prefix}/members/local#etcd-tls-owl") for k in keys), keys
+
+        # A consumer process dials the same etcd with its certificate and announces itself.
+        consumers = unique_prefix("/gazette-test-consumers")
+        proc = ConsumerProcess(ConsumerConfig(
+            port=0, broker_address=c.address, etcd_address=tls_etcd.url, etcd_tls=pki.client_tls(),
+            etcd_prefix=consumers, etcd_lease=5, suffix="etcd-tls-fox"), CountingApp())
+        task = asyncio.create_task(proc.run())
+        try:
+            async with asyncio.timeout(30):
+                await proc.ready.wait()
+            assert proc.keyspace.search(f"{consumers}/members/local#etcd-tls-fox") is not None
+        finally:
+            proc.stop()
+            async with asyncio.timeout(30):
+                await task
 
 
 async def test_a_client_without_a_certificate_is_refused(tls_etcd: EtcdProcess, pki: PKI) -> None:
