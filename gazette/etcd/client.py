@@ -36,9 +36,11 @@ class EtcdEndpointError(EtcdError, ValueError):
     grpc_code = "INVALID_ARGUMENT"
     http_status = 400
 
+
 class EtcdTLSError(EtcdError):
     """The TLS handshake with etcd failed: etcd refused this client's certificate (or got
     none), or this client refused etcd's. Not transient: retrying will not fix the files."""
+
 
 # What a call fails with while etcd is down, restarting or unreachable: worth retrying. gRPC's
 # core reports a stream torn down by a server going away as INTERNAL ("Internal error from
