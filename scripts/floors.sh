@@ -30,7 +30,7 @@ done
 echo "--- floors: installing constraints/floors.txt (+ test tools at their constraints/dev.txt pins)"
 "${pip[@]}" install -q --no-compile -c constraints/floors.txt -c constraints/dev.txt \
   -e ".[s3,postgres,sql-sqlite,rocksdb,etcd]" \
-  pytest pytest-asyncio pytest-timeout hypothesis "moto[server]" grpcio-tools mypy-protobuf
+  pytest pytest-asyncio pytest-timeout hypothesis "moto[server]" grpcio-tools mypy-protobuf trustme
 "${pip[@]}" check
 # What was installed is exactly the floors (a constraint ignored would pass silently).
 "$V/bin/python" - <<'PY'

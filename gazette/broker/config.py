@@ -26,6 +26,7 @@ class BrokerConfig:
     etcd_address: str = "http://127.0.0.1:2379"
     etcd_prefix: str = "/gazette/cluster"
     etcd_lease: float = 20.0
+    etcd_tls: ClientTLS | None = None  # how an https:// etcd_address is dialled
     advertise_host: str | None = None
     # Append flow control, bytes per second (see broker/flow.py); max 0 is no limit.
     max_append_rate: int = 0

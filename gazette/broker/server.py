@@ -77,7 +77,7 @@ class Broker(MemberProcess):
     def __init__(self, config: BrokerConfig) -> None:
         super().__init__(
             zone=config.zone, suffix=config.suffix, host=config.host, port=config.port,
-            etcd_address=config.etcd_address, etcd_lease=config.etcd_lease,
+            etcd_address=config.etcd_address, etcd_lease=config.etcd_lease, etcd_tls=config.etcd_tls,
             keyspace=KeySpace(config.etcd_prefix, broker_decoder(config.etcd_prefix)),
             is_consistent=journal_is_consistent, advertise_host=config.advertise_host,
             tls=config.tls,

@@ -19,7 +19,7 @@ from typing import Any
 
 from gazette import malloc
 from gazette.cli import version_text
-from gazette.server.flags import Flags, add_flags, server_security_flags
+from gazette.server.flags import Flags, add_flags, etcd_tls_flags, server_security_flags
 from gazette.server.logs import setup_logging
 
 _FLAGS: list[tuple[str, str, Any, str]] = [
@@ -39,6 +39,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--etcd.address", "ETCD_ADDRESS", "http://localhost:2379", "Etcd service address endpoint"),
     ("--etcd.prefix", "ETCD_PREFIX", "/gazette/cluster", "Etcd base prefix for broker state and coordination"),
     ("--etcd.lease", "ETCD_LEASE", "20s", "Time-to-live of the Etcd lease of the broker's announcement"),
+    *etcd_tls_flags(),
     ("--log.level", "LOG_LEVEL", "info", "Logging level: debug, info, warn, error"),
     ("--log.format", "LOG_FORMAT", "text", "Logging format: text, json"),
     *server_security_flags("broker"),
@@ -86,6 +87,7 @@ def config_from_args(ns: argparse.Namespace) -> Any:
         max_append_rate=rate("broker.max-append-rate"),
         min_append_rate=rate("broker.min-append-rate"),
         etcd_address=flags.etcd_address(),
+        etcd_tls=flags.etcd_tls(),
         etcd_prefix=get("etcd.prefix").rstrip("/"),
         etcd_lease=lease,
         tls=flags.server_tls("broker"),
@@ -112,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = config_from_args(ns)
     os.makedirs(config.file_root, exist_ok=True)
     malloc.tune()  # every append moves buffers of up to megabytes: keep them in the heap
+    from gazette.etcd.errors import EtcdError
+
     try:
         asyncio.run(_serve(config))
     except KeyboardInterrupt:
@@ -123,6 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"gazette: cannot serve: {err}",
             extra={"host": config.host, "port": config.port},
         )
+        return 1
+    except EtcdError as err:
+        # etcd refused us for good (a TLS certificate): one line naming what to fix.
+        logging.getLogger("gazette").error(f"gazette: cannot serve: {err}")
         return 1
     return 0
 

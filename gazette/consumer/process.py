@@ -69,6 +69,7 @@ class ConsumerConfig:
     etcd_address: str = "http://127.0.0.1:2379"
     etcd_prefix: str = "/gazette/consumers/app"
     etcd_lease: float = 20.0
+    etcd_tls: ClientTLS | None = None  # how an https:// etcd_address is dialled
     advertise_host: str | None = None
     max_hot_standbys: int = 3  # bounds every shard's hot_standbys
     hint_interval: float = 60.0  # seconds between recorded-hints writes of a recording shard
@@ -88,7 +89,7 @@ class ConsumerProcess(MemberProcess):
     def __init__(self, config: ConsumerConfig, app: Application[Any, Any, Any]) -> None:
         super().__init__(
             zone=config.zone, suffix=config.suffix, host=config.host, port=config.port,
-            etcd_address=config.etcd_address, etcd_lease=config.etcd_lease,
+            etcd_address=config.etcd_address, etcd_lease=config.etcd_lease, etcd_tls=config.etcd_tls,
             keyspace=KeySpace(config.etcd_prefix, consumer_decoder(config.etcd_prefix)),
             is_consistent=shard_is_consistent, advertise_host=config.advertise_host,
             replication=functools.partial(desired_replication, max_hot_standbys=config.max_hot_standbys),

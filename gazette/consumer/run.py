@@ -35,6 +35,7 @@ from gazette.server.flags import (
     Flags,
     add_flags,
     client_security_flags,
+    etcd_tls_flags,
     server_security_flags,
 )
 from gazette.server.logs import setup_logging
@@ -55,6 +56,7 @@ CONSUMER_FLAGS: list[Flag] = [
     ("--etcd.address", "ETCD_ADDRESS", "http://localhost:2379", "Etcd service address endpoint"),
     ("--etcd.prefix", "ETCD_PREFIX", "/gazette/consumers/app", "Etcd base prefix for the consumer group's state"),
     ("--etcd.lease", "ETCD_LEASE", "20s", "Time-to-live of the Etcd lease of the consumer's announcement"),
+    *etcd_tls_flags(),
     ("--log.level", "LOG_LEVEL", "info", "Logging level: debug, info, warn, error"),
     ("--log.format", "LOG_FORMAT", "text", "Logging format: text, json"),
     *server_security_flags("consumer"),
@@ -85,6 +87,7 @@ def config_from_args(ns: argparse.Namespace) -> ConsumerConfig:
                           zone=zone, suffix=suffix, limit=integer("consumer.limit"),
                           max_hot_standbys=integer("consumer.max-hot-standbys"),
                           broker_address=get("broker.address"), etcd_address=flags.etcd_address(),
+                          etcd_tls=flags.etcd_tls(),
                           etcd_prefix=get("etcd.prefix").rstrip("/"), etcd_lease=lease, args=ns,
                           tls=flags.server_tls("consumer"), peer_tls=flags.peer_tls("consumer"),
                           broker_tls=flags.client_tls("broker"), auth_keys=get("auth-keys"),

@@ -1,7 +1,7 @@
 """etcd, as brokers and consumers use it: connecting, revision-checked transactions, and a
 decoded mirror of a key prefix.
 
-* :mod:`.client` — ``connect``, ``parse_endpoint``.
+* :mod:`.client` — ``connect`` (plaintext, or TLS for an ``https://`` endpoint), ``parse_endpoint``.
 * :mod:`.txn` — ``Cmp``/``Put``/``Delete`` and ``BatchedTxn``: every write gazette makes to etcd
   is a transaction checked against the revisions it read.
 * :mod:`.keyspace` — ``KeySpace``, the generic mirror (range, watch, decoders, observers).
@@ -11,6 +11,6 @@ The key layouts live beside their users (``gazette.allocator.keys``, ``gazette.b
 ``gazette.testing.etcd_process``.
 """
 
-from gazette.etcd.client import CHANNEL_OPTIONS, connect, parse_endpoint
+from gazette.etcd.client import CHANNEL_OPTIONS, connect, is_tls_endpoint, parse_endpoint
 
-__all__ = ["CHANNEL_OPTIONS", "connect", "parse_endpoint"]
+__all__ = ["CHANNEL_OPTIONS", "connect", "is_tls_endpoint", "parse_endpoint"]

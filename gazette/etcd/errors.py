@@ -4,7 +4,8 @@
 
     EtcdError (GazetteError)      base of everything below
     ├── TxnFailedError            a revision-checked transaction did not apply (compare failed)
-    ├── client.EtcdEndpointError  an endpoint that cannot be used (malformed, or https://)
+    ├── client.EtcdEndpointError  an endpoint that cannot be used (malformed, or TLS files for http://)
+    ├── client.EtcdTLSError       the TLS handshake with etcd failed (a certificate refused)
     ├── keyspace.KeySpaceError    the mirror: layout and decoding
     └── testing.etcd_process.*    running an etcd server (binary not found, start failed)
 """

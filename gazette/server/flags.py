@@ -6,6 +6,9 @@ Security flags are Gazette's: a server's ``--{role}.server-cert-file``/``-cert-k
 to peers), ``--auth-keys`` (signing and verifying bearer tokens), and a client's
 ``--{role}.cert-file``/``-cert-key-file``/``trusted-ca-file`` and ``--{role}.auth-keys``/
 ``--{role}.auth-token``. A file that cannot be used exits at start-up naming it.
+
+etcd's are Gazette's too: ``--etcd.address`` (``https://`` dials TLS) with
+``--etcd.cert-file``/``-cert-key-file``/``-trusted-ca-file`` (``ETCD_CERT_FILE``, ...).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ if TYPE_CHECKING:
     from gazette.auth import Authorizer, KeyedAuth
     from gazette.rpc.tls import ClientTLS, ServerTLS
 
-__all__ = ["Flag", "Flags", "add_flags", "client_security_flags", "server_security_flags"]
+__all__ = ["Flag", "Flags", "add_flags", "client_security_flags", "etcd_tls_flags", "server_security_flags"]
 
 T = TypeVar("T")
 
@@ -57,6 +60,16 @@ def client_security_flags(role: str) -> list[Flag]:
         (f"--{role}.auth-keys", f"{env}_AUTH_KEYS", "",
          "Whitespace or comma separated, base64-encoded keys. The first key is used to sign Authorization tokens"),
         (f"--{role}.auth-token", f"{env}_AUTH_TOKEN", "", "Bearer token to use for authentication"),
+    ]
+
+
+def etcd_tls_flags() -> list[Flag]:
+    """How a process dials an ``https://`` ``--etcd.address`` (Gazette's EtcdConfig flags)."""
+    return [
+        ("--etcd.cert-file", "ETCD_CERT_FILE", "", "Path to the client TLS certificate (for an https:// --etcd.address)"),
+        ("--etcd.cert-key-file", "ETCD_CERT_KEY_FILE", "", "Path to the client TLS private key"),
+        ("--etcd.trusted-ca-file", "ETCD_TRUSTED_CA_FILE", "",
+         "Path to the trusted CA for client verification of etcd's certificate. When absent, the system CA pool is used"),
     ]
 
 
@@ -128,8 +141,8 @@ class Flags:
         return tls
 
     def etcd_address(self, name: str = "etcd.address") -> str:
-        """``--etcd.address``, checked now: a malformed or ``https://`` endpoint exits naming the
-        flag (rather than failing with a traceback as the process dials etcd)."""
+        """``--etcd.address``, checked now: a malformed endpoint exits naming the flag (rather
+        than failing with a traceback as the process dials etcd)."""
         from gazette.etcd.client import EtcdEndpointError, parse_endpoint
 
         address = self.get(name)
@@ -138,6 +151,29 @@ class Flags:
         except EtcdEndpointError as err:
             raise SystemExit(f"gazette: invalid --{name}: {err}") from None
         return address
+
+    def etcd_tls(self) -> ClientTLS | None:
+        """``--etcd.cert-file`` and friends, checked now against ``--etcd.address``: None for a
+        plaintext address without them, ``ClientTLS()`` (the system's roots) for an
+        ``https://`` one without them; files given for a plaintext address, or a file that
+        cannot be used, exit naming the flag."""
+        from gazette.etcd.client import is_tls_endpoint
+        from gazette.rpc.tls import ClientTLS
+
+        tls = ClientTLS(ca_file=self.get("etcd.trusted-ca-file"), cert_file=self.get("etcd.cert-file"),
+                        key_file=self.get("etcd.cert-key-file"))
+        given = [f"--etcd.{n}" for n, v in (("cert-file", tls.cert_file), ("cert-key-file", tls.key_file),
+                                             ("trusted-ca-file", tls.ca_file)) if v]
+        if not is_tls_endpoint(self.etcd_address()):
+            if given:
+                raise SystemExit(f"gazette: invalid {given[0]}: --etcd.address {self.get('etcd.address')!r} is "
+                                 "not https:// (TLS files need an https:// etcd endpoint)")
+            return None
+        if tls.key_file and not tls.cert_file:
+            raise SystemExit("gazette: invalid --etcd.cert-key-file: no --etcd.cert-file to go with it")
+        if tls.ca_file:  # checked alone first, so that its error names its own flag
+            self._checked(ClientTLS(ca_file=tls.ca_file), "etcd.trusted-ca-file")
+        return self._checked(tls, "etcd.cert-file")
 
     def auth_keys(self, name: str = "auth-keys") -> KeyedAuth | None:
         """``--auth-keys`` (or ``--{role}.auth-keys``): the keyed auth, None when empty."""

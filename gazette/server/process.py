@@ -47,10 +47,11 @@ from gazette.allocator.keys import members_key, members_prefix
 from gazette.allocator.state import IsConsistentFn
 from gazette.auth import NO_AUTH, KeyedAuth, Verifier
 from gazette.etcd import connect as etcd_connect
+from gazette.etcd.client import tls_failure
 from gazette.etcd.keyspace import KeySpace
 from gazette.protocol import protocol_pb2 as pb
 from gazette.rpc.server import RpcServer
-from gazette.rpc.tls import ServerTLS
+from gazette.rpc.tls import ClientTLS, ServerTLS
 from gazette.server.fds import raise_nofile_limit
 from gazette.server.grpc import GrpcServer, build_server
 from gazette.server.http import debug_routes, http_protocol_factory, start_app
@@ -115,10 +116,11 @@ class MemberProcess:
                  etcd_lease: float, keyspace: KeySpace, is_consistent: IsConsistentFn,
                  advertise_host: str | None = None,
                  replication: Callable[[object], int] = desired_replication,
-                 tls: ServerTLS | None = None) -> None:
+                 tls: ServerTLS | None = None, etcd_tls: ClientTLS | None = None) -> None:
         self.local_id = pb.ProcessSpec.ID(zone=zone, suffix=suffix)
         self.host, self.port, self.advertise_host = host, port, advertise_host
         self.etcd_address, self.etcd_lease = etcd_address, etcd_lease
+        self.etcd_tls = etcd_tls
         self.keyspace = keyspace
         self.is_consistent = is_consistent
         self.replication = replication
@@ -202,7 +204,7 @@ class MemberProcess:
         grpc_server = build_server(os.path.join(self.scratch_dir, "grpc.sock"))
         self.register_services(grpc_server)
         await self.initialize(grpc_server)
-        self._etcd = await etcd_connect(self.etcd_address)
+        self._etcd = await etcd_connect(self.etcd_address, tls=self.etcd_tls)
         runner = await start_app([*debug_routes(self.ready, self.not_serving), *self.http_routes()])
         assert runner.server is not None
         mux = Multiplexer(os.path.join(self.scratch_dir, "grpc.sock"), http_protocol_factory(runner), h2_protocol_factory=(
@@ -261,6 +263,8 @@ class MemberProcess:
                 await self.keyspace.load(self.etcd)
                 return
             except grpc.aio.AioRpcError as err:
+                if (tls_err := tls_failure(self.etcd_address, err)) is not None:
+                    raise tls_err from None  # a refused certificate: retrying will not help
                 if err.code() != grpc.StatusCode.UNAVAILABLE or asyncio.get_running_loop().time() >= deadline:
                     raise
                 log.warning("etcd unavailable at start; retrying", extra={"err": err.details()})

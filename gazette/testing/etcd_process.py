@@ -1,6 +1,8 @@
 """A real etcd server as a child process, and a client connection helper.
 
-`EtcdProcess` runs one single-member etcd on loopback, for tests and for the demo.
+`EtcdProcess` runs one single-member etcd on loopback, for tests and for the demo, serving
+clients in plaintext or, given a ``ServerTLS``, over TLS (mutual TLS when it names a CA:
+etcd's ``--client-cert-auth``); peers always talk plaintext on loopback.
 
 Invariants:
 
@@ -13,6 +15,8 @@ Invariants:
   leader and serves requests), or raises `EtcdStartError` carrying the tail of etcd's log.
 * A data directory the object created itself is removed by `close()`; one handed in is kept.
 * Every exit path (`close()`, the context managers, a failed start) leaves no etcd process behind.
+* Under TLS, `url` is ``https://`` and the health probe dials with ``probe_tls`` (the CA that
+  signed etcd's certificate, and a client certificate when etcd requires one).
 
 `python -m gazette.testing.etcd_process --data-dir DIR --port N` runs one in the foreground until SIGINT/SIGTERM.
 """
@@ -27,6 +31,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -38,6 +43,7 @@ from types import TracebackType
 from typing import IO
 
 from gazette.etcd.errors import EtcdError
+from gazette.rpc.tls import ClientTLS, ServerTLS
 
 __all__ = [
     "EtcdError",
@@ -105,7 +111,11 @@ class EtcdProcess:
     """A single-member etcd server on 127.0.0.1, owned by this object.
 
     Use `with EtcdProcess() as etcd:` (or `async with`), or call `start()`/`close()` directly.
-    `endpoint` is "127.0.0.1:PORT" (what gRPC dials); `url` is "http://127.0.0.1:PORT".
+    `endpoint` is "127.0.0.1:PORT" (what gRPC dials); `url` is "http://127.0.0.1:PORT", or
+    "https://..." when `tls` is given: etcd then serves clients with ``tls.cert_file`` and
+    ``tls.key_file``, and with ``tls.ca_file`` requires client certificates signed by it.
+    `probe_tls` is how this object's own health probe dials it (its CA, and its client
+    certificate if etcd requires one).
     """
 
     def __init__(
@@ -118,7 +128,13 @@ class EtcdProcess:
         binary: str | None = None,
         start_timeout: float = 30.0,
         unsafe_no_fsync: bool = False,
+        tls: ServerTLS | None = None,
+        probe_tls: ClientTLS | None = None,
     ) -> None:
+        if tls is not None and tls.ca_file and (probe_tls is None or not probe_tls.cert_file):
+            raise ValueError("etcd requiring client certificates (tls.ca_file) needs a probe_tls "
+                             "with a client certificate for its health probe")
+        self.tls, self.probe_tls = tls, probe_tls
         self._binary = binary
         self._name = name
         self._start_timeout = start_timeout
@@ -159,7 +175,8 @@ class EtcdProcess:
 
     @property
     def url(self) -> str:
-        return f"http://{self.endpoint}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{self.endpoint}"
 
     @property
     def pid(self) -> int | None:
@@ -306,6 +323,10 @@ class EtcdProcess:
         ]
         if self._unsafe_no_fsync:
             cmd.append("--unsafe-no-fsync")
+        if self.tls is not None:
+            cmd += ["--cert-file", self.tls.cert_file, "--key-file", self.tls.key_file or self.tls.cert_file]
+            if self.tls.ca_file:
+                cmd += ["--trusted-ca-file", self.tls.ca_file, "--client-cert-auth"]
         return cmd
 
     def _spawn_and_wait(self) -> None:
@@ -350,9 +371,20 @@ class EtcdProcess:
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
 
+    def _probe_context(self) -> ssl.SSLContext | None:
+        # Not ClientTLS.context: that offers ALPN h2 alone, and this probe speaks HTTP/1.1.
+        if self.tls is None:
+            return None
+        probe = self.probe_tls or ClientTLS()
+        ctx = ssl.create_default_context(cafile=probe.ca_file or None)
+        if probe.cert_file:
+            ctx.load_cert_chain(probe.cert_file, probe.key_file or None)
+        return ctx
+
     def _probe_health(self) -> tuple[bool, str]:
         try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=1.0) as resp:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=1.0,
+                                        context=self._probe_context()) as resp:
                 body = json.loads(resp.read())
         except (OSError, ValueError) as err:
             return False, f"health probe: {err}"

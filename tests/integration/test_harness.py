@@ -43,11 +43,16 @@ def test_parse_endpoint_rejects(bad: str) -> None:
         parse_endpoint(bad)
 
 
-def test_https_is_refused_naming_the_flag_not_dialled_in_plaintext() -> None:
+def test_https_is_parsed_and_tls_files_for_a_plaintext_endpoint_are_refused() -> None:
     from gazette.errors import GazetteError
+    from gazette.etcd import is_tls_endpoint
+    from gazette.etcd.client import check_tls
+    from gazette.rpc.tls import ClientTLS
 
-    with pytest.raises(ValueError, match=r"TLS to etcd is not supported.*--etcd\.address") as err:
-        parse_endpoint("https://etcd.example:2379")
+    assert parse_endpoint("https://etcd.example:2379/") == ("etcd.example", 2379)
+    assert is_tls_endpoint("HTTPS://etcd.example:2379") and not is_tls_endpoint("http://etcd.example:2379")
+    with pytest.raises(ValueError, match=r"plaintext but TLS files are given") as err:
+        check_tls("http://etcd.example:2379", ClientTLS(ca_file="ca.pem"))
     assert isinstance(err.value, GazetteError) and err.value.grpc_code == "INVALID_ARGUMENT"
 
 

@@ -74,7 +74,7 @@ def test_bad_auth_keys_exit_naming_the_flag() -> None:
         _config(["--broker.id", "broker-one", "--auth-keys", "not base64!"])
 
 
-@pytest.mark.parametrize("address", ["https://etcd.example:2379", "http://host:port"])
+@pytest.mark.parametrize("address", ["ftp://etcd.example:2379", "http://host:port", "https://etcd.example"])
 def test_an_unusable_etcd_address_exits_naming_the_flag(address: str) -> None:
     with pytest.raises(SystemExit, match="--etcd.address"):
         _config(["--broker.id", "broker-one", "--etcd.address", address])
