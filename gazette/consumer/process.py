@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ConsumerConfig:
+    """A consumer process's settings: what ``gazette consume`` builds from its flags."""
+
     host: str = "127.0.0.1"
     port: int = 8081
     zone: str = "local"

@@ -58,6 +58,9 @@ class ResolverHost(Protocol):
 
 @dataclass
 class Resolution:
+    """Where a shard's request goes: its status and, for a local primary, the shard;
+    for a remote one, the endpoint to proxy to."""
+
     status: int  # a pc.Status value
     header: pb.Header
     spec: pc.ShardSpec | None = None

@@ -138,6 +138,8 @@ WriteAcks = Callable[[Sequence[AckIntent], OpFuture], Sequence[Awaitable[Any]]]
 
 @dataclass(frozen=True)
 class TxnConfig:
+    """A shard's transaction bounds (seconds) and ACK policy, from its ShardSpec."""
+
     min_duration: float = 0.0
     max_duration: float = 1.0
     wait_for_ack: bool = True
@@ -151,6 +153,9 @@ class TxnConfig:
 
 
 class TxnState(enum.StrEnum):
+    """Where a shard's transaction loop is: idle, consuming, stalled (max duration elapsed,
+    waiting for the previous barrier) or committing."""
+
     IDLE = "idle"
     CONSUMING = "consuming"
     STALLED = "stalled"

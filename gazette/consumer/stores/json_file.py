@@ -51,6 +51,9 @@ class StateFileError(ConsumerError):
 
 
 class JSONFileStore:
+    """A shard's ``state`` (anything ``json`` serialises) committed with its checkpoint as
+    one file, ``state.json``, in ``directory`` (see the module's invariants)."""
+
     def __init__(self, directory: str | os.PathLike[str] | None = None, state: Any = None, *,
                  recorder: Recorder | None = None) -> None:
         self.dir = Path(store_directory(recorder, directory, "JSONFileStore"))

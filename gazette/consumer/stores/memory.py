@@ -18,6 +18,9 @@ __all__ = ["MemoryStore"]
 
 
 class MemoryStore:
+    """A shard's state in the dict ``state``, with the last checkpoint committed; kept in
+    memory only (see the module's invariants)."""
+
     def __init__(self) -> None:
         self.state: dict[Any, Any] = {}
         self.checkpoint = pc.Checkpoint()

@@ -44,6 +44,9 @@ _PINNED = frozenset(name for name, _ in _PRAGMAS)
 
 
 class SQLiteStore:
+    """A shard's state in an embedded SQLite database (``conn``), recorded into the shard's
+    recovery log by ``recorder`` (see the module's invariants)."""
+
     def __init__(self, recorder: Recorder | None, *, directory: str | None = None,
                  filename: str = "db.sqlite", checkpoint_bytes: int = 4 << 20,
                  page_size: int | None = None) -> None:
