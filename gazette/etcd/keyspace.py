@@ -8,8 +8,10 @@ rooted at their etcd prefix. This module is generic: the key layout they share i
 Invariants of a KeySpace:
 
 * `key_values` is sorted by key and holds exactly the keys under `{root}/` whose values the
-  decoder accepted, as of `revision`. The list is replaced, never mutated, on each update, so a
-  reference taken by a reader is a consistent snapshot.
+  decoder accepted, as of `revision`. The entries live in a snapshot of sorted chunks that is
+  never mutated: an update builds a new snapshot sharing every chunk it did not touch, so a
+  change costs O(changes * chunk + n / chunk), not O(n), and what `range` / `prefixed` returned
+  to a reader (a list of its own) stays a consistent view.
 * `revision` is the load revision, or else the greatest ModRevision applied since: it moves only
   when the mirrored keys change, so two mirrors of one root hold the same keys and values if and
   only if their revisions are equal (watch progress notifications advance where a re-established
@@ -176,6 +178,107 @@ def _backoff(attempt: int) -> float:
     return float(min(0.05 * (2**attempt), 2.0))
 
 
+_CHUNK = 256  # entries per chunk of a snapshot: a change copies one chunk and the chunk index
+
+
+class _Snapshot:
+    """An immutable sorted sequence of KeyValues in chunks of about `_CHUNK` entries.
+
+    `updated` returns a new snapshot that shares every chunk its changes did not touch; the
+    chunks' lists are never mutated once built (only copies are)."""
+
+    __slots__ = ("chunks", "firsts", "size")
+
+    def __init__(self, chunks: list[tuple[list[str], list[KeyValue]]], firsts: list[str], size: int) -> None:
+        self.chunks, self.firsts, self.size = chunks, firsts, size  # no chunk is empty
+
+    @classmethod
+    def of(cls, kvs: list[KeyValue]) -> _Snapshot:
+        keys = [kv.key for kv in kvs]
+        chunks = [(keys[i:i + _CHUNK], kvs[i:i + _CHUNK]) for i in range(0, len(kvs), _CHUNK)]
+        return cls(chunks, [c[0][0] for c in chunks], len(kvs))
+
+    def _chunk_of(self, key: str) -> int:
+        return max(0, bisect.bisect_right(self.firsts, key) - 1)
+
+    def index(self, key: str) -> tuple[int, bool]:
+        if not self.chunks:
+            return 0, False
+        ci = self._chunk_of(key)
+        keys = self.chunks[ci][0]
+        i = bisect.bisect_left(keys, key)
+        return sum(len(c[0]) for c in self.chunks[:ci]) + i, i < len(keys) and keys[i] == key
+
+    def search(self, key: str) -> KeyValue | None:
+        if not self.chunks:
+            return None
+        keys, kvs = self.chunks[self._chunk_of(key)]
+        i = bisect.bisect_left(keys, key)
+        return kvs[i] if i < len(keys) and keys[i] == key else None
+
+    def range(self, start: str, end: str | None) -> list[KeyValue]:
+        out: list[KeyValue] = []
+        ci = self._chunk_of(start) if self.chunks else 0
+        lo = -1
+        while ci < len(self.chunks):
+            keys, kvs = self.chunks[ci]
+            if lo < 0:
+                lo = bisect.bisect_left(keys, start)
+            hi = len(keys) if end is None else bisect.bisect_left(keys, end, lo)
+            out += kvs[lo:hi]
+            if hi < len(keys):
+                break
+            ci, lo = ci + 1, 0
+        return out
+
+    def all(self) -> list[KeyValue]:
+        out: list[KeyValue] = []
+        for _, kvs in self.chunks:
+            out += kvs
+        return out
+
+    def updated(self, groups: list[tuple[str, list[Any]]],
+                step: Callable[[KeyValue | None, str, list[Any]], KeyValue | None]) -> _Snapshot:
+        """A snapshot with `step(entry or None, key, events)` applied to each group's key
+        (groups sorted by key); `step` returns the key's new entry, or None to remove it."""
+        chunks = self.chunks or [([], [])]
+        by_chunk: dict[int, list[tuple[str, list[Any]]]] = {}
+        for group in groups:
+            by_chunk.setdefault(max(0, bisect.bisect_right(self.firsts, group[0]) - 1), []).append(group)
+        # Splice the rebuilt chunks in, chunk index and all, with C-level slices: the Python
+        # work is proportional to the chunks touched, not to the chunk count.
+        out_chunks: list[tuple[list[str], list[KeyValue]]] = []
+        out_firsts: list[str] = []
+        size, done = self.size, 0
+        for ci in sorted(by_chunk):
+            keys, kvs = list(chunks[ci][0]), list(chunks[ci][1])
+            size -= len(keys)
+            for key, events in by_chunk[ci]:
+                i = bisect.bisect_left(keys, key)
+                found = i < len(keys) and keys[i] == key
+                entry = step(kvs[i] if found else None, key, events)
+                if entry is None:
+                    if found:
+                        del keys[i], kvs[i]
+                elif found:
+                    kvs[i] = entry
+                else:
+                    keys.insert(i, key)
+                    kvs.insert(i, entry)
+            size += len(keys)
+            out_chunks += chunks[done:ci]
+            out_firsts += self.firsts[done:ci]
+            step_ = _CHUNK if len(keys) > 2 * _CHUNK else max(1, len(keys))
+            for j in range(0, len(keys), step_):
+                out_chunks.append((keys[j:j + step_], kvs[j:j + step_]))
+                out_firsts.append(keys[j])
+            done = ci + 1
+        if self.chunks:
+            out_chunks += chunks[done:]
+            out_firsts += self.firsts[done:]
+        return _Snapshot(out_chunks, out_firsts, size)
+
+
 class KeySpace:
     """A decoded mirror of the etcd keys under `{root}/`.
 
@@ -201,8 +304,7 @@ class KeySpace:
         self._prefix = root + "/"
         self._prefix_bytes = self._prefix.encode()
         self._range_end = _bytes_prefix_end(self._prefix_bytes)
-        self._kvs: list[KeyValue] = []
-        self._keys: list[str] = []
+        self._snap = _Snapshot([], [], 0)
         self._changed: frozenset[str] | None = None
         self._header = EtcdHeader()
         self._resume_revision = 1
@@ -213,8 +315,8 @@ class KeySpace:
 
     @property
     def key_values(self) -> list[KeyValue]:
-        """All mirrored entries, sorted by key. Treat as read-only: it is shared."""
-        return self._kvs
+        """All mirrored entries, sorted by key (a list of the caller's own: O(n))."""
+        return self._snap.all()
 
     @property
     def changed(self) -> frozenset[str] | None:
@@ -231,22 +333,18 @@ class KeySpace:
         return self._header.revision
 
     def __len__(self) -> int:
-        return len(self._kvs)
+        return self._snap.size
 
     def index(self, key: str) -> tuple[int, bool]:
         """The position of `key` in `key_values` (or where it would go) and whether it is there."""
-        ind = bisect.bisect_left(self._keys, key)
-        return ind, ind < len(self._keys) and self._keys[ind] == key
+        return self._snap.index(key)
 
     def search(self, key: str) -> KeyValue | None:
-        ind, found = self.index(key)
-        return self._kvs[ind] if found else None
+        return self._snap.search(key)
 
     def range(self, start: str, end: str | None) -> Sequence[KeyValue]:
         """Entries with keys in [start, end); end None means "to the last key"."""
-        lo = bisect.bisect_left(self._keys, start)
-        hi = len(self._keys) if end is None else bisect.bisect_left(self._keys, end, lo)
-        return self._kvs[lo:hi]
+        return self._snap.range(start, end)
 
     def prefixed(self, prefix: str) -> Sequence[KeyValue]:
         """Entries whose keys start with `prefix`, in key order."""
@@ -313,8 +411,7 @@ class KeySpace:
         # The header records the revision the snapshot is *of*, not etcd's revision at the
         # time it answered (which may be later): that is the mirror's effective revision.
         self._install(
-            kvs,
-            [entry.key for entry in kvs],
+            _Snapshot.of(kvs),
             EtcdHeader(first.cluster_id, first.member_id, revision, first.raft_term),
             None,
         )
@@ -462,42 +559,25 @@ class KeySpace:
 
         # Stable sort on key keeps each key's events in revision order.
         events.sort(key=lambda ev: ev.kv.key)
-        cur_kvs, cur_keys = self._kvs, self._keys
-        kvs: list[KeyValue] = []
-        keys: list[str] = []
-        changed: set[str] = set()
-        pos, i, n = 0, 0, len(events)
+        groups: list[tuple[str, list[Any]]] = []
+        i, n = 0, len(events)
         while i < n:
             raw_key = events[i].kv.key
             j = i + 1
             while j < n and events[j].kv.key == raw_key:
                 j += 1
             try:
-                key = raw_key.decode()
+                groups.append((raw_key.decode(), events[i:j]))
             except UnicodeDecodeError:
                 log.error("keyspace %s: skipping non-UTF-8 key %r", self.root, raw_key)
-                i = j
-                continue
-            changed.add(key)
-            ind = bisect.bisect_left(cur_keys, key, pos)
-            # Unchanged entries between the previous changed key and this one are copied as a
-            # run (a C-level slice), so a batch costs O(changes * log n) Python steps.
-            kvs.extend(cur_kvs[pos:ind])
-            keys.extend(cur_keys[pos:ind])
-            entry: KeyValue | None = None
-            if ind < len(cur_keys) and cur_keys[ind] == key:
-                entry = cur_kvs[ind]
-                ind += 1
-            pos = ind
-            for event in events[i:j]:
-                entry = self._apply_event(entry, key, event)
-            if entry is not None:
-                kvs.append(entry)
-                keys.append(key)
             i = j
-        kvs.extend(cur_kvs[pos:])
-        keys.extend(cur_keys[pos:])
-        self._install(kvs, keys, header, frozenset(changed))
+        self._install(self._snap.updated(groups, self._apply_events), header,
+                      frozenset(key for key, _ in groups))
+
+    def _apply_events(self, entry: KeyValue | None, key: str, events: list[Any]) -> KeyValue | None:
+        for event in events:
+            entry = self._apply_event(entry, key, event)
+        return entry
 
     def _apply_event(self, entry: KeyValue | None, key: str, event: Any) -> KeyValue | None:
         kv = event.kv
@@ -560,10 +640,8 @@ class KeySpace:
                 f"{self._header.cluster_id} to {cluster_id}"
             )
 
-    def _install(self, kvs: list[KeyValue], keys: list[str], header: EtcdHeader,
-                 changed: frozenset[str] | None) -> None:
-        self._kvs = kvs
-        self._keys = keys
+    def _install(self, snap: _Snapshot, header: EtcdHeader, changed: frozenset[str] | None) -> None:
+        self._snap = snap
         self._header = header
         self._changed = changed
         try:

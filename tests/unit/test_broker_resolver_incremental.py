@@ -113,5 +113,5 @@ def test_a_load_walks_everything() -> None:
     assert resolver.replicas is not None and set(resolver.replicas) == {"j/a"}
     assert ks.changed is None  # outside an observer
     resolver.replicas.clear()
-    ks._install(list(ks.key_values), [kv.key for kv in ks.key_values], ks.header, None)
+    ks._install(ks._snap, ks.header, None)
     assert set(resolver.replicas) == {"j/a"}
