@@ -376,7 +376,7 @@ class Multiplexer:
     def __init__(self, grpc_socket: str, http_protocol_factory: Callable[[], asyncio.Protocol],
                  *, splice_process: bool = True,
                  h2_protocol_factory: Callable[[], asyncio.Protocol] | None = None,
-                 tls: ServerTLS | None = None) -> None:
+                 tls: ServerTLS | None = None, fd_reserve: int | None = None) -> None:
         self.grpc_socket = grpc_socket
         self.tls = tls
         self._relays: set[_Relay] = set()
@@ -402,7 +402,7 @@ class Multiplexer:
         # its admission's sequence number; closed ones drop out (collected, or pruned).
         self._transports: weakref.WeakKeyDictionary[asyncio.Transport, int] = weakref.WeakKeyDictionary()
         self._seq = itertools.count()
-        self.fd_budget = FdBudget()
+        self.fd_budget = FdBudget(min_reserve=fd_reserve)  # --server.fd-reserve, or a tenth of the limit
         self.shed_total = 0
         self._refusals = EveryInterval(log, "refusing connections: the port is at its limit and "
                                             "none is idle or slow enough to shed", interval=10.0)
