@@ -175,3 +175,17 @@ def test_zstd_truncated_anywhere_is_an_error() -> None:
         d.decompress(blob[:cut])
         with pytest.raises(CodecError, match="truncated"):
             d.finish()
+
+
+def test_zstd_decompressor_is_used_limited_or_not_but_not_both() -> None:
+    blob = codecs.compress(CC.ZSTANDARD, bytes(1000))
+    d = codecs.new_decompressor(CC.ZSTANDARD)
+    assert isinstance(d, codecs.LimitedDecompressor)
+    assert d.decompress(blob[:10]) == b""
+    with pytest.raises(CodecError, match="after decompress"):
+        d.decompress_limited(blob[10:], 100)
+    d = codecs.new_decompressor(CC.ZSTANDARD)
+    assert isinstance(d, codecs.LimitedDecompressor)
+    out = d.decompress_limited(blob[:10], 100)
+    out += d.decompress(blob[10:])  # unlimited from then on, still walking its units
+    assert out == bytes(1000) and d.finish() == b""
