@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 from gazette.server.flags import Flag, Flags
 
@@ -59,7 +60,7 @@ def parse_size(text: str) -> int:
     unit = m and _UNITS.get(m.group(2).lower())
     if m is None or unit is None:
         raise ValueError(f"{text!r} is not a size (expected e.g. 256MiB, 64KiB, 1GB or a byte count)")
-    return int(float(m.group(1)) * unit)
+    return int(Fraction(m.group(1)) * unit)  # exact: a float loses bytes past 2**53
 
 
 @dataclass(frozen=True)
