@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gazette.rpc.tls import ClientTLS, ServerTLS
+from gazette.server.limits import ServerLimits
 from gazette.server.process import random_suffix
 
 __all__ = ["BrokerConfig"]
@@ -36,3 +37,4 @@ class BrokerConfig:
     tls: ServerTLS | None = None
     peer_tls: ClientTLS | None = None
     auth_keys: str = ""
+    limits: ServerLimits = field(default_factory=ServerLimits)  # --server.*: memory and fd budget

@@ -80,7 +80,7 @@ class Broker(MemberProcess):
             etcd_address=config.etcd_address, etcd_lease=config.etcd_lease, etcd_tls=config.etcd_tls,
             keyspace=KeySpace(config.etcd_prefix, broker_decoder(config.etcd_prefix)),
             is_consistent=journal_is_consistent, advertise_host=config.advertise_host,
-            tls=config.tls,
+            tls=config.tls, limits=config.limits,
         )
         self.config = config
         self.auth = KeyedAuth(config.auth_keys) if config.auth_keys else None

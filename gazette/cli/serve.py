@@ -20,6 +20,7 @@ from typing import Any
 from gazette import malloc
 from gazette.cli import version_text
 from gazette.server.flags import Flags, add_flags, etcd_tls_flags, server_security_flags
+from gazette.server.limits import SERVER_LIMIT_FLAGS, limits_from_flags
 from gazette.server.logs import setup_logging
 
 _FLAGS: list[tuple[str, str, Any, str]] = [
@@ -43,6 +44,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--log.level", "LOG_LEVEL", "info", "Logging level: debug, info, warn, error"),
     ("--log.format", "LOG_FORMAT", "text", "Logging format: text, json"),
     *server_security_flags("broker"),
+    *SERVER_LIMIT_FLAGS,
 ]
 
 
@@ -93,6 +95,7 @@ def config_from_args(ns: argparse.Namespace) -> Any:
         tls=flags.server_tls("broker"),
         peer_tls=flags.peer_tls("broker"),
         auth_keys=get("auth-keys"),
+        limits=limits_from_flags(flags),
     )
 
 

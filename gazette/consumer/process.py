@@ -50,6 +50,7 @@ from gazette.protocol import consumer_pb2 as pc
 from gazette.recoverylog import Player
 from gazette.rpc.tls import ClientTLS, ServerTLS
 from gazette.server.grpc import GrpcServer, add_service
+from gazette.server.limits import ServerLimits
 from gazette.server.process import MemberProcess, random_suffix
 from gazette.tasks import Supervisor
 
@@ -82,6 +83,7 @@ class ConsumerConfig:
     broker_tls: ClientTLS | None = None
     auth_keys: str = ""
     broker_auth: Authorizer | None = None
+    limits: ServerLimits = field(default_factory=ServerLimits)  # --server.*: memory and fd budget
     args: argparse.Namespace | None = None  # parsed flags, the app's own included
 
 
@@ -95,7 +97,7 @@ class ConsumerProcess(MemberProcess):
             keyspace=KeySpace(config.etcd_prefix, consumer_decoder(config.etcd_prefix)),
             is_consistent=shard_is_consistent, advertise_host=config.advertise_host,
             replication=functools.partial(desired_replication, max_hot_standbys=config.max_hot_standbys),
-            tls=config.tls)
+            tls=config.tls, limits=config.limits)
         self.config = config
         self.app = app
         self.auth = KeyedAuth(config.auth_keys) if config.auth_keys else None

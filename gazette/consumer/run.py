@@ -38,6 +38,7 @@ from gazette.server.flags import (
     etcd_tls_flags,
     server_security_flags,
 )
+from gazette.server.limits import SERVER_LIMIT_FLAGS, limits_from_flags
 from gazette.server.logs import setup_logging
 from gazette.server.process import random_suffix, run_until_drained
 
@@ -61,6 +62,7 @@ CONSUMER_FLAGS: list[Flag] = [
     ("--log.format", "LOG_FORMAT", "text", "Logging format: text, json"),
     *server_security_flags("consumer"),
     *client_security_flags("broker"),
+    *SERVER_LIMIT_FLAGS,
 ]
 
 
@@ -91,7 +93,7 @@ def config_from_args(ns: argparse.Namespace) -> ConsumerConfig:
                           etcd_prefix=get("etcd.prefix").rstrip("/"), etcd_lease=lease, args=ns,
                           tls=flags.server_tls("consumer"), peer_tls=flags.peer_tls("consumer"),
                           broker_tls=flags.client_tls("broker"), auth_keys=get("auth-keys"),
-                          broker_auth=flags.client_auth("broker"))
+                          broker_auth=flags.client_auth("broker"), limits=limits_from_flags(flags))
     flags.auth_keys()  # bad keys exit here, naming the flag
     return config
 

@@ -12,6 +12,9 @@ Invariants:
   multi-member writer emits one per compression batch). ``GZIP_OFFLOAD_DECOMPRESSION`` is plain
   gzip whose decompression Gazette leaves to the store's HTTP ``Content-Encoding``; we always
   decompress it ourselves when we read it.
+* What a few compressed bytes may expand to in one call is bounded: deflate by its format
+  (~1032:1), snappy by its 64 KiB frames, zstd by :meth:`LimitedDecompressor.decompress_limited`
+  (a zstd block is at most 128 KiB of content, but an RLE block of it is 4 bytes).
 * File extensions are Gazette's: ``.raw``, ``.gz``, ``.zst``, ``.sz`` and, for
   ``GZIP_OFFLOAD_DECOMPRESSION``, *no* extension (``.gzod`` is accepted when parsing, as are
   the long forms ``.gzip``, ``.zstandard`` and ``.snappy``).
@@ -20,7 +23,7 @@ Invariants:
 from __future__ import annotations
 
 import zlib
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import cramjam
 
@@ -31,6 +34,7 @@ __all__ = [
     "Codec",
     "Compressor",
     "Decompressor",
+    "LimitedDecompressor",
     "codec_for_extension",
     "compress",
     "decompress",
@@ -107,6 +111,17 @@ class Decompressor(Protocol):
 
     def finish(self) -> bytes:
         """Check the stream ended cleanly (raising CodecError if truncated)."""
+        ...
+
+
+@runtime_checkable
+class LimitedDecompressor(Decompressor, Protocol):
+    """A decompressor that can bound what one call returns (ZSTANDARD's: a zstd block of a
+    few bytes expands to 128 KiB, so bounding the input fed cannot bound the output)."""
+
+    def decompress_limited(self, data: Bytes, limit: int) -> bytes:
+        """Queue ``data``; decompress queued input until the output reaches ``limit`` (0: no
+        limit), returning at most ``limit`` plus 128 KiB, ``b""`` when more input is needed."""
         ...
 
 
@@ -236,36 +251,129 @@ class _ZstdCompressor:
 
 
 class _ZstdDecompressor:
-    """Reads one or more concatenated zstd frames."""
+    """Reads one or more concatenated zstd frames (skippable frames included), a block at a time.
+
+    The compressed stream is walked unit by unit (frame header, block, checksum, skippable
+    frame; RFC 8878 §3.1) and fed to zstd no further than the end of the current unit, so one
+    feed completes at most one block, which is at most 128 KiB of content whatever its
+    compressed size (an RLE block is 4 bytes). :meth:`decompress_limited` stops feeding once its
+    output reaches the limit and keeps the rest of the input queued: a few stored bytes can no
+    longer expand to megabytes at once. Input is queued as ``(bytes, offset)``: cutting a unit
+    is a view, not a copy of the rest (tiny blocks cost linear time). :meth:`decompress` (no
+    limit: the client's reader) feeds whole slices as they come, a fifth faster on highly
+    compressible content; one decompressor is used one way or the other, not both.
+    """
+
+    _MAGIC = 0xFD2FB528
 
     def __init__(self) -> None:
         import zstandard
 
         self._zstd = zstandard
         self._d: Any = None
-        self._mid_frame = False
+        self._buf = b""
+        self._pos = 0
+        self._left = 0  # bytes of the current unit not yet fed
+        self._next = "frame"  # what the next unit is: "frame", "block" or "checksum"
+        self._checksum = False
+        self._walking: bool | None = None  # limited (walks units) or not; None: not yet used
 
-    def decompress(self, data: Bytes) -> bytes:
+    def _unit(self) -> int | None:
+        """The length of the unit starting at the queue's head (advancing the walk), or None
+        while its header is incomplete."""
+        buf, pos = self._buf, self._pos
+        have = len(buf) - pos
+        if self._next == "block":
+            if have < 3:
+                return None
+            hdr = int.from_bytes(buf[pos : pos + 3], "little")
+            kind, size = (hdr >> 1) & 3, hdr >> 3
+            if hdr & 1:
+                self._next = "checksum" if self._checksum else "frame"
+            return 3 + (1 if kind == 1 else size)
+        if self._next == "checksum":
+            self._next = "frame"
+            return 4
+        if have < 4:
+            return None
+        magic = int.from_bytes(buf[pos : pos + 4], "little")
+        if magic & 0xFFFFFFF0 == 0x184D2A50:  # skippable frame: magic, size, data
+            if have < 8:
+                return None
+            return 8 + int.from_bytes(buf[pos + 4 : pos + 8], "little")
+        if magic != self._MAGIC:
+            return have  # not zstd: zstd itself reports the error
+        if have < 5:
+            return None
+        desc = buf[pos + 4]
+        fcs_flag, single = desc >> 6, desc >> 5 & 1
+        fcs = (1 if single else 0, 2, 4, 8)[fcs_flag]
+        self._checksum = bool(desc & 4)
+        self._next = "block"
+        return 5 + (0 if single else 1) + (0, 1, 2, 4)[desc & 3] + fcs
+
+    def _feed(self, piece: memoryview) -> bytes:
         out: list[bytes] = []
-        buf = bytes(data)
+        buf: Bytes = piece
+        while buf:
+            if self._d is None:
+                self._d = self._zstd.ZstdDecompressor().decompressobj()
+            out.append(self._d.decompress(buf))
+            if self._d.eof:
+                buf = self._d.unused_data
+                self._d = None
+            else:
+                buf = b""
+        return b"".join(out)
+
+    def decompress_limited(self, data: Bytes, limit: int) -> bytes:
+        """Queue ``data`` and decompress queued input until the output reaches ``limit`` bytes
+        (0: no limit); returns at most ``limit`` plus one block (128 KiB) of content, ``b""``
+        once the queue holds no complete block."""
+        if self._walking is False:
+            raise CodecError("decompress_limited after decompress on one zstd decompressor")
+        self._walking = True
+        if data:
+            self._buf = self._buf[self._pos :] + bytes(data) if self._pos < len(self._buf) else bytes(data)
+            self._pos = 0
+        out: list[bytes] = []
+        n = 0
+        view = memoryview(self._buf)
         try:
-            while buf:
-                if self._d is None:
-                    self._d = self._zstd.ZstdDecompressor().decompressobj()
-                out.append(self._d.decompress(buf))
-                if self._d.eof:
-                    buf = self._d.unused_data
-                    self._d = None
-                    self._mid_frame = False
-                else:
-                    buf = b""
-                    self._mid_frame = True
+            while not limit or n < limit:
+                if not self._left:
+                    unit = self._unit()
+                    if unit is None:
+                        break
+                    self._left = unit
+                take = min(self._left, len(self._buf) - self._pos)
+                if not take:
+                    break
+                piece = view[self._pos : self._pos + take]
+                self._pos += take
+                self._left -= take
+                got = self._feed(piece)
+                n += len(got)
+                out.append(got)
         except self._zstd.ZstdError as err:
             raise CodecError(f"corrupt zstd stream: {err}") from err
         return b"".join(out)
 
+    def decompress(self, data: Bytes) -> bytes:
+        if self._walking:
+            return self.decompress_limited(data, 0)
+        self._walking = False
+        try:
+            return self._feed(memoryview(data))
+        except self._zstd.ZstdError as err:
+            raise CodecError(f"corrupt zstd stream: {err}") from err
+
     def finish(self) -> bytes:
-        if self._mid_frame:
+        if self._walking is False:
+            if self._d is not None:  # the last frame has not ended
+                raise CodecError("truncated zstd stream (frame not terminated)")
+            return b""
+        if self._left or self._pos < len(self._buf) or self._next != "frame" or self._d is not None:
             raise CodecError("truncated zstd stream (frame not terminated)")
         return b""
 

@@ -279,6 +279,10 @@ class Connection(asyncio.Protocol):
         self.peer_initial_window = f.DEFAULT_WINDOW
         self.peer_max_frame = f.DEFAULT_MAX_FRAME
         self.send_window = f.DEFAULT_WINDOW
+        # Budgets, the module's constants unless the server configures them (--server.*).
+        self.connection_window = CONNECTION_WINDOW
+        self.connection_buffer_cap = CONNECTION_BUFFER_CAP
+        self.write_backlog_limit = WRITE_BACKLOG_LIMIT
         self._reader = f.FrameReader(MAX_FRAME)
         self._decoder = HeaderDecoder(HEADER_TABLE_SIZE, MAX_HEADER_LIST_SIZE)
         self._blocks: dict[bytes, tuple[list[tuple[str, str]], str | None]] = {}
@@ -322,7 +326,7 @@ class Connection(asyncio.Protocol):
         if self.max_concurrent_streams is not None:
             settings[f.SETTINGS_MAX_CONCURRENT_STREAMS] = self.max_concurrent_streams
         transport.write(head + f.settings_frame(settings)
-                        + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
+                        + f.window_update(0, self.connection_window - f.DEFAULT_WINDOW))
 
     def data_received(self, data: bytes) -> None:
         if self._backlog is not None:  # read though paused (a transport may deliver what it holds)
@@ -437,7 +441,7 @@ class Connection(asyncio.Protocol):
         else:
             transport.write(b"".join(out))
         out.clear()
-        if self._paused and transport.get_write_buffer_size() > WRITE_BACKLOG_LIMIT:
+        if self._paused and transport.get_write_buffer_size() > self.write_backlog_limit:
             self.set_reading(_WRITE_BACKLOG, False)  # until resume_writing
 
     def _gather(self, transport: asyncio.Transport, out: list[bytes | memoryview]) -> None:
@@ -570,7 +574,7 @@ class Connection(asyncio.Protocol):
         if self._withheld is not None:
             self._withheld.cancel()
             self._withheld = None
-        if self.closed or self._conn_unacked < CONNECTION_WINDOW >> 2:
+        if self.closed or self._conn_unacked < self.connection_window >> 2:
             return
         if self.withhold(self.buffered_bytes()):
             self._withheld = self.loop.call_later(0.05, self.replenish)
@@ -584,7 +588,7 @@ class Connection(asyncio.Protocol):
 
     def withhold(self, held: int) -> bool:
         """Whether the connection window is withheld, the streams holding ``held`` bytes."""
-        return held > CONNECTION_BUFFER_CAP
+        return held > self.connection_buffer_cap
 
     def _stream_error(self, sid: int, code: int, message: str) -> None:
         """A stream error: the stream is reset (failing its reader), or, closed already,
@@ -640,7 +644,7 @@ class Connection(asyncio.Protocol):
     def _on_data(self, flags: int, sid: int, payload: memoryview) -> None:
         n = len(payload)
         self._conn_unacked += n
-        if self._conn_unacked >= CONNECTION_WINDOW >> 2 and self._withheld is None:
+        if self._conn_unacked >= self.connection_window >> 2 and self._withheld is None:
             self.replenish()
         stream = self.streams.get(sid)
         if stream is None:

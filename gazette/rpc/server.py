@@ -234,6 +234,12 @@ class ServerConnection(Connection):
         super().__init__(server.max_message)
         self.server = server
         self.max_concurrent_streams = server.max_concurrent_streams
+        if server.connection_window is not None:
+            self.connection_window = server.connection_window
+        if server.connection_buffer is not None:
+            self.connection_buffer_cap = server.connection_buffer
+        if server.max_unread is not None:
+            self.write_backlog_limit = server.max_unread
         self.calm = RateLimit(CALM_BURST, CALM_RATE, self.loop.time)
         self._preface = b""
         self._preface_timer: asyncio.TimerHandle | None = None
@@ -465,15 +471,22 @@ class RpcServer:
     """Serves registered gRPC methods on :class:`ServerConnection` instances.
 
     Connections come from :meth:`start` (a listener of its own) or are handed over by a
-    multiplexer through :meth:`protocol`.
+    multiplexer through :meth:`protocol`. ``connection_window``, ``connection_buffer`` and
+    ``max_unread`` set each connection's receive window, unread-request cap and unread-answer
+    limit (None: ``gazette.rpc.connection``'s constants); ``max_buffered`` is the process's
+    budget of unconsumed request data (``--server.*`` flags, ``gazette.server.limits``).
     """
 
     def __init__(self, *, max_message: int = DEFAULT_MAX_MESSAGE,
                  max_concurrent_streams: int = MAX_CONCURRENT_STREAMS,
-                 max_buffered: int = MAX_BUFFERED) -> None:
+                 max_buffered: int = MAX_BUFFERED, connection_window: int | None = None,
+                 connection_buffer: int | None = None, max_unread: int | None = None) -> None:
         self.max_message = max_message
         self.max_concurrent_streams = max_concurrent_streams
         self.max_buffered = max_buffered
+        self.connection_window = connection_window
+        self.connection_buffer = connection_buffer
+        self.max_unread = max_unread
         self._generic: list[Any] = []
         self._registered: dict[str, grpc.RpcMethodHandler] = {}
         self._cache: dict[str, grpc.RpcMethodHandler | None] = {}

@@ -104,11 +104,14 @@ class FdBudget:
 
     ``allowed(count)`` is the budget; it reads the limit each time (one syscall) and samples
     the process's other descriptors at most every ``refresh`` seconds (a directory listing),
-    so it is cheap enough to ask on every accept.
+    so it is cheap enough to ask on every accept. ``min_reserve`` (``--server.fd-reserve``)
+    replaces the reserve's ``max(64, limit // 10)``; the accept burst is kept in either case.
     """
 
-    def __init__(self, refresh: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, refresh: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 min_reserve: int | None = None) -> None:
         self.refresh = refresh
+        self.min_reserve = min_reserve
         self._clock = clock
         self._at = float("-inf")
         self.limit = 0
@@ -119,7 +122,7 @@ class FdBudget:
         """The budget; ``connections()`` (the exact count of open connections, which may cost
         the caller a scan) is asked only when the sample is refreshed."""
         self.limit = nofile_limit()[0]  # a syscall: cheap enough for every accept
-        self.reserve = reserve_for(self.limit)
+        self.reserve = reserve_for(self.limit) if self.min_reserve is None else self.min_reserve + ACCEPT_BURST
         now = self._clock()
         if now - self._at >= self.refresh:
             self._at = now

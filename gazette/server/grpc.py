@@ -24,7 +24,8 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 
 from gazette.rpc import use_grpcio
-from gazette.rpc.server import RpcServer
+from gazette.rpc.server import MAX_BUFFERED, RpcServer
+from gazette.server.limits import ServerLimits
 
 __all__ = ["CHANNEL_OPTIONS", "SERVER_OPTIONS", "GrpcServer", "add_service", "build_server"]
 
@@ -37,13 +38,17 @@ GrpcServer: TypeAlias = "RpcServer | grpc.aio.Server"
 """A process's gRPC server: ours, or grpcio's (the fallback)."""
 
 
-def build_server(unix_socket: str) -> GrpcServer:
-    """Our RpcServer, or (``GAZETTE_RPC=grpcio``) grpcio's listening on ``unix_socket``."""
+def build_server(unix_socket: str, limits: ServerLimits | None = None) -> GrpcServer:
+    """Our RpcServer under ``limits`` (the ``--server.*`` budget), or (``GAZETTE_RPC=grpcio``)
+    grpcio's listening on ``unix_socket`` (which has its own limits)."""
     if use_grpcio():
         server = grpc.aio.server(options=SERVER_OPTIONS)
         server.add_insecure_port(f"unix:{unix_socket}")
         return server
-    return RpcServer()
+    limits = limits or ServerLimits()
+    return RpcServer(max_buffered=MAX_BUFFERED if limits.max_buffered is None else limits.max_buffered,
+                     connection_window=limits.connection_window, connection_buffer=limits.connection_buffer,
+                     max_unread=limits.max_unread)
 
 
 def add_service(server: GrpcServer, service: ServiceDescriptor, servicer: Any,

@@ -27,7 +27,9 @@ issue's thousands of tracebacks). Refusals log one line per interval, too.
 
 With TLS (``tls``: Gazette's ``--*.server-cert-file`` and friends) the listener completes the
 handshake first (within ``HANDSHAKE_TIMEOUT``; ALPN offers ``h2`` and ``http/1.1``) and sniffs
-the decrypted bytes the same way; our gRPC server and aiohttp run unchanged over the TLS
+the decrypted bytes the same way. A connection in its handshake holds a descriptor: it counts
+as open from its accept, is shed as a silent connection is (its handshake cancelled), and at
+capacity with nothing to shed a new one is closed at accept rather than handshaken and refused; our gRPC server and aiohttp run unchanged over the TLS
 transport, and grpcio's connections are relayed through the loop (:class:`_Relay`).
 """
 
@@ -62,8 +64,10 @@ MAX_CONNECTIONS = 8192      # open connections per port
 class _Sniffer(asyncio.Protocol):
     """Buffers the first bytes of a connection, then hands it to gRPC or HTTP."""
 
-    def __init__(self, mux: Multiplexer, *, accepting: bool = False) -> None:
+    def __init__(self, mux: Multiplexer, *, accepting: bool = False,
+                 handshake: asyncio.Task[None] | None = None) -> None:
         self._mux = mux
+        self._handshake = handshake  # the task making a TLS connection's transport, if any
         self._buf = bytearray()
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -75,6 +79,9 @@ class _Sniffer(asyncio.Protocol):
         if self.accepting:
             self.accepting = False
             self._mux.accepting -= 1
+        if self._handshake is not None:  # done: from now on it is an admitted transport
+            self._mux._handshakes.pop(self._handshake, None)
+            self._handshake = None
         if not self._mux.admit(transport):
             transport.abort()  # the mux logged it (once per interval)
             return
@@ -214,8 +221,13 @@ class _Listener:
                 self._pause(err)
                 return
             conn.setblocking(False)
+            if self.ssl is not None and not self.mux.make_room():
+                conn.close()  # a handshake would hold a descriptor the reserve is kept for
+                continue
             self.mux.accepting += 1
-            self.mux._connecting.spawn("accept", self._connect(conn))
+            task = self.mux._connecting.spawn("accept", self._connect(conn))
+            if self.ssl is not None:
+                self.mux._handshakes[task] = next(self.mux._seq)
 
     def _pause(self, err: OSError) -> None:
         self.mux.accept_failures.event(err=os.strerror(err.errno) if err.errno else str(err))
@@ -228,10 +240,11 @@ class _Listener:
         """Makes ``conn``'s transport (after its TLS handshake, with TLS) and its ``_Sniffer``,
         which stops counting in ``accepting`` as it is admitted."""
         sniffer: _Sniffer | None = None
+        task = asyncio.current_task()
 
         def factory() -> _Sniffer:
             nonlocal sniffer
-            sniffer = _Sniffer(self.mux, accepting=True)
+            sniffer = _Sniffer(self.mux, accepting=True, handshake=task)
             return sniffer
 
         handed = False
@@ -244,6 +257,8 @@ class _Listener:
             CLIENT_LOG.note("accept: connection failed before it was served",
                             err=f"{type(err).__name__}: {err}")
         finally:
+            if task is not None:
+                self.mux._handshakes.pop(task, None)
             if sniffer is None or sniffer.accepting:  # never admitted
                 self.mux.accepting -= 1
                 if sniffer is not None:
@@ -376,7 +391,7 @@ class Multiplexer:
     def __init__(self, grpc_socket: str, http_protocol_factory: Callable[[], asyncio.Protocol],
                  *, splice_process: bool = True,
                  h2_protocol_factory: Callable[[], asyncio.Protocol] | None = None,
-                 tls: ServerTLS | None = None) -> None:
+                 tls: ServerTLS | None = None, fd_reserve: int | None = None) -> None:
         self.grpc_socket = grpc_socket
         self.tls = tls
         self._relays: set[_Relay] = set()
@@ -402,7 +417,11 @@ class Multiplexer:
         # its admission's sequence number; closed ones drop out (collected, or pruned).
         self._transports: weakref.WeakKeyDictionary[asyncio.Transport, int] = weakref.WeakKeyDictionary()
         self._seq = itertools.count()
-        self.fd_budget = FdBudget()
+        # TLS connections in their handshake (the task making the transport), with the sequence
+        # number of their accept: they hold a descriptor each, count in ``accepting`` and are
+        # shed as silent ones are (a handshake flood cannot hold the reserve for its timeout).
+        self._handshakes: dict[asyncio.Task[None], int] = {}
+        self.fd_budget = FdBudget(min_reserve=fd_reserve)  # --server.fd-reserve, or a tenth of the limit
         self.shed_total = 0
         self._refusals = EveryInterval(log, "refusing connections: the port is at its limit and "
                                             "none is idle or slow enough to shed", interval=10.0)
@@ -429,6 +448,14 @@ class Multiplexer:
         """Whether a new connection may stay open. At capacity the oldest idle or slow
         connections are shed (with a little headroom, so that a flood does not scan on every
         accept); if none may be, the new one is refused."""
+        if not self.make_room():
+            return False
+        self._transports[transport] = next(self._seq)
+        return True
+
+    def make_room(self) -> bool:
+        """Whether one more connection fits (shedding to make room, see :meth:`admit`): asked
+        at admission, and for TLS already at accept, before a handshake takes a descriptor."""
         cap = self.capacity()
         if len(self._transports) + len(self._conns) + self.accepting >= cap:  # an upper bound: closed ones linger
             n = self._open_count()
@@ -437,33 +464,38 @@ class Multiplexer:
                 if n >= cap:
                     self._refusals.event(open=n, capacity=cap)
                     return False
-        self._transports[transport] = next(self._seq)
         return True
 
     def shed(self, count: int) -> int:
         """Closes up to ``count`` connections, lowest shedding rank first and oldest first
         within a rank: HTTP/1.1 keep-alive idle ones, then silent or slow-head ones, then
-        HTTP/2 connections without streams (a protocol's ``shed_rank()``; None: never). Returns
-        how many it closed."""
-        ranked: list[tuple[int, int, asyncio.Transport]] = []
+        HTTP/2 connections without streams (a protocol's ``shed_rank()``; None: never); a TLS
+        connection still in its handshake ranks as a silent one (its handshake is cancelled).
+        Returns how many it closed."""
+        ranked: list[tuple[int, int, asyncio.Transport | asyncio.Task[None]]] = []
         for t, seq in list(self._transports.items()):
             if t.is_closing():
                 continue
             rank = _shed_rank(t.get_protocol())
             if rank is not None:
                 ranked.append((rank, seq, t))
+        ranked.extend((RANK_SLOW_HEAD, seq, task) for task, seq in self._handshakes.items() if not task.done())
         ranked.sort(key=lambda r: (r[0], r[1]))
         victims = ranked[:max(0, count)]
-        for _, _, t in victims:
-            proto: Any = t.get_protocol()
+        for _, _, victim in victims:
+            if isinstance(victim, asyncio.Task):
+                victim.cancel()  # its connection closes as the handshake ends (_Listener._connect)
+                self._handshakes.pop(victim, None)
+                continue
+            proto: Any = victim.get_protocol()
             shed = getattr(proto, "shed", None)
             if callable(shed):
                 shed()
             else:
-                t.close()
-            if not t.is_closing():  # a protocol that would not: end it
-                t.abort()
-            self._transports.pop(t, None)
+                victim.close()
+            if not victim.is_closing():  # a protocol that would not: end it
+                victim.abort()
+            self._transports.pop(victim, None)
         self.shed_total += len(victims)
         if victims:
             self._sheds.event(len(victims))

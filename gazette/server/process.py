@@ -55,6 +55,7 @@ from gazette.rpc.tls import ClientTLS, ServerTLS
 from gazette.server.fds import raise_nofile_limit
 from gazette.server.grpc import GrpcServer, build_server
 from gazette.server.http import debug_routes, http_protocol_factory, start_app
+from gazette.server.limits import ServerLimits
 from gazette.server.mux import Multiplexer
 
 __all__ = ["MemberProcess", "is_loopback", "random_suffix", "run_until_drained", "warn_if_open"]
@@ -116,7 +117,9 @@ class MemberProcess:
                  etcd_lease: float, keyspace: KeySpace, is_consistent: IsConsistentFn,
                  advertise_host: str | None = None,
                  replication: Callable[[object], int] = desired_replication,
-                 tls: ServerTLS | None = None, etcd_tls: ClientTLS | None = None) -> None:
+                 tls: ServerTLS | None = None, etcd_tls: ClientTLS | None = None,
+                 limits: ServerLimits | None = None) -> None:
+        self.limits = limits or ServerLimits()
         self.local_id = pb.ProcessSpec.ID(zone=zone, suffix=suffix)
         self.host, self.port, self.advertise_host = host, port, advertise_host
         self.etcd_address, self.etcd_lease = etcd_address, etcd_lease
@@ -201,14 +204,16 @@ class MemberProcess:
         """Runs the process until ``stop()``; then drains and returns."""
         raise_nofile_limit()  # a connection is a descriptor: 1,024 is a login shell's default
         warn_if_open(self.kind, self.host, self.verifier)
-        grpc_server = build_server(os.path.join(self.scratch_dir, "grpc.sock"))
+        grpc_server = build_server(os.path.join(self.scratch_dir, "grpc.sock"), self.limits)
         self.register_services(grpc_server)
         await self.initialize(grpc_server)
         self._etcd = await etcd_connect(self.etcd_address, tls=self.etcd_tls)
         runner = await start_app([*debug_routes(self.ready, self.not_serving), *self.http_routes()])
         assert runner.server is not None
-        mux = Multiplexer(os.path.join(self.scratch_dir, "grpc.sock"), http_protocol_factory(runner), h2_protocol_factory=(
-            grpc_server.protocol if isinstance(grpc_server, RpcServer) else None), tls=self.tls)
+        mux = Multiplexer(os.path.join(self.scratch_dir, "grpc.sock"),
+                          http_protocol_factory(runner, head_timeout=self.limits.http_head_timeout),
+                          h2_protocol_factory=(grpc_server.protocol if isinstance(grpc_server, RpcServer) else None),
+                          tls=self.tls, fd_reserve=self.limits.fd_reserve)
         try:
             await self._load_keyspace()
             if not isinstance(grpc_server, RpcServer):

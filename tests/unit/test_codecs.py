@@ -123,3 +123,69 @@ def test_snappy_requires_stream_identifier() -> None:
     blob = codecs.compress(CC.SNAPPY, b"abc" * 100)
     with pytest.raises(CodecError, match="stream identifier"):
         codecs.decompress(CC.SNAPPY, blob[10:])
+
+
+_ZSTD_PARTS = st.lists(
+    st.one_of(
+        st.tuples(st.just("frame"), st.sampled_from(["zeros", "random", "text"]),
+                  st.integers(0, 400_000), st.booleans(), st.booleans(), st.integers(-1, 19)),
+        st.tuples(st.just("skip"), st.binary(max_size=40)),
+    ),
+    min_size=1, max_size=4,
+)
+
+
+def _zstd_part(part: tuple[object, ...]) -> tuple[bytes, bytes]:
+    if part[0] == "skip":
+        data = bytes(part[1])  # type: ignore[arg-type]
+        return (0x184D2A5A).to_bytes(4, "little") + len(data).to_bytes(4, "little") + data, b""
+    _, kind, n, checksum, size, level = part
+    assert isinstance(n, int) and isinstance(level, int)
+    content = {"zeros": bytes(n), "random": os.urandom(n), "text": b"%d lines\n" * (n // 8)}[kind]  # type: ignore[index]
+    c = zstandard.ZstdCompressor(level=level, write_checksum=bool(checksum), write_content_size=bool(size))
+    return c.compress(content), content
+
+
+@given(parts=_ZSTD_PARTS, cuts=st.lists(st.integers(0, 1 << 20), max_size=12),
+       limit=st.sampled_from([0, 1, 4096, 131072]))
+@settings(max_examples=40, deadline=None)
+def test_zstd_limited_output_is_bounded_and_exact(parts: list[tuple[object, ...]], cuts: list[int], limit: int) -> None:
+    # Frames of any shape (checksum or not, content size or not, skippable frames between),
+    # fed in arbitrary slices: the content is exact, and no call returns more than its limit
+    # plus one block (a zstd block is at most 128 KiB of content; zeros are 4-byte RLE blocks).
+    pairs = [_zstd_part(p) for p in parts]
+    blob, content = b"".join(b for b, _ in pairs), b"".join(c for _, c in pairs)
+    d = codecs.new_decompressor(CC.ZSTANDARD)
+    assert isinstance(d, codecs.LimitedDecompressor)
+    got = []
+    for piece in _split(blob, cuts):
+        out = d.decompress_limited(piece, limit)
+        while out:
+            assert not limit or len(out) <= limit + (128 << 10)
+            got.append(out)
+            out = d.decompress_limited(b"", limit)
+    assert d.finish() == b""
+    assert b"".join(got) == content
+
+
+def test_zstd_truncated_anywhere_is_an_error() -> None:
+    blob = zstandard.ZstdCompressor(write_checksum=True).compress(bytes(300_000))
+    for cut in range(1, len(blob)):
+        d = codecs.new_decompressor(CC.ZSTANDARD)
+        d.decompress(blob[:cut])
+        with pytest.raises(CodecError, match="truncated"):
+            d.finish()
+
+
+def test_zstd_decompressor_is_used_limited_or_not_but_not_both() -> None:
+    blob = codecs.compress(CC.ZSTANDARD, bytes(1000))
+    d = codecs.new_decompressor(CC.ZSTANDARD)
+    assert isinstance(d, codecs.LimitedDecompressor)
+    assert d.decompress(blob[:10]) == b""
+    with pytest.raises(CodecError, match="after decompress"):
+        d.decompress_limited(blob[10:], 100)
+    d = codecs.new_decompressor(CC.ZSTANDARD)
+    assert isinstance(d, codecs.LimitedDecompressor)
+    out = d.decompress_limited(blob[:10], 100)
+    out += d.decompress(blob[10:])  # unlimited from then on, still walking its units
+    assert out == bytes(1000) and d.finish() == b""

@@ -349,3 +349,120 @@ async def test_idle_keep_alive_connections_are_shed_before_idle_http2_ones(tmp_p
         await mux.abort()
         await srv.stop(0)
         await runner.cleanup()
+
+
+async def test_tls_handshakes_count_toward_the_limit_and_are_shed_as_silent(tmp_path: Path) -> None:
+    # A TLS connection holds its descriptor from accept on, through a handshake that may take
+    # HANDSHAKE_TIMEOUT (10 s). Silent clients that never start theirs fill the port: they count
+    # as open (``accepting``), and a healthy client's connection sheds the oldest of them at
+    # accept (before, they could not be shed, and the healthy one was refused once its own
+    # handshake was done).
+    import ssl
+
+    import trustme
+    from aiohttp import web
+
+    from gazette.rpc.tls import ServerTLS
+    from gazette.server.http import http_protocol_factory, start_app
+    from gazette.server.mux import Multiplexer
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    chain, key, ca_file = tmp_path / "server.pem", tmp_path / "server.key", tmp_path / "ca.pem"
+    chain.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
+    cert.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(ca_file))
+    client_ctx = ssl.create_default_context(cafile=str(ca_file))
+
+    async def ready(_: web.Request) -> web.Response:
+        return web.Response(text="ready\n")
+
+    runner = await start_app([web.get("/ready", ready)])
+    mux = Multiplexer(str(tmp_path / "grpc.sock"), http_protocol_factory(runner),
+                      tls=ServerTLS(str(chain), str(key)))
+    mux.max_connections = 6
+    port = await mux.start("127.0.0.1", 0)
+    silent: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        for _ in range(6):  # TCP connections that never send a ClientHello
+            silent.append(await asyncio.open_connection("127.0.0.1", port))
+        await eventually(lambda: mux.accepting == 6 and len(mux._handshakes) == 6, "six handshakes pending",
+                         within=DEADLINE)
+        for _ in range(3):  # each healthy client is served at once, well within the handshake timeout
+            async with asyncio.timeout(5.0):
+                r, w = await asyncio.open_connection("127.0.0.1", port, ssl=client_ctx)
+                w.write(b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                data = await r.read()
+                w.close()
+            assert data.startswith(b"HTTP/1.1 200 OK"), data[:100]
+        # The oldest silent ones were shed (closed by the server), the newest keep their turn.
+        async with asyncio.timeout(DEADLINE):
+            assert await silent[0][0].read() == b"" and await silent[1][0].read() == b""
+        assert mux.shed_total >= 2
+        # and the books balance: each shed handshake left ``accepting`` as its task ended
+        await eventually(lambda: mux.accepting == len(mux._handshakes) == 6 - mux.shed_total,
+                         "the shed handshakes uncounted", within=DEADLINE)
+    finally:
+        for _, w in silent:
+            w.close()
+        await mux.abort()
+        await runner.cleanup()
+
+
+async def test_at_capacity_with_nothing_to_shed_a_tls_connection_is_refused_before_its_handshake(
+        tmp_path: Path) -> None:
+    # Every connection serving a request (never shed): a new TLS connection is closed at accept,
+    # a refusal, rather than holding a descriptor through a handshake only to be refused.
+    import ssl
+
+    import trustme
+    from aiohttp import web
+
+    from gazette.rpc.tls import ServerTLS
+    from gazette.server.http import http_protocol_factory, start_app
+    from gazette.server.mux import Multiplexer
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    chain, key, ca_file = tmp_path / "server.pem", tmp_path / "server.key", tmp_path / "ca.pem"
+    chain.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
+    cert.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(ca_file))
+    client_ctx = ssl.create_default_context(cafile=str(ca_file))
+    release = asyncio.Event()
+    serving = 0
+
+    async def hold(_: web.Request) -> web.Response:
+        nonlocal serving
+        serving += 1
+        await release.wait()
+        return web.Response(text="done\n")
+
+    runner = await start_app([web.get("/hold", hold)])
+    mux = Multiplexer(str(tmp_path / "grpc.sock"), http_protocol_factory(runner),
+                      tls=ServerTLS(str(chain), str(key)))
+    mux.max_connections = 3
+    port = await mux.start("127.0.0.1", 0)
+    busy: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        for _ in range(3):
+            r, w = await asyncio.open_connection("127.0.0.1", port, ssl=client_ctx)
+            w.write(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
+            busy.append((r, w))
+        await eventually(lambda: serving == 3, "three requests in progress", within=DEADLINE)
+        refused = mux._refusals.total
+        r, w = await asyncio.open_connection("127.0.0.1", port)  # would start a handshake
+        async with asyncio.timeout(DEADLINE):
+            assert await r.read() == b""
+        w.close()
+        assert mux._refusals.total == refused + 1 and mux.accepting == 0 and not mux._handshakes
+        release.set()
+        for r, _ in busy:  # and the requests in progress were not disturbed
+            async with asyncio.timeout(DEADLINE):
+                assert (await r.readuntil(b"done\n")).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        release.set()
+        for _, w in busy:
+            w.close()
+        await mux.abort()
+        await runner.cleanup()

@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from typing import IO, Protocol
 from urllib.parse import parse_qs, urlsplit
 
-from gazette.fragment.codecs import NONE, new_decompressor
+from gazette.fragment.codecs import NONE, LimitedDecompressor, new_decompressor
 from gazette.fragment.errors import StoreError, UnsupportedStoreError
 from gazette.fragment.fragment import CoverSet, Fragment
 
@@ -222,14 +222,25 @@ async def read_stored(
     ratio) after an item over ``bounded`` and doubles after one under half of it (up to
     ``bounded``). This bounds items of content whose compression ratio is steady; content
     crafted to turn abruptly from incompressible to highly compressible can still make one item
-    the feed's size times the new ratio (the decompressors take no output limit).
+    the feed's size times the new ratio (deflate: at most 1032:1). A decompressor taking an
+    output limit (zstd, whose 4-byte blocks expand to 128 KiB) is given ``bounded`` instead:
+    each item is at most ``bounded`` plus one zstd block, the rest of the input stays queued.
     """
     decompressor = new_decompressor(fragment.codec)
+    limited = decompressor if bounded and isinstance(decompressor, LimitedDecompressor) else None
     pending = memoryview(b"")
     feed = MIN_FEED if bounded and fragment.codec != NONE else 0
 
     def step() -> bytes | None:
         nonlocal pending, feed
+        if limited is not None:
+            out = limited.decompress_limited(b"", bounded)  # what is queued first
+            while not out:
+                raw = read_raw()
+                if not raw:
+                    return None
+                out = limited.decompress_limited(raw, bounded)
+            return out
         if not feed:
             raw = read_raw()
             return decompressor.decompress(raw) if raw else None
