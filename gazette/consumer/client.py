@@ -12,6 +12,8 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -33,6 +35,8 @@ from gazette.protocol import protocol_pb2 as pb
 from gazette.rpc.channel import insecure_channel
 from gazette.rpc.seam import ChannelFactory, RpcChannel
 from gazette.rpc.tls import ClientTLS
+
+STAT_RETRY_SECONDS = 30.0  # how long Stat asks again after SHARD_STOPPED (a handoff)
 
 __all__ = ["ShardClient", "ShardStatusError", "shard_status_name"]
 
@@ -100,11 +104,24 @@ class ShardClient(PooledClient):
         return resp
 
     async def stat(self, shard: str, read_through: Mapping[str, int] | None = None) -> pc.StatResponse:
+        """The shard's read-through offsets, once it has read through ``read_through``.
+
+        A Stat waiting on a shard that stops meanwhile (its assignment moved: a rebalance, a
+        drain) answers SHARD_STOPPED; Stat is read-only, so it is asked again, where the shard
+        now runs, for up to ``STAT_RETRY_SECONDS``."""
         req = pc.StatRequest(shard=shard)
         for journal, offset in (read_through or {}).items():
             req.read_through[journal] = offset
-        resp: pc.StatResponse = await self._call("Stat", req)
-        return resp
+        deadline, pause = time.monotonic() + STAT_RETRY_SECONDS, 0.05
+        while True:
+            try:
+                resp: pc.StatResponse = await self._call("Stat", req)
+                return resp
+            except ShardStatusError as err:
+                if err.status != pc.Status.SHARD_STOPPED or time.monotonic() + pause > deadline:
+                    raise
+            await asyncio.sleep(pause)  # backoff before asking again, not synchronisation
+            pause = min(pause * 2, 1.0)
 
     async def get_hints(self, shard: str) -> pc.GetHintsResponse:
         resp: pc.GetHintsResponse = await self._call("GetHints", pc.GetHintsRequest(shard=shard))
