@@ -38,7 +38,7 @@ from .converge import Counters, converge
 from .errors import MemberNotFoundError
 from .solver import Desired, solve
 from .specs import desired_replication
-from .state import IsConsistentFn, State, leader_view
+from .state import EntryCache, IsConsistentFn, State, leader_view
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ async def allocate(
     desired: list[Desired] = []
     solved_for: tuple[object, ...] | None = None
     round_number = 0
+    cache = EntryCache()  # entries decoded in earlier rounds: a round decodes only what changed
 
     while True:
         member, is_leader = leader_view(keyspace, local_member_key)
@@ -91,7 +92,7 @@ async def allocate(
         # (linear-time) State; other members just wait for the next update.
         state = None
         if is_leader or member.decoded.exiting:
-            state = State.from_keyspace(keyspace, local_member_key, is_consistent, replication)
+            state = State.from_keyspace(keyspace, local_member_key, is_consistent, replication, cache)
             if state.should_exit:
                 log.info("member %s is exiting and holds no assignments", local_member_key)
                 return
