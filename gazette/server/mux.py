@@ -25,6 +25,12 @@ descriptors anyway) pauses that listener a second, sheds, and logs one line per 
 with a count (asyncio's loop retried the rest of its batch and multiplied its retries: the
 issue's thousands of tracebacks). Refusals log one line per interval, too.
 
+The mux runs on asyncio's loop and on uvloop alike: it drives transports through asyncio's
+``Transport`` methods only (``gazette.rpc.connection.stream_transport``; uvloop's subclass no
+asyncio class), hands a connection on with ``set_protocol`` (which both loops' transports
+support) and takes a socket out of the loop through a duplicate of the descriptor that both
+report as ``get_extra_info("socket")``.
+
 With TLS (``tls``: Gazette's ``--*.server-cert-file`` and friends) the listener completes the
 handshake first (within ``HANDSHAKE_TIMEOUT``; ALPN offers ``h2`` and ``http/1.1``) and sniffs
 the decrypted bytes the same way; our gRPC server and aiohttp run unchanged over the TLS
@@ -44,6 +50,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
+from gazette.rpc.connection import stream_transport
 from gazette.rpc.tls import HANDSHAKE_TIMEOUT, ServerTLS
 from gazette.server.fds import ACCEPT_BURST, RESOURCE_ERRNOS, FdBudget
 from gazette.server.http import CLIENT_LOG, RANK_IDLE_H2, RANK_SLOW_HEAD
@@ -69,9 +76,8 @@ class _Sniffer(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self.accepting = accepting  # counted in the mux's ``accepting`` until admitted
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        self._transport = transport = stream_transport(base)
         if self.accepting:
             self.accepting = False
             self._mux.accepting -= 1
@@ -280,8 +286,7 @@ class _Relay(asyncio.Protocol):
         self._eof = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._client = transport
+        self._client = stream_transport(transport)
         self._mux._relays.add(self)
         self._mux._connecting.spawn("relay connect", self._connect())
 
