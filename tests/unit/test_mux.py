@@ -35,6 +35,8 @@ from gazette.server.mux import H2_PREFACE, Multiplexer
 from gazette.server.splice import THREAD_NAME
 from gazette.testing.eventually import eventually
 
+pytestmark = pytest.mark.both_loops  # the transport on asyncio's loop and on uvloop (conftest)
+
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 TIMEOUT = 30.0
 
