@@ -46,7 +46,6 @@ import logging
 import os
 import socket
 import subprocess
-import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -64,6 +63,7 @@ H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _SNIFF_LEN = 4  # b"PRI " is never the start of an HTTP/1.x request line method we serve
 FIRST_BYTES_TIMEOUT = 10.0  # seconds a new connection may stay silent
 MAX_CONNECTIONS = 8192      # open connections per port
+_PRUNE_MIN = 64             # closed transports the admission table may hold before a prune
 
 
 class _Sniffer(asyncio.Protocol):
@@ -404,8 +404,12 @@ class Multiplexer:
         self.max_connections = MAX_CONNECTIONS
         # Every connection's transport while it is open (handed-on ones included: a
         # protocol change keeps the transport), in the order admitted (oldest first), with
-        # its admission's sequence number; closed ones drop out (collected, or pruned).
-        self._transports: weakref.WeakKeyDictionary[asyncio.Transport, int] = weakref.WeakKeyDictionary()
+        # its admission's sequence number; closed ones are pruned (on a count, and whenever
+        # the table has doubled since the last prune: at most as many closed ones as open
+        # ones, plus _PRUNE_MIN, are held). Not a weak mapping: uvloop's TLS transports
+        # cannot be weakly referenced.
+        self._transports: dict[asyncio.Transport, int] = {}
+        self._prune_at = _PRUNE_MIN
         self._seq = itertools.count()
         self.fd_budget = FdBudget()
         self.shed_total = 0
@@ -420,9 +424,10 @@ class Multiplexer:
     # -- admission and shedding ---------------------------------------------------------------
 
     def _open_count(self) -> int:
-        """Open connections, exactly: prunes closed transports not yet collected."""
+        """Open connections, exactly: prunes closed transports."""
         for t in [t for t in self._transports if t.is_closing()]:
             self._transports.pop(t, None)
+        self._prune_at = max(_PRUNE_MIN, 2 * len(self._transports))
         return len(self._transports) + len(self._conns) + self.accepting
 
     def capacity(self) -> int:
@@ -443,6 +448,8 @@ class Multiplexer:
                     self._refusals.event(open=n, capacity=cap)
                     return False
         self._transports[transport] = next(self._seq)
+        if len(self._transports) >= self._prune_at:  # amortised: a scan per doubling
+            self._open_count()
         return True
 
     def shed(self, count: int) -> int:

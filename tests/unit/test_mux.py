@@ -24,13 +24,16 @@ import tempfile
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from raw_h2 import ECHO, with_echo
 
+from gazette.rpc.server import RpcServer
 from gazette.server.mux import H2_PREFACE, Multiplexer
 from gazette.server.splice import THREAD_NAME
 from gazette.testing.eventually import eventually
@@ -523,3 +526,56 @@ def child_processes() -> set[int]:
         with open(f"/proc/self/task/{tid}/children") as f:
             pids.update(int(p) for p in f.read().split())
     return pids
+
+
+async def test_tls_port_serves_grpc_and_http_on_either_loop(tmp_path: Path) -> None:
+    """A TLS port (``tls``): gRPC through our server (large messages: the TLS transport's
+    writes, never a direct one to its socket) and HTTP/1.1 on one port, many connections
+    admitted and closed (the admission table prunes them)."""
+    import ssl
+
+    import trustme
+
+    from gazette.rpc.channel import secure_channel
+    from gazette.rpc.tls import ClientTLS, ServerTLS
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    (tmp_path / "server.pem").write_bytes(b"".join(b.bytes() for b in cert.cert_chain_pems))
+    cert.private_key_pem.write_to_path(str(tmp_path / "server.key"))
+    srv = with_echo(RpcServer())
+
+    class Hello(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            if b"\r\n\r\n" in data:
+                self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")  # type: ignore[attr-defined]
+                self.transport.close()
+
+    mux = Multiplexer(str(tmp_path / "unused.sock"), Hello, h2_protocol_factory=srv.protocol,
+                      tls=ServerTLS(str(tmp_path / "server.pem"), str(tmp_path / "server.key")))
+    port = await mux.start("127.0.0.1", 0)
+    ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+    try:
+        for _ in range(3 * 64):  # past the admission table's first prunes
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            async with asyncio.timeout(TIMEOUT):
+                assert (await reader.read()).endswith(b"\r\n\r\nhello")
+            writer.close()
+        assert len(mux._transports) <= 2 * 64
+        channel = secure_channel(f"127.0.0.1:{port}", tls=ClientTLS(ca_file=str(tmp_path / "ca.pem")))
+        try:
+            echo = channel.unary_unary(ECHO)
+            for size in (100, 64 << 10, 4 << 20):
+                body = os.urandom(size)
+                async with asyncio.timeout(TIMEOUT):
+                    assert await echo(body) == body
+        finally:
+            await channel.close()
+    finally:
+        await mux.abort()
+        await srv.stop(0)
