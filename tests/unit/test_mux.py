@@ -207,18 +207,27 @@ chunk_sizes = st.lists(st.one_of(st.integers(1, 64), st.integers(1, 1 << 16),
                                  st.integers(1 << 16, 3 << 20)), min_size=0, max_size=12)
 
 
+def new_loop(name: str) -> asyncio.AbstractEventLoop:
+    """A new event loop: asyncio's, or uvloop's (the test skipped without uvloop)."""
+    if name == "uvloop":
+        return pytest.importorskip("uvloop").new_event_loop()  # type: ignore[no-any-return]
+    return asyncio.new_event_loop()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 @pytest.mark.parametrize("mode", MODES)
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(first=st.lists(st.integers(1, len(H2_PREFACE) - 1), max_size=4, unique=True),
        chunks=chunk_sizes, seed=st.integers(0, 2**32))
-def test_bytes_pass_both_ways_intact(mode: str, first: list[int], chunks: list[int],
+def test_bytes_pass_both_ways_intact(mode: str, loop: str, first: list[int], chunks: list[int],
                                      seed: int) -> None:
     async def run() -> None:
         async with rig(mode) as r:
             await roundtrip(r, first, chunks, seed)
             await eventually(lambda: r.mux.spliced == 0, "the splice ends with the connection")
 
-    asyncio.run(run())
+    with asyncio.Runner(loop_factory=lambda: new_loop(loop)) as runner:
+        runner.run(run())
 
 
 @pytest.mark.parametrize("mode", MODES)
