@@ -80,7 +80,7 @@ class _Sniffer(asyncio.Protocol):
         self._transport = transport = stream_transport(base)
         if self.accepting:
             self.accepting = False
-            self._mux.accepting -= 1
+            self._mux.admitted_or_gone()
         if not self._mux.admit(transport):
             transport.abort()  # the mux logged it (once per interval)
             return
@@ -187,6 +187,13 @@ class _Listener:
     counted in one line per interval. A connection is admitted once its transport is made (for
     TLS, once its handshake is done, within ``HANDSHAKE_TIMEOUT``); until then it counts in
     ``Multiplexer.accepting``.
+
+    Plain connections accepted and not yet admitted are at most ``ACCEPT_BURST``, what the
+    descriptor reserve allows for (``gazette.server.fds.reserve_for``): at that many the
+    listener stops reading until admissions catch up, which takes a few loop turns and no
+    client's help. (uvloop makes transports a few turns later than asyncio's loop: its
+    listener accepted up to 126 before admitting, and accept() ran out of descriptors.) TLS
+    connections are not held so: their handshakes are the clients' to finish or stall.
     """
 
     def __init__(self, mux: Multiplexer, sock: socket.socket, ssl_ctx: Any) -> None:
@@ -194,11 +201,18 @@ class _Listener:
         self._loop = asyncio.get_running_loop()
         self._retry: asyncio.TimerHandle | None = None
         self._closed = False
+        self.held = False  # not reading: ACCEPT_BURST accepted connections await admission
 
     def start(self) -> None:
         self._retry = None
-        if not self._closed:
+        if not self._closed and not self.held:
             self._loop.add_reader(self.sock.fileno(), self._accept)
+
+    def release(self) -> None:
+        """Admissions caught up: read the listening socket again (unless paused otherwise)."""
+        self.held = False
+        if self._retry is None:
+            self.start()
 
     def close(self) -> None:
         if not self._closed:
@@ -209,7 +223,12 @@ class _Listener:
             self.sock.close()
 
     def _accept(self) -> None:
-        for _ in range(ACCEPT_BURST):
+        room = ACCEPT_BURST if self.ssl is not None else ACCEPT_BURST - self.mux.accepting
+        if room <= 0:
+            self.held = True
+            self._loop.remove_reader(self.sock.fileno())
+            return
+        for _ in range(room):
             try:
                 conn, _ = self.sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -251,7 +270,7 @@ class _Listener:
                             err=f"{type(err).__name__}: {err}")
         finally:
             if sniffer is None or sniffer.accepting:  # never admitted
-                self.mux.accepting -= 1
+                self.mux.admitted_or_gone()
                 if sniffer is not None:
                     sniffer.accepting = False
             if not handed:
@@ -480,6 +499,15 @@ class Multiplexer:
         if victims:
             self._sheds.event(len(victims))
         return len(victims)
+
+    def admitted_or_gone(self) -> None:
+        """A connection counted in ``accepting`` was admitted, or ended first: a listener
+        held at ``ACCEPT_BURST`` of them reads again."""
+        self.accepting -= 1
+        if self.accepting < ACCEPT_BURST:
+            for listener in self._listeners:
+                if listener.held:
+                    listener.release()
 
     def _accept_exhausted(self) -> None:
         """``accept()`` failed for want of descriptors: free some for when it resumes."""

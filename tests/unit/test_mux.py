@@ -25,6 +25,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -588,3 +589,38 @@ async def test_tls_port_serves_grpc_and_http_on_either_loop(tmp_path: Path) -> N
     finally:
         await mux.abort()
         await srv.stop(0)
+
+
+async def test_plain_connections_awaiting_admission_stay_within_the_reserve(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At ACCEPT_BURST connections accepted and not yet admitted (what the descriptor reserve
+    allows for) the listener stops accepting, and reads again as they are admitted: admission
+    held back here, 150 clients leave exactly ACCEPT_BURST accepted, and all are served once
+    it proceeds."""
+    from gazette.server import mux as mux_module
+    from gazette.server.fds import ACCEPT_BURST
+
+    gate = asyncio.Event()
+    peak = 0
+    connect = mux_module._Listener._connect
+
+    async def slow_connect(self: Any, conn: socket.socket) -> None:
+        nonlocal peak
+        peak = max(peak, self.mux.accepting)
+        await gate.wait()
+        await connect(self, conn)
+
+    monkeypatch.setattr(mux_module._Listener, "_connect", slow_connect)
+    async with rig("in-process") as r:
+        n = ACCEPT_BURST + 50
+        clients = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", r.port) for _ in range(n)))
+        await eventually(lambda: r.mux.accepting == ACCEPT_BURST and r.mux._listeners[0].held,
+                         "the listener holds at ACCEPT_BURST connections awaiting admission")
+        gate.set()
+        for _, writer in clients:
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        for reader, writer in clients:
+            async with asyncio.timeout(TIMEOUT):
+                assert (await reader.read()).startswith(b"HTTP/1.1 200")
+            writer.close()
+        assert peak == ACCEPT_BURST and r.mux.accepting == 0 and not r.mux._listeners[0].held
