@@ -25,6 +25,7 @@ Every process it starts is stopped by PID on every exit path, Ctrl-C included.
     python bench/broker_bench.py --codec SNAPPY --systems gazette
     python bench/broker_bench.py --systems gazette --profile-broker broker.prof
     python bench/broker_bench.py --tls --auth      # the broker with TLS and bearer tokens
+    python bench/broker_bench.py --systems gazette --event-loop asyncio   # servers on asyncio's loop
 """
 
 from __future__ import annotations
