@@ -65,13 +65,27 @@ def test_serve_refuses_a_missing_uvloop_before_it_starts() -> None:
     assert not (ROOT / "var" / "never").exists()
 
 
-def test_run_consumer_takes_the_loop_as_a_keyword() -> None:
-    from gazette.consumer.run import consumer_parser, run_consumer
+@pytest.mark.parametrize("flag,keyword,want", [
+    ("asyncio", "uvloop", "uvloop"), ("uvloop", None, "uvloop"), ("uvloop", "asyncio", "asyncio"),
+    ("auto", None, "uvloop")])
+def test_run_consumer_runs_on_the_loop_its_keyword_or_flag_names(
+        monkeypatch: pytest.MonkeyPatch, flag: str, keyword: str | None, want: str) -> None:
+    pytest.importorskip("uvloop")
+    from gazette.consumer import run as consumer_run
 
-    ns = consumer_parser(None, "app").parse_args([])
-    assert ns.event_loop == "auto"
+    ran: list[str] = []
+
+    async def consume(config: Any, app: Any) -> None:
+        ran.append(await _loop_module())
+
+    monkeypatch.setattr(consumer_run, "_consume", consume)
+    monkeypatch.setattr(consumer_run, "setup_logging", lambda level, fmt: None)  # keep pytest's handlers
+    app: Any = object()
+    assert consumer_run.run_consumer(app, ["--event-loop", flag], event_loop=keyword) == 0
+    assert len(ran) == 1 and ran[0].startswith(want)
+    monkeypatch.setenv("GAZETTE_EVENT_LOOP", "nope")  # read as the flag's default
     with pytest.raises(SystemExit, match="invalid --event-loop 'nope'"):
-        run_consumer(object(), [], event_loop="nope")  # type: ignore[arg-type]
+        consumer_run.run_consumer(app, [])
 
 
 async def test_both_loops_modules_run_on_the_loop_their_id_names(request: pytest.FixtureRequest) -> None:
