@@ -388,7 +388,10 @@ def _null_journal(port: int) -> None:
         await server.wait_for_termination()
 
     malloc.tune()  # as the broker does: large messages reuse heap buffers
-    asyncio.run(serve())
+    # On the broker's loop (GAZETTE_EVENT_LOOP, as gazette serve reads it): the same ceiling.
+    from gazette.server.loop import run as run_loop
+
+    run_loop(serve(), os.environ.get("GAZETTE_EVENT_LOOP", "auto"))
 
 
 if __name__ == "__main__":

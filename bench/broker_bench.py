@@ -25,6 +25,7 @@ Every process it starts is stopped by PID on every exit path, Ctrl-C included.
     python bench/broker_bench.py --codec SNAPPY --systems gazette
     python bench/broker_bench.py --systems gazette --profile-broker broker.prof
     python bench/broker_bench.py --tls --auth      # the broker with TLS and bearer tokens
+    python bench/broker_bench.py --systems gazette --event-loop asyncio   # servers on asyncio's loop
 """
 
 from __future__ import annotations
@@ -570,6 +571,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--http", action="store_true",
                     help="also append through the broker's HTTP gateway (PUT, aiohttp client, "
                          "keep-alive): rows marked [http], beside the same JetStream figure")
+    ap.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default=None,
+                    help="the broker's and the null-Append server's event loop (GAZETTE_EVENT_LOOP; "
+                         "default: theirs, auto); the client runs on asyncio's")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
     ap.add_argument("--tls", action="store_true",
                     help="the broker serves TLS (a trustme certificate); the client dials it")
@@ -630,6 +634,11 @@ def main(argv: list[str] | None = None) -> int:
     run_js = args.systems in ("both", "jetstream")
     baseline = (not args.quick) if args.baseline is None else bool(args.baseline)
 
+    if args.event_loop is not None:  # the children (broker, null-Append server) inherit it
+        os.environ["GAZETTE_EVENT_LOOP"] = args.event_loop
+    from gazette.server.loop import loop_factory
+
+    server_loop = loop_factory(os.environ.get("GAZETTE_EVENT_LOOP", "auto"))[0]
     print(machine_line())
     print("note: shared, noisy machine: compare the ratios of one run, not absolute figures "
           "across runs; client and servers share the same cores.")
@@ -638,7 +647,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{plan.read_seconds:g} s. gazette client: JournalStub on a "
           f"{'grpcio' if use_grpcio() else 'gazette.rpc'} channel, one "
           f"Append RPC per append; JetStream client: nats-py, publish awaiting each ack, pull "
-          f"consumer with batched fetch.", flush=True)
+          f"consumer with batched fetch. Servers' event loop: {server_loop}; the client's: "
+          f"asyncio.", flush=True)
 
     report = Report()
     started = time.monotonic()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The floors job: installs the oldest release of every direct dependency that pyproject.toml
 # allows (constraints/floors.txt) into a fresh virtualenv, with the core and the s3, postgres,
-# sql-sqlite, rocksdb and etcd extras, and runs the unit tests and the etcd integration tests
+# sql-sqlite, rocksdb, uvloop and etcd extras, and runs the unit tests and the etcd integration tests
 # on them. A floor lower than what the code needs fails here (an import, an API, a behaviour).
 # The spark and fuzz extras' floors are only checked to exist on the index (pyspark is a 400 MB
 # source distribution, and the Spark tests need Java); their tests run on the newest releases.
@@ -29,7 +29,7 @@ done
 
 echo "--- floors: installing constraints/floors.txt (+ test tools at their constraints/dev.txt pins)"
 "${pip[@]}" install -q --no-compile -c constraints/floors.txt -c constraints/dev.txt \
-  -e ".[s3,postgres,sql-sqlite,rocksdb,etcd]" \
+  -e ".[s3,postgres,sql-sqlite,rocksdb,uvloop,etcd]" \
   pytest pytest-asyncio pytest-timeout hypothesis "moto[server]" grpcio-tools mypy-protobuf trustme
 "${pip[@]}" check
 # What was installed is exactly the floors (a constraint ignored would pass silently).

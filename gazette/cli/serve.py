@@ -10,7 +10,6 @@ exits at once.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
@@ -22,6 +21,8 @@ from gazette.cli import version_text
 from gazette.server.flags import Flags, add_flags, etcd_tls_flags, server_security_flags
 from gazette.server.limits import SERVER_LIMIT_FLAGS, limits_from_flags
 from gazette.server.logs import setup_logging
+from gazette.server.loop import EVENT_LOOP_FLAG, loop_factory
+from gazette.server.loop import run as run_loop
 
 _FLAGS: list[tuple[str, str, Any, str]] = [
     # (flag, env, default, help)
@@ -45,6 +46,7 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--log.format", "LOG_FORMAT", "text", "Logging format: text, json"),
     *server_security_flags("broker"),
     *SERVER_LIMIT_FLAGS,
+    EVENT_LOOP_FLAG,
 ]
 
 
@@ -115,12 +117,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(args)
     setup_logging(ns.log_level, ns.log_format)
     config = config_from_args(ns)
+    loop_factory(ns.event_loop)  # a bad or missing loop exits here, before anything starts
     os.makedirs(config.file_root, exist_ok=True)
     malloc.tune()  # every append moves buffers of up to megabytes: keep them in the heap
     from gazette.etcd.errors import EtcdError
 
     try:
-        asyncio.run(_serve(config))
+        run_loop(_serve(config), ns.event_loop)
     except KeyboardInterrupt:
         return 130
     except OSError as err:

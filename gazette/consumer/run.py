@@ -16,7 +16,6 @@ taken) exits 1 with one line naming it; only bugs print a traceback.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import logging
 import os
@@ -40,6 +39,8 @@ from gazette.server.flags import (
 )
 from gazette.server.limits import SERVER_LIMIT_FLAGS, limits_from_flags
 from gazette.server.logs import setup_logging
+from gazette.server.loop import EVENT_LOOP_FLAG, loop_factory
+from gazette.server.loop import run as run_loop
 from gazette.server.process import random_suffix, run_until_drained
 
 __all__ = ["CONSUMER_FLAGS", "consumer_parser", "load_app", "main_consume", "run", "run_consumer"]
@@ -63,6 +64,7 @@ CONSUMER_FLAGS: list[Flag] = [
     *server_security_flags("consumer"),
     *client_security_flags("broker"),
     *SERVER_LIMIT_FLAGS,
+    EVENT_LOOP_FLAG,
 ]
 
 
@@ -114,11 +116,14 @@ async def _consume(config: ConsumerConfig, app: Application[Any, Any, Any]) -> N
     await run_until_drained(ConsumerProcess(config, app))
 
 
-def run(app: Application[Any, Any, Any], ns: argparse.Namespace) -> int:
-    """Runs ``app`` with parsed consumer flags until drained."""
+def run(app: Application[Any, Any, Any], ns: argparse.Namespace, *, event_loop: str | None = None) -> int:
+    """Runs ``app`` with parsed consumer flags until drained, on ``event_loop`` (a name of
+    ``gazette.server.loop.EVENT_LOOPS``; None: the ``--event-loop`` flag's)."""
     config = config_from_args(ns)
+    loop = event_loop if event_loop is not None else ns.event_loop
+    loop_factory(loop)  # a bad or missing loop exits here, before anything starts
     try:
-        asyncio.run(_consume(config, app))
+        run_loop(_consume(config, app), loop)
     except KeyboardInterrupt:
         return 130
     except OSError as err:
@@ -176,9 +181,11 @@ def main_consume(argv: Sequence[str]) -> int:
     return run(app, ns)
 
 
-def run_consumer(app: Application[Any, Any, Any], argv: Sequence[str] | None = None) -> int:
+def run_consumer(app: Application[Any, Any, Any], argv: Sequence[str] | None = None, *,
+                 event_loop: str | None = None) -> int:
     """The main of a consumer application: parses the consumer flags (and the app's own, if it
-    has ``add_flags``) and runs ``app``."""
+    has ``add_flags``) and runs ``app``. ``event_loop`` (``auto``, ``uvloop`` or ``asyncio``)
+    overrides ``--event-loop``: by default uvloop where installed, else asyncio's loop."""
     ns = consumer_parser(app, os.path.basename(sys.argv[0])).parse_args(argv)
     setup_logging(ns.log_level, ns.log_format)
-    return run(app, ns)
+    return run(app, ns, event_loop=event_loop)

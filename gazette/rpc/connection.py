@@ -19,6 +19,10 @@ Invariants:
   or connection ends meanwhile.
 * Each frame is written to the transport in one synchronous call, so frames of concurrent
   streams interleave but never tear.
+* Loop-neutral: a transport is any with asyncio's ``Transport`` methods (``stream_transport``;
+  uvloop's subclass no asyncio class), and writes go to a plain socket's descriptor directly
+  only while the transport holds nothing unsent (``get_write_buffer_size()`` is 0), so bytes
+  leave in the order written on asyncio's loop and on uvloop alike.
 * A connection error (bad framing, HPACK failure) sends GOAWAY with its code and closes
   the transport; every stream still open then fails exactly once (``Stream.fail``).
 * What a peer can make us hold or do is bounded, with the error RFC 9113 names: a header
@@ -48,6 +52,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from typing import cast
 
 from gazette.errors import GazetteError
 from gazette.rpc import frames as f
@@ -159,10 +164,37 @@ _ERROR_LOG = LogLimit(20, 0.2)
 _IOV_MAX = 1024  # buffers per writev (POSIX leaves it to the platform; Linux allows 1024)
 
 
+# What the protocols here (and the port's multiplexer) call on a transport: asyncio's
+# ``Transport`` interface, which another event loop's transports provide without subclassing
+# it (uvloop's subclass no asyncio class).
+_TRANSPORT_METHODS = ("write", "writelines", "close", "abort", "is_closing", "get_extra_info",
+                      "pause_reading", "resume_reading", "get_write_buffer_size",
+                      "set_protocol", "get_protocol")
+_checked_types: set[type] = set()
+
+
+def stream_transport(transport: asyncio.BaseTransport) -> asyncio.Transport:
+    """``transport`` as a bidirectional stream transport: asyncio's own, or any event loop's
+    with the same methods (checked once per type; TypeError naming what one lacks)."""
+    kind = type(transport)
+    if kind not in _checked_types:
+        missing = [m for m in _TRANSPORT_METHODS if not callable(getattr(transport, m, None))]
+        if missing:
+            raise TypeError(f"{kind.__module__}.{kind.__qualname__} is not a stream transport "
+                            f"(it lacks {', '.join(missing)})")
+        _checked_types.add(kind)
+    return cast(asyncio.Transport, transport)
+
+
 def _gather_fd(transport: asyncio.Transport) -> int:
     """The descriptor of a plain socket transport (TCP or Unix) whose writes may be
-    gathered, or -1 (TLS, pipes, anything else: such transports get joined writes)."""
-    if transport.get_extra_info("sslcontext") is not None or not hasattr(os, "writev"):
+    gathered, or -1 (TLS, pipes, anything else: such transports get joined writes).
+
+    Writing to it directly is sound on any loop whose ``get_write_buffer_size()`` counts
+    every byte written and not yet handed to the kernel: asyncio's selector loop, and
+    uvloop's (its buffer and libuv's write queue)."""
+    if (transport.get_extra_info("sslcontext") is not None
+            or transport.get_extra_info("ssl_object") is not None or not hasattr(os, "writev")):
         return -1
     sock = transport.get_extra_info("socket")
     try:
@@ -312,9 +344,8 @@ class Connection(asyncio.Protocol):
     # -- transport events ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self._fd = _gather_fd(transport)
+        self.transport = t = stream_transport(transport)
+        self._fd = _gather_fd(t)
         head = f.PREFACE if self.is_client else b""
         settings = {
             f.SETTINGS_ENABLE_PUSH: 0,
@@ -325,8 +356,8 @@ class Connection(asyncio.Protocol):
         }
         if self.max_concurrent_streams is not None:
             settings[f.SETTINGS_MAX_CONCURRENT_STREAMS] = self.max_concurrent_streams
-        transport.write(head + f.settings_frame(settings)
-                        + f.window_update(0, self.connection_window - f.DEFAULT_WINDOW))
+        t.write(head + f.settings_frame(settings)
+                + f.window_update(0, self.connection_window - f.DEFAULT_WINDOW))
 
     def data_received(self, data: bytes) -> None:
         if self._backlog is not None:  # read though paused (a transport may deliver what it holds)

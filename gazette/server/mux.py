@@ -25,6 +25,12 @@ descriptors anyway) pauses that listener a second, sheds, and logs one line per 
 with a count (asyncio's loop retried the rest of its batch and multiplied its retries: the
 issue's thousands of tracebacks). Refusals log one line per interval, too.
 
+The mux runs on asyncio's loop and on uvloop alike: it drives transports through asyncio's
+``Transport`` methods only (``gazette.rpc.connection.stream_transport``; uvloop's subclass no
+asyncio class), hands a connection on with ``set_protocol`` (which both loops' transports
+support) and takes a socket out of the loop through a duplicate of the descriptor that both
+report as ``get_extra_info("socket")``.
+
 With TLS (``tls``: Gazette's ``--*.server-cert-file`` and friends) the listener completes the
 handshake first (within ``HANDSHAKE_TIMEOUT``; ALPN offers ``h2`` and ``http/1.1``) and sniffs
 the decrypted bytes the same way. A connection in its handshake holds a descriptor: it counts
@@ -42,10 +48,10 @@ import logging
 import os
 import socket
 import subprocess
-import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
+from gazette.rpc.connection import stream_transport
 from gazette.rpc.tls import HANDSHAKE_TIMEOUT, ServerTLS
 from gazette.server.fds import ACCEPT_BURST, RESOURCE_ERRNOS, FdBudget
 from gazette.server.http import CLIENT_LOG, RANK_IDLE_H2, RANK_SLOW_HEAD
@@ -59,6 +65,7 @@ H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _SNIFF_LEN = 4  # b"PRI " is never the start of an HTTP/1.x request line method we serve
 FIRST_BYTES_TIMEOUT = 10.0  # seconds a new connection may stay silent
 MAX_CONNECTIONS = 8192      # open connections per port
+_PRUNE_MIN = 64             # closed transports the admission table may hold before a prune
 
 
 class _Sniffer(asyncio.Protocol):
@@ -73,12 +80,11 @@ class _Sniffer(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self.accepting = accepting  # counted in the mux's ``accepting`` until admitted
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        self._transport = transport = stream_transport(base)
         if self.accepting:
             self.accepting = False
-            self._mux.accepting -= 1
+            self._mux.admitted_or_gone()
         if self._handshake is not None:  # done: from now on it is an admitted transport
             self._mux._handshakes.pop(self._handshake, None)
             self._handshake = None
@@ -188,6 +194,13 @@ class _Listener:
     counted in one line per interval. A connection is admitted once its transport is made (for
     TLS, once its handshake is done, within ``HANDSHAKE_TIMEOUT``); until then it counts in
     ``Multiplexer.accepting``.
+
+    Plain connections accepted and not yet admitted are at most ``ACCEPT_BURST``, what the
+    descriptor reserve allows for (``gazette.server.fds.reserve_for``): at that many the
+    listener stops reading until admissions catch up, which takes a few loop turns and no
+    client's help. (uvloop makes transports a few turns later than asyncio's loop: its
+    listener accepted up to 126 before admitting, and accept() ran out of descriptors.) TLS
+    connections are not held so: their handshakes are the clients' to finish or stall.
     """
 
     def __init__(self, mux: Multiplexer, sock: socket.socket, ssl_ctx: Any) -> None:
@@ -195,11 +208,18 @@ class _Listener:
         self._loop = asyncio.get_running_loop()
         self._retry: asyncio.TimerHandle | None = None
         self._closed = False
+        self.held = False  # not reading: ACCEPT_BURST accepted connections await admission
 
     def start(self) -> None:
         self._retry = None
-        if not self._closed:
+        if not self._closed and not self.held:
             self._loop.add_reader(self.sock.fileno(), self._accept)
+
+    def release(self) -> None:
+        """Admissions caught up: read the listening socket again (unless paused otherwise)."""
+        self.held = False
+        if self._retry is None:
+            self.start()
 
     def close(self) -> None:
         if not self._closed:
@@ -210,7 +230,12 @@ class _Listener:
             self.sock.close()
 
     def _accept(self) -> None:
-        for _ in range(ACCEPT_BURST):
+        room = ACCEPT_BURST if self.ssl is not None else ACCEPT_BURST - self.mux.accepting
+        if room <= 0:
+            self.held = True
+            self._loop.remove_reader(self.sock.fileno())
+            return
+        for _ in range(room):
             try:
                 conn, _ = self.sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -260,7 +285,7 @@ class _Listener:
             if task is not None:
                 self.mux._handshakes.pop(task, None)
             if sniffer is None or sniffer.accepting:  # never admitted
-                self.mux.accepting -= 1
+                self.mux.admitted_or_gone()
                 if sniffer is not None:
                     sniffer.accepting = False
             if not handed:
@@ -295,8 +320,7 @@ class _Relay(asyncio.Protocol):
         self._eof = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._client = transport
+        self._client = stream_transport(transport)
         self._mux._relays.add(self)
         self._mux._connecting.spawn("relay connect", self._connect())
 
@@ -414,8 +438,12 @@ class Multiplexer:
         self.max_connections = MAX_CONNECTIONS
         # Every connection's transport while it is open (handed-on ones included: a
         # protocol change keeps the transport), in the order admitted (oldest first), with
-        # its admission's sequence number; closed ones drop out (collected, or pruned).
-        self._transports: weakref.WeakKeyDictionary[asyncio.Transport, int] = weakref.WeakKeyDictionary()
+        # its admission's sequence number; closed ones are pruned (on a count, and whenever
+        # the table has doubled since the last prune: at most as many closed ones as open
+        # ones, plus _PRUNE_MIN, are held). Not a weak mapping: uvloop's TLS transports
+        # cannot be weakly referenced.
+        self._transports: dict[asyncio.Transport, int] = {}
+        self._prune_at = _PRUNE_MIN
         self._seq = itertools.count()
         # TLS connections in their handshake (the task making the transport), with the sequence
         # number of their accept: they hold a descriptor each, count in ``accepting`` and are
@@ -434,9 +462,10 @@ class Multiplexer:
     # -- admission and shedding ---------------------------------------------------------------
 
     def _open_count(self) -> int:
-        """Open connections, exactly: prunes closed transports not yet collected."""
+        """Open connections, exactly: prunes closed transports."""
         for t in [t for t in self._transports if t.is_closing()]:
             self._transports.pop(t, None)
+        self._prune_at = max(_PRUNE_MIN, 2 * len(self._transports))
         return len(self._transports) + len(self._conns) + self.accepting
 
     def capacity(self) -> int:
@@ -451,6 +480,8 @@ class Multiplexer:
         if not self.make_room():
             return False
         self._transports[transport] = next(self._seq)
+        if len(self._transports) >= self._prune_at:  # amortised: a scan per doubling
+            self._open_count()
         return True
 
     def make_room(self) -> bool:
@@ -500,6 +531,15 @@ class Multiplexer:
         if victims:
             self._sheds.event(len(victims))
         return len(victims)
+
+    def admitted_or_gone(self) -> None:
+        """A connection counted in ``accepting`` was admitted, or ended first: a listener
+        held at ``ACCEPT_BURST`` of them reads again."""
+        self.accepting -= 1
+        if self.accepting < ACCEPT_BURST:
+            for listener in self._listeners:
+                if listener.held:
+                    listener.release()
 
     def _accept_exhausted(self) -> None:
         """``accept()`` failed for want of descriptors: free some for when it resumes."""

@@ -1,7 +1,7 @@
 """A child process serving HTTP/1.1 through the public port's scaffolding (the multiplexer, the
 guarded aiohttp handler), under a descriptor limit of the test's choosing.
 
-Run as ``python fd_server.py --limit N [--head-timeout S]``. It prints ``port P`` once
+Run as ``python fd_server.py --limit N [--head-timeout S] [--event-loop asyncio|uvloop]``. It prints ``port P`` once
 listening, ``exhausted`` each time an ``accept()`` fails for want of descriptors, and answers
 commands read from stdin, one a line: ``hog`` (open /dev/null until the limit is reached; prints
 ``hogged K``), ``free`` (close them; ``freed``), ``stats`` (``stats shed=S open=O fds=F``).
@@ -20,6 +20,7 @@ from aiohttp import web
 
 from gazette.server.http import http_protocol_factory, start_app
 from gazette.server.logs import setup_logging
+from gazette.server.loop import run as run_loop
 from gazette.server.mux import Multiplexer
 
 
@@ -79,6 +80,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--limit", type=int, required=True)
     ap.add_argument("--head-timeout", type=float, default=60.0)
+    ap.add_argument("--event-loop", default="asyncio")  # the test's own (gazette.server.loop)
     args = ap.parse_args()
     setup_logging("info", "text")
-    asyncio.run(main(args.limit, args.head_timeout))
+    run_loop(main(args.limit, args.head_timeout), args.event_loop)

@@ -21,6 +21,8 @@ from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol.labels import SelectorError
 from gazette.testing.fake_broker import FakeBroker, FakeCluster, start_broker
 
+pytestmark = pytest.mark.both_loops  # the transport on asyncio's loop and on uvloop (conftest)
+
 
 @pytest.fixture
 async def broker() -> AsyncIterator[FakeBroker]:

@@ -29,6 +29,8 @@ from gazette.server.fds import FdBudget, raise_nofile_limit, reserve_for
 from gazette.testing.cluster import Cluster
 from gazette.testing.eventually import eventually
 
+pytestmark = pytest.mark.both_loops  # the transport on asyncio's loop and on uvloop (conftest)
+
 SERVER = Path(__file__).with_name("fd_server.py")
 DEADLINE = 30.0
 
@@ -105,12 +107,18 @@ class Child:
         return self.stderr_path.read_text(errors="replace")
 
 
+def running_loop() -> str:
+    """The running loop's name for ``--event-loop``: the child serves on the test's loop."""
+    return "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
+
+
 @contextlib.asynccontextmanager
 async def child(tmp_path: Path, limit: int, head_timeout: float = 60.0) -> AsyncIterator[Child]:
     err = tmp_path / "server.log"
     with err.open("wb") as errf:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, str(SERVER), "--limit", str(limit), "--head-timeout", str(head_timeout),
+            "--event-loop", running_loop(),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errf,
             env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     c = Child(proc, 0, err)

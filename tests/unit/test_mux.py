@@ -24,16 +24,22 @@ import tempfile
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from raw_h2 import ECHO, with_echo
 
+from gazette.rpc.server import RpcServer
 from gazette.server.mux import H2_PREFACE, Multiplexer
 from gazette.server.splice import THREAD_NAME
 from gazette.testing.eventually import eventually
+
+pytestmark = pytest.mark.both_loops  # the transport on asyncio's loop and on uvloop (conftest)
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 TIMEOUT = 30.0
@@ -202,18 +208,27 @@ chunk_sizes = st.lists(st.one_of(st.integers(1, 64), st.integers(1, 1 << 16),
                                  st.integers(1 << 16, 3 << 20)), min_size=0, max_size=12)
 
 
+def new_loop(name: str) -> asyncio.AbstractEventLoop:
+    """A new event loop: asyncio's, or uvloop's (the test skipped without uvloop)."""
+    if name == "uvloop":
+        return pytest.importorskip("uvloop").new_event_loop()  # type: ignore[no-any-return]
+    return asyncio.new_event_loop()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 @pytest.mark.parametrize("mode", MODES)
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(first=st.lists(st.integers(1, len(H2_PREFACE) - 1), max_size=4, unique=True),
        chunks=chunk_sizes, seed=st.integers(0, 2**32))
-def test_bytes_pass_both_ways_intact(mode: str, first: list[int], chunks: list[int],
+def test_bytes_pass_both_ways_intact(mode: str, loop: str, first: list[int], chunks: list[int],
                                      seed: int) -> None:
     async def run() -> None:
         async with rig(mode) as r:
             await roundtrip(r, first, chunks, seed)
             await eventually(lambda: r.mux.spliced == 0, "the splice ends with the connection")
 
-    asyncio.run(run())
+    with asyncio.Runner(loop_factory=lambda: new_loop(loop)) as runner:
+        runner.run(run())
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -521,3 +536,91 @@ def child_processes() -> set[int]:
         with open(f"/proc/self/task/{tid}/children") as f:
             pids.update(int(p) for p in f.read().split())
     return pids
+
+
+async def test_tls_port_serves_grpc_and_http_on_either_loop(tmp_path: Path) -> None:
+    """A TLS port (``tls``): gRPC through our server (large messages: the TLS transport's
+    writes, never a direct one to its socket) and HTTP/1.1 on one port, many connections
+    admitted and closed (the admission table prunes them)."""
+    import ssl
+
+    import trustme
+
+    from gazette.rpc.channel import secure_channel
+    from gazette.rpc.tls import ClientTLS, ServerTLS
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    (tmp_path / "server.pem").write_bytes(b"".join(b.bytes() for b in cert.cert_chain_pems))
+    cert.private_key_pem.write_to_path(str(tmp_path / "server.key"))
+    srv = with_echo(RpcServer())
+
+    class Hello(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            if b"\r\n\r\n" in data:
+                self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")  # type: ignore[attr-defined]
+                self.transport.close()
+
+    mux = Multiplexer(str(tmp_path / "unused.sock"), Hello, h2_protocol_factory=srv.protocol,
+                      tls=ServerTLS(str(tmp_path / "server.pem"), str(tmp_path / "server.key")))
+    port = await mux.start("127.0.0.1", 0)
+    ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+    try:
+        for _ in range(3 * 64):  # past the admission table's first prunes
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            async with asyncio.timeout(TIMEOUT):
+                assert (await reader.read()).endswith(b"\r\n\r\nhello")
+            writer.close()
+        assert len(mux._transports) <= 2 * 64
+        channel = secure_channel(f"127.0.0.1:{port}", tls=ClientTLS(ca_file=str(tmp_path / "ca.pem")))
+        try:
+            echo = channel.unary_unary(ECHO)
+            for size in (100, 64 << 10, 4 << 20):
+                body = os.urandom(size)
+                async with asyncio.timeout(TIMEOUT):
+                    assert await echo(body) == body
+        finally:
+            await channel.close()
+    finally:
+        await mux.abort()
+        await srv.stop(0)
+
+
+async def test_plain_connections_awaiting_admission_stay_within_the_reserve(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At ACCEPT_BURST connections accepted and not yet admitted (what the descriptor reserve
+    allows for) the listener stops accepting, and reads again as they are admitted: admission
+    held back here, 150 clients leave exactly ACCEPT_BURST accepted, and all are served once
+    it proceeds."""
+    from gazette.server import mux as mux_module
+    from gazette.server.fds import ACCEPT_BURST
+
+    gate = asyncio.Event()
+    peak = 0
+    connect = mux_module._Listener._connect
+
+    async def slow_connect(self: Any, conn: socket.socket) -> None:
+        nonlocal peak
+        peak = max(peak, self.mux.accepting)
+        await gate.wait()
+        await connect(self, conn)
+
+    monkeypatch.setattr(mux_module._Listener, "_connect", slow_connect)
+    async with rig("in-process") as r:
+        n = ACCEPT_BURST + 50
+        clients = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", r.port) for _ in range(n)))
+        await eventually(lambda: r.mux.accepting == ACCEPT_BURST and r.mux._listeners[0].held,
+                         "the listener holds at ACCEPT_BURST connections awaiting admission")
+        gate.set()
+        for _, writer in clients:
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        for reader, writer in clients:
+            async with asyncio.timeout(TIMEOUT):
+                assert (await reader.read()).startswith(b"HTTP/1.1 200")
+            writer.close()
+        assert peak == ACCEPT_BURST and r.mux.accepting == 0 and not r.mux._listeners[0].held

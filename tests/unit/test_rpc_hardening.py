@@ -17,6 +17,8 @@ from gazette.rpc import frames as f
 from gazette.rpc.connection import CALM_BURST, MAX_HEADER_BLOCK, RateLimit
 from gazette.rpc.server import RpcServer
 
+pytestmark = pytest.mark.both_loops  # the transport on asyncio's loop and on uvloop (conftest)
+
 
 @pytest.fixture
 async def server() -> AsyncIterator[tuple[RpcServer, int]]:

@@ -42,6 +42,8 @@ from gazette.rpc.hpack_decoder import HeaderDecoder, HpackError
 from gazette.rpc.server import RpcServer
 from gazette.testing.eventually import eventually
 
+pytestmark = pytest.mark.both_loops  # the transport on asyncio's loop and on uvloop (conftest)
+
 _huffman = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH)
 
 

@@ -34,6 +34,8 @@ from gazette.server.process import MemberProcess
 from gazette.testing.cluster import Cluster
 from gazette.testing.etcd import EtcdFixture
 
+pytestmark = pytest.mark.both_loops  # the transport on asyncio's loop and on uvloop (conftest)
+
 #: A PING round trip on another connection while hostile header blocks arrive: 5.2 s before
 #: blocks were bounded; the issue asks for under 100 ms, kept here with a margin for a busy
 #: machine running the broker in another process.

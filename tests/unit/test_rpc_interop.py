@@ -44,7 +44,7 @@ from gazette.rpc.server import RpcServer
 
 pb_grpc: Any = importlib.import_module("gazette.protocol.protocol_pb2_grpc")
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.both_loops]  # both: asyncio's loop and uvloop (conftest)
 
 WITHIN = 5.0        # deadline for anything that should happen promptly
 CANCEL_WITHIN = 1.0  # deadline for a cancellation to reach a handler (also what a strict xfail costs)
