@@ -12,8 +12,17 @@ journal content holding many frames back into them (:meth:`~Framing.unpack`,
 
 Invariants:
 
-* Splitting works on whole buffers with C-level scans (``bytes.split``/``find``, the
-  stdlib JSON scanner, ``struct.unpack_from``, the csv module), never byte by byte.
+* Splitting works on whole buffers with C-level scans (``bytes.split``/``find``, msgspec,
+  the stdlib JSON scanner, ``struct.unpack_from``, the csv module), never byte by byte.
+* JSON lines encode to exactly the bytes the standard library's encoder writes (compact
+  separators, ``ensure_ascii``, ``repr`` floats, ``NaN``/``Infinity``, insertion order) and
+  decode to exactly what ``json.loads`` returns for each line, or fail where it fails, with
+  its message; msgspec does the work and the stdlib redoes what msgspec would do otherwise.
+  Two deliberate differences: a value of a type the stdlib refuses but msgspec encodes (a
+  ``datetime``, ``UUID``, ``Decimal``, ``bytes``, ``set``, ``Enum``, dataclass or Struct) is
+  encoded as msgspec encodes it rather than raising FramingError; and a dict key that is a
+  float written with an exponent or not finite is spelled as msgspec spells it (``"1e16"``,
+  not ``"1e+16"``; ``"nan"``, not ``"NaN"``).
 * ``unpack``/``decode`` consume only whole frames: ``consumed`` is the end of the last
   frame (or skipped span) returned, and the caller keeps ``buffer[consumed:]`` for the next
   call. ``ends[i]`` is the offset just past frame ``i`` relative to the buffer start, and
@@ -37,6 +46,8 @@ from itertools import accumulate, count, repeat
 from operator import add, is_
 from typing import Any, Final, Protocol
 
+import msgspec
+
 from .errors import DesyncError, FramingError, MessageDecodeError, UnknownContentTypeError
 from .message import JSONMessage
 
@@ -52,6 +63,7 @@ __all__ = [
     "FixedFraming",
     "Framing",
     "JSONFraming",
+    "StdlibJSONFraming",
     "Unpacked",
     "framing_for_content_type",
     "register_framing",
@@ -148,8 +160,53 @@ def _accumulate_ends(lengths: Iterable[int], start: int = 0) -> list[int]:
     return ends
 
 
+# The ten ASCII digits mapped to "0" (every other byte to itself): after it, a digit
+# followed by an exponent marker reads b"0e", whatever the digit.
+_DIGITS_TO_ZERO: Final = bytes.maketrans(b"0123456789", b"0" * 10)
+
+#: The errors msgspec may raise encoding a value the stdlib encoder takes differently (a
+#: bool or None dict key, a str or float subclass, a lone surrogate, a cycle...).
+_MSGSPEC_ENCODE_ERRORS: Final = (TypeError, ValueError, OverflowError, RecursionError,
+                                 msgspec.EncodeError)
+#: The errors msgspec may raise decoding a line that json.loads may yet accept (NaN, a lone
+#: surrogate escape, a number out of a float's range, a UTF-8 byte order mark...).
+_MSGSPEC_DECODE_ERRORS: Final = (ValueError, RecursionError, msgspec.DecodeError)
+
+
+def _stdlib_identical(out: bytes) -> bool:
+    """Whether msgspec's JSON ``out`` is byte for byte what the stdlib encoder writes for
+    the same value (False may be wrong, True never is).
+
+    msgspec's output differs only in: non-ASCII characters and DEL, which it writes raw
+    (``ensure_ascii`` escapes them); floats written with an exponent (``1e16``, ``1e-7``,
+    where ``repr`` writes ``1e+16``, ``1e-07``) or below 1e-4 written without one
+    (``0.00001``, ``repr``: ``1e-05``); NaN and infinities, written ``null`` (the stdlib:
+    ``NaN``, ``Infinity``). Number tokens and ``null`` are looked for outside strings only
+    (strings removed by splitting at their quotes, once escapes are dropped), so a digit
+    before an ``e`` in a UUID's hex does not count. Dict keys made from floats are strings
+    in the output, and are not checked (the module docstring states the difference).
+    """
+    if not out.isascii() or b"\x7f" in out:
+        return False
+    if b"\\" in out:
+        # Every backslash in JSON output starts an escape: drop escaped backslashes, then
+        # escaped quotes, and the quotes left are the strings' own.
+        out = out.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(out.split(b'"')[0::2])
+    return (b"null" not in outside and b"0.0000" not in outside
+            and b"0e" not in outside.translate(_DIGITS_TO_ZERO))
+
+
 class JSONFraming:
-    """Newline-delimited JSON: each frame is one JSON document followed by ``\\n``."""
+    """Newline-delimited JSON: each frame is one JSON document followed by ``\\n``.
+
+    Encodes and decodes through msgspec's C code, producing and accepting exactly what the
+    standard library's ``json`` does (compact separators, ``ensure_ascii``, ``repr`` floats,
+    insertion key order): a value whose msgspec encoding may differ is encoded again by the
+    stdlib encoder, and a line msgspec refuses is parsed again by ``json.loads``, which also
+    words the error. :class:`StdlibJSONFraming` is the standard library alone (the
+    reference the tests compare against).
+    """
 
     content_type: Final = CONTENT_TYPE_JSON_LINES
 
@@ -160,6 +217,84 @@ class JSONFraming:
         # The C scanner behind json.loads: parses one value starting at an index and
         # reports where it ended, which lets one call per message find both boundaries.
         self._scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+        ms_encoder = msgspec.json.Encoder()
+        self._ms_encode = ms_encoder.encode
+        self._ms_encode_lines = ms_encoder.encode_lines
+        self._ms_decode = msgspec.json.Decoder().decode
+
+    def marshal(self, msg: Any) -> bytes:
+        # Once per message published: the common cases inlined.
+        if type(msg) is JSONMessage:
+            value = msg.doc
+        else:
+            json_line = getattr(msg, "json_line", None)
+            if json_line is not None:
+                return json_line()  # type: ignore[no-any-return]  # a TypedMessage: msgspec
+            value = self._json_value(msg)
+        return self._line(value, msg)
+
+    def _line(self, value: Any, msg: Any) -> bytes:
+        """The frame of ``value`` (the JSON value of ``msg``)."""
+        try:
+            out = self._ms_encode(value)
+        except _MSGSPEC_ENCODE_ERRORS:
+            return self._stdlib_line(value, msg)
+        if _stdlib_identical(out):
+            return out + b"\n"
+        return self._stdlib_line(value, msg)
+
+    def marshal_many(self, msgs: Iterable[Any]) -> bytes:
+        if type(msgs) is not list:
+            msgs = list(msgs)
+        if not msgs:
+            return b""
+        json_lines = getattr(type(msgs[0]), "json_lines", None)
+        # Messages of one TypedMessage type are encoded in one msgspec call.
+        if json_lines is not None and all(type(m) is type(msgs[0]) for m in msgs):
+            return json_lines(msgs)  # type: ignore[no-any-return]
+        value = self._json_value
+        values = [m.doc if type(m) is JSONMessage else value(m) for m in msgs]
+        # One call for the batch, one check of its bytes; if that fails, message by message
+        # (each through msgspec or, where it must, the stdlib encoder).
+        try:
+            out = self._ms_encode_lines(values)
+        except _MSGSPEC_ENCODE_ERRORS:
+            pass
+        else:
+            if _stdlib_identical(out):
+                return out
+        return b"".join(list(map(self._line, values, msgs)))
+
+    def unmarshal(self, frame: bytes) -> Any:
+        try:
+            return self._ms_decode(frame)
+        except _MSGSPEC_DECODE_ERRORS:
+            return self._stdlib_unmarshal(frame)
+
+    def decode(self, buffer: bytes, final: bool = False) -> Decoded:
+        end = buffer.rfind(b"\n") + 1
+        if end == 0:
+            return Decoded()
+        lines = buffer[: end - 1].split(b"\n")
+        # ends[i] = (lengths of lines 0..i) + (i + 1) newlines.
+        ends = list(map(add, accumulate(map(len, lines)), count(1)))
+        # A line at a time (one msgspec call each: cheaper, measured, than one call over
+        # the lines joined into an array), so no document can span lines.
+        try:
+            return Decoded(list(map(self._ms_decode, lines)), ends, end, 0)
+        except _MSGSPEC_DECODE_ERRORS:
+            pass
+        values = list(map(self._decode_line, lines))
+        errors = sum(isinstance(v, MessageDecodeError) for v in values)
+        return Decoded(values, ends, end, errors)
+
+    def _decode_line(self, line: bytes) -> Any:
+        try:
+            return self._ms_decode(line)
+        except _MSGSPEC_DECODE_ERRORS:
+            return self._loads_line(line)
+
+    # -- the standard library's codec: the reference, and the fallback ---------------------
 
     def _json_value(self, msg: Any) -> Any:
         to_json = getattr(msg, "to_json", None)
@@ -175,7 +310,7 @@ class JSONFraming:
             else c_make({}, e.default, json.encoder.encode_basestring_ascii, None,
                         e.key_separator, e.item_separator, e.sort_keys, e.skipkeys, e.allow_nan)
 
-    def marshal(self, msg: Any) -> bytes:
+    def _stdlib_marshal(self, msg: Any) -> bytes:
         # Once per message published: the common cases inlined.
         if type(msg) is JSONMessage:
             value = msg.doc
@@ -184,6 +319,9 @@ class JSONFraming:
             if json_line is not None:
                 return json_line()  # type: ignore[no-any-return]  # a TypedMessage: msgspec
             value = self._json_value(msg)
+        return self._stdlib_line(value, msg)
+
+    def _stdlib_line(self, value: Any, msg: Any) -> bytes:
         c_encode = self._c_encode
         try:
             text = self._encode(value) if c_encode is None else "".join(c_encode(value, 0))
@@ -192,7 +330,7 @@ class JSONFraming:
             raise FramingError(f"cannot encode {type(msg).__name__} as JSON: {err}") from err
         return (text + "\n").encode()
 
-    def marshal_many(self, msgs: Iterable[Any]) -> bytes:
+    def _stdlib_marshal_many(self, msgs: Iterable[Any]) -> bytes:
         if type(msgs) is not list:
             msgs = list(msgs)
         if msgs:
@@ -223,13 +361,13 @@ class JSONFraming:
         frames: list[bytes | FramingError] = list(buffer[: end - 1].split(b"\n"))
         return Unpacked(frames, _accumulate_ends(map(len, frames)), end, 0)  # type: ignore[arg-type]
 
-    def unmarshal(self, frame: bytes) -> Any:
+    def _stdlib_unmarshal(self, frame: bytes) -> Any:
         try:
             return json.loads(frame)
         except (ValueError, UnicodeDecodeError) as err:
             raise MessageDecodeError(f"invalid JSON message: {err}") from err
 
-    def decode(self, buffer: bytes, final: bool = False) -> Decoded:
+    def _stdlib_decode(self, buffer: bytes, final: bool = False) -> Decoded:
         end = buffer.rfind(b"\n") + 1
         if end == 0:
             return Decoded()
@@ -321,6 +459,16 @@ class JSONFraming:
         values = [self._loads_line(line) for line in lines]
         errors = sum(isinstance(v, MessageDecodeError) for v in values)
         return Decoded(values, _accumulate_ends(map(len, lines)), len(whole), errors)
+
+
+class StdlibJSONFraming(JSONFraming):
+    """JSONFraming through the standard library's ``json`` alone: the reference the msgspec
+    path is tested against, and the "before" column of ``bench/message_bench.py``."""
+
+    marshal = JSONFraming._stdlib_marshal
+    marshal_many = JSONFraming._stdlib_marshal_many
+    unmarshal = JSONFraming._stdlib_unmarshal
+    decode = JSONFraming._stdlib_decode
 
 
 class FixedFraming:

@@ -4,6 +4,7 @@ tests check that batch splitting agrees with a line-by-line / frame-by-frame rea
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 
@@ -29,6 +30,7 @@ from gazette.message import (
     framing_for_content_type,
     new_producer_id,
 )
+from gazette.message.framing import StdlibJSONFraming
 from gazette.protocol import protocol_pb2 as pb
 
 FIXTURE = bytes([0x66, 0x33, 0x93, 0x36, 0x14, 0, 0, 0]) + b"test message content"
@@ -321,3 +323,156 @@ def test_csv_decode_agrees_with_marshal(records: list[list[str]]) -> None:
     d = f.decode(buf)
     assert d.values == records
     assert d.consumed == len(buf)
+
+
+# -- JSON: the msgspec codec against the standard library's ---------------------------------
+
+floats = st.floats() | st.sampled_from(
+    [1e16, 1e-5, 1.2e-5, 1e-4, 9.999e-5, 1e15, 9999999999999998.0, 1e-7, 5e-324, -0.0,
+     1.7976931348623157e308, float("nan"), float("inf"), -float("inf"), 0.1, 123.0])
+# Any text, lone surrogates, DEL, controls and characters beyond the BMP included.
+texts = st.text(st.characters(codec=None, exclude_categories=()), max_size=12) | st.sampled_from(
+    ['a"b', "a\\b", '\\"', "\\", "\x7f", "\u2028", "<>&", "é", "😀", "\ud800", "1e5", "null",
+     "0.00001", "\\\\\"x"])
+py_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(min_value=-(2**80), max_value=2**80)
+    | floats | texts,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(texts | st.integers() | st.booleans() | st.none(), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def _encoded(framing: JSONFraming, value: object) -> bytes | str:
+    try:
+        return framing.marshal(value)
+    except FramingError as err:
+        return f"FramingError: {err}"
+
+
+EDGE_VALUES = [
+    "\x7f", "\u2028", "<>&", "é", "😀", "\ud800", "\x00\x1f\b\f\n\r\t", 'a"b', "a\\b", "\\\"",
+    1e16, 1e-5, 1.2e-5, 1e-4, 1e-7, 1e15, -0.0, 5e-324, float("nan"), float("inf"),
+    -float("inf"), 2**64, -(2**70), {"k": None}, {"": [1e-5]}, {True: 1, None: 2, 3: 4},
+    {"s": "1e5 0.00001 null"}, (1, 2.5), ["a\"", 1e16], ["a\\", float("nan")], {"UUID": "1e3f0a9c-89ab-11ee-8000-0242ac120002"},
+]
+
+
+@pytest.mark.parametrize("value", EDGE_VALUES, ids=repr)
+def test_json_marshal_edge_values_equal_the_stdlib_encoders(value: object) -> None:
+    old = StdlibJSONFraming()
+    assert JSONFraming().marshal(value) == old.marshal(value)
+    assert JSONFraming().marshal_many([value, {"a": 1}]) == old.marshal_many([value, {"a": 1}])
+
+
+@given(py_values)
+def test_json_marshal_bytes_equal_the_stdlib_encoders(value: object) -> None:
+    # Byte for byte what the standard library's encoder writes (ensure_ascii, repr floats,
+    # NaN and Infinity tokens, key order, compact separators), or the same error.
+    new, old = _encoded(JSONFraming(), value), _encoded(StdlibJSONFraming(), value)
+    assert new == old
+
+
+@given(st.lists(py_values, max_size=6))
+def test_json_marshal_many_bytes_equal_the_stdlib_encoders(values: list[object]) -> None:
+    new, old = JSONFraming(), StdlibJSONFraming()
+    try:
+        expect: bytes | None = old.marshal_many(values)
+    except FramingError:
+        expect = None
+    if expect is None:
+        with pytest.raises(FramingError):
+            new.marshal_many(values)
+    else:
+        assert new.marshal_many(values) == expect
+        assert new.marshal_many([JSONMessage(v) if isinstance(v, dict) else v
+                                 for v in values]) == expect
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal, NaN equal to NaN and -0.0 told from 0.0 (what ``==`` alone would blur)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return (a != a and b != b) or (a == b and str(a) == str(b))
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+@given(st.lists(py_values, max_size=6))
+def test_json_decode_of_the_stdlib_encoding_is_json_loads(values: list[object]) -> None:
+    old = StdlibJSONFraming()
+    lines = []
+    for v in values:
+        try:
+            lines.append(old.marshal(v))
+        except FramingError:
+            pass
+    buf = b"".join(lines)
+    d = JSONFraming().decode(buf)
+    assert d.errors == 0 and d.consumed == len(buf)
+    expect = [json.loads(line) for line in lines]
+    assert len(d.values) == len(expect)
+    assert all(map(_same, d.values, expect)), (d.values, expect)
+    assert all(map(_same, d.values, StdlibJSONFraming().decode(buf).values))
+    assert all(_same(JSONFraming().unmarshal(line), e) for line, e in zip(lines, expect, strict=True))
+
+
+# Lines of JSON-like tokens, many invalid in ways a parser may get wrong (leading zeros, lone
+# signs and points, out-of-range numbers, NaN, bad escapes, odd whitespace, a BOM).
+tokens = st.lists(
+    st.sampled_from(
+        ["0", "01", "-", "-0", "1.", ".5", "+1", "1e", "1E+2", "1e-400", "1e400", "-1e400",
+         "123456789012345678901234567890", "2.5e-5", "NaN", "Infinity", "-Infinity", "nul",
+         "null", "true", "false", '"', '"a"', '"\\u00e9"', '"\\ud800"', '"\\udc00\\ud800"',
+         '"\\u12"', '"\\x"', '"\\/"', "\\", "\t", " ", "\r", "\x0b", "\x0c", "\x00", "\x7f",
+         "\xa0", "\ufeff", ",", ":", "[", "]", "{", "}", '"k":', "é"]
+    ),
+    max_size=7,
+).map(lambda parts: "".join(parts).encode("utf-8", "surrogatepass"))
+
+
+@given(st.lists(tokens | st.binary(max_size=6).filter(lambda b: b"\n" not in b), max_size=8))
+def test_json_decode_accepts_exactly_what_json_loads_does(docs: list[bytes]) -> None:
+    buf = b"".join(d + b"\n" for d in docs)
+    d = JSONFraming().decode(buf)
+    assert len(d.values) == len(docs)
+    for line, value in zip(docs, d.values, strict=True):
+        try:
+            expect = json.loads(line)
+        except (ValueError, RecursionError):
+            assert isinstance(value, MessageDecodeError)
+            with pytest.raises(MessageDecodeError):
+                JSONFraming().unmarshal(line)
+        else:
+            assert _same(value, expect), (line, value, expect)
+            assert _same(JSONFraming().unmarshal(line), expect)
+
+
+def test_json_deliberate_differences_from_the_stdlib_encoder() -> None:
+    """What the msgspec path encodes differently, stated in the framing's docstring: values
+    of types the standard library refuses, which msgspec encodes (here as it does); and
+    float dict keys written with an exponent, or not finite (msgspec's spelling)."""
+    new, old = JSONFraming(), StdlibJSONFraming()
+    when = datetime.date(2026, 1, 2)
+    assert new.marshal({"d": when}) == b'{"d":"2026-01-02"}\n'
+    with pytest.raises(FramingError, match="not JSON serializable"):
+        old.marshal({"d": when})
+    assert new.marshal({1e16: 1}) == b'{"1e16":1}\n'
+    assert old.marshal({1e16: 1}) == b'{"1e+16":1}\n'
+    # Float keys spelled alike by both are kept exactly.
+    assert new.marshal({1.5: 1, 2: 2}) == old.marshal({1.5: 1, 2: 2}) == b'{"1.5":1,"2":2}\n'
+
+
+def test_json_encoder_falls_back_per_message_in_a_batch() -> None:
+    new = JSONFraming()
+    msgs = [{"a": 1}, {"é": float("nan")}, {True: None}, {"b": "x\\\"y"}]
+    assert new.marshal_many(msgs) == (
+        b'{"a":1}\n{"\\u00e9":NaN}\n{"true":null}\n{"b":"x\\\\\\"y"}\n')
+    assert new.marshal_many(msgs) == StdlibJSONFraming().marshal_many(msgs)
+    with pytest.raises(FramingError, match="cannot encode dict as JSON"):
+        new.marshal_many([{"a": 1}, {"b": object()}])
