@@ -567,6 +567,21 @@ class CSVFraming:
         # back to the "\n" Gazette writes.
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\r\n")
+        if type(msgs) is not list:
+            msgs = list(msgs)
+        if not msgs:
+            return b""
+        # All records in one writer call. If the text holds no "\r" but the terminators',
+        # each "\r\n" ends a record and becomes "\n"; else (a field holds a "\r") record by
+        # record, which cuts each terminator off by position.
+        record = self._record
+        try:
+            writer.writerows([record(m) for m in msgs])
+        except csv.Error as err:
+            raise FramingError(f"cannot encode message as CSV: {err}") from err
+        text = out.getvalue()
+        if text.count("\r") == len(msgs):
+            return text.replace("\r\n", "\n").encode()
         records: list[str] = []
         try:
             for msg in msgs:
@@ -574,10 +589,8 @@ class CSVFraming:
                 out.truncate()
                 writer.writerow(self._record(msg))
                 records.append(out.getvalue()[:-2])
-        except csv.Error as err:
+        except csv.Error as err:  # pragma: no cover - writerows above raised it first
             raise FramingError(f"cannot encode message as CSV: {err}") from err
-        if not records:
-            return b""
         records.append("")
         return "\n".join(records).encode()
 
@@ -623,10 +636,28 @@ class CSVFraming:
         return rows[0]
 
     def decode(self, buffer: bytes, final: bool = False) -> Decoded:
+        end = buffer.rfind(b"\n") + 1
+        if end and b'"' not in buffer[:end] and b"\r" not in buffer[:end]:
+            # No quotes and no "\r": each line is one record, and the csv reader, which
+            # treats no other character specially, reads a line alike with or without its
+            # "\n". So the whole span is decoded and read in one call each.
+            whole = buffer[:end]
+            try:
+                text = whole.decode()
+                lines = text[:-1].split("\n")
+                rows: list[Any] = list(csv.reader(lines, strict=True))
+            except (csv.Error, UnicodeDecodeError):
+                pass
+            else:
+                if len(rows) == len(lines) and all(rows):
+                    # Byte lengths: those of the text's lines if it is ASCII.
+                    lengths = map(len, lines) if text.isascii() else \
+                        map(len, whole[:-1].split(b"\n"))
+                    return Decoded(rows, _accumulate_ends(lengths), end, 0)
         u = self.unpack(buffer, final)
         try:
             texts = [f.decode() for f in u.frames if isinstance(f, bytes)]
-            rows: list[Any] = list(csv.reader(texts, strict=True))
+            rows = list(csv.reader(texts, strict=True))
             if len(rows) == len(u.frames) and all(rows):
                 return Decoded(rows, u.ends, u.consumed, 0)
         except (csv.Error, UnicodeDecodeError):

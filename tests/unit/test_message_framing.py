@@ -4,12 +4,14 @@ tests check that batch splitting agrees with a line-by-line / frame-by-frame rea
 
 from __future__ import annotations
 
+import csv
 import datetime
+import io
 import itertools
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from gazette.message import (
@@ -476,3 +478,48 @@ def test_json_encoder_falls_back_per_message_in_a_batch() -> None:
     assert new.marshal_many(msgs) == StdlibJSONFraming().marshal_many(msgs)
     with pytest.raises(FramingError, match="cannot encode dict as JSON"):
         new.marshal_many([{"a": 1}, {"b": object()}])
+
+
+def _csv_reference_marshal(records: list[list[str]]) -> bytes:
+    """The record-at-a-time encoding (a "\\r\\n" writer, each terminator cut to "\\n")."""
+    out = []
+    for r in records:
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\r\n").writerow(r)
+        out.append(buf.getvalue()[:-2] + "\n")
+    return "".join(out).encode()
+
+
+csv_any_fields = st.text(st.sampled_from('ab,"\r\n é\x00\t'), max_size=5)
+
+
+@given(st.lists(st.lists(csv_any_fields, max_size=4), max_size=6))
+def test_csv_marshal_many_equals_record_at_a_time(records: list[list[str]]) -> None:
+    expect = _csv_reference_marshal(records)
+    assert CSVFraming().marshal_many(records) == expect
+    assert CSVFraming().marshal_many(iter(records)) == expect
+    assert b"".join(CSVFraming().marshal(r) for r in records) == expect
+
+
+@given(st.lists(st.binary(max_size=10).filter(lambda b: b"\n" not in b) |
+                st.text(st.sampled_from('ab,"\r é\x00'), max_size=8).map(str.encode), max_size=8),
+       st.binary(max_size=6))
+@example([b'a,"b', b'c"', b"d"], b"")
+@example([b'"a\rb"', b"a\rb", b"c\r"], b"")
+def test_csv_decode_agrees_with_frame_by_frame(lines: list[bytes], tail: bytes) -> None:
+    # The one-call path (no quotes, no "\r") against unpack + unmarshal of each frame.
+    f = CSVFraming()
+    buf = b"".join(line + b"\n" for line in lines) + tail
+    d = f.decode(buf)
+    u = f.unpack(buf)
+    assert d.ends == u.ends and d.consumed == u.consumed
+    assert len(d.values) == len(u.frames)
+    for frame, value in zip(u.frames, d.values, strict=True):
+        assert isinstance(frame, bytes)
+        try:
+            expect: object = f.unmarshal(frame)
+        except MessageDecodeError:
+            assert isinstance(value, MessageDecodeError)
+        else:
+            assert value == expect
+    assert d.errors == sum(isinstance(v, MessageDecodeError) for v in d.values)
