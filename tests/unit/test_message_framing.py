@@ -33,6 +33,7 @@ from gazette.message import (
     new_producer_id,
 )
 from gazette.message.framing import StdlibJSONFraming
+from gazette.message.typed import TypedMessage
 from gazette.protocol import protocol_pb2 as pb
 
 FIXTURE = bytes([0x66, 0x33, 0x93, 0x36, 0x14, 0, 0, 0]) + b"test message content"
@@ -523,3 +524,28 @@ def test_csv_decode_agrees_with_frame_by_frame(lines: list[bytes], tail: bytes) 
         else:
             assert value == expect
     assert d.errors == sum(isinstance(v, MessageDecodeError) for v in d.values)
+
+
+class _Point(TypedMessage):
+    key: str
+    n: int
+
+
+def test_typed_decode_never_merges_lines() -> None:
+    # The first two lines make one valid document only together, and the third holds two:
+    # parsed as elements of one array they would still count three.
+    docs = [b'{"key":"a"', b'"n":1}', b'{"key":"b","n":2},{"key":"c","n":3}', b'{"key":"d","n":4}']
+    d = _Point.json_framing().decode(b"".join(x + b"\n" for x in docs))
+    assert [isinstance(v, MessageDecodeError) for v in d.values] == [True, True, True, False]
+    assert d.values[3] == _Point(key="d", n=4) and d.errors == 3
+
+
+def test_typed_decode_isolates_invalid_utf8_and_deep_nesting() -> None:
+    f = _Point.json_framing()
+    bad = [b'{"key":"\xff","n":1}', b'{"key":"a","n":' + b"[" * 5000 + b"]" * 5000 + b"}"]
+    d = f.decode(b"".join(x + b"\n" for x in [*bad, b'{"key":"b","n":2}']))
+    assert [isinstance(v, MessageDecodeError) for v in d.values] == [True, True, False]
+    assert d.errors == 2
+    for line in bad:
+        with pytest.raises(MessageDecodeError, match="invalid _Point message"):
+            f.unmarshal(line)
