@@ -503,7 +503,17 @@ class FixedFraming:
         return self._header.pack(FIXED_FRAME_WORD, len(payload)) + payload
 
     def marshal_many(self, msgs: Iterable[Any]) -> bytes:
-        return b"".join([self.marshal(m) for m in msgs])
+        # Headers and payloads joined once (not each frame built by concatenation first).
+        payload_of, pack, word = self._payload, self._header.pack, FIXED_FRAME_WORD
+        parts: list[bytes] = []
+        add = parts.append
+        for msg in msgs:
+            payload = payload_of(msg)
+            if len(payload) > 0xFFFFFFFF:
+                raise FramingError(f"payload of {len(payload)} bytes exceeds a 32-bit length")
+            add(pack(word, len(payload)))
+            add(payload)
+        return b"".join(parts)
 
     def unpack(self, buffer: bytes, final: bool = False) -> Unpacked:
         out = Unpacked()

@@ -549,3 +549,12 @@ def test_typed_decode_isolates_invalid_utf8_and_deep_nesting() -> None:
     for line in bad:
         with pytest.raises(MessageDecodeError, match="invalid _Point message"):
             f.unmarshal(line)
+
+
+@given(st.lists(st.binary(max_size=20) | st.binary(max_size=8).map(bytearray), max_size=6))
+def test_fixed_marshal_many_is_the_frames_joined(payloads: list[bytes]) -> None:
+    f = FixedFraming()
+    assert f.marshal_many(payloads) == b"".join(f.marshal(p) for p in payloads)
+    assert f.marshal_many(iter(payloads)) == f.marshal_many(payloads)
+    with pytest.raises(FramingError, match="SerializeToString"):
+        f.marshal_many([*payloads, object()])
