@@ -160,10 +160,6 @@ def _accumulate_ends(lengths: Iterable[int], start: int = 0) -> list[int]:
     return ends
 
 
-# The ten ASCII digits mapped to "0" (every other byte to itself): after it, a digit
-# followed by an exponent marker reads b"0e", whatever the digit.
-_DIGITS_TO_ZERO: Final = bytes.maketrans(b"0123456789", b"0" * 10)
-
 #: The errors msgspec may raise encoding a value the stdlib encoder takes differently (a
 #: bool or None dict key, a str or float subclass, a lone surrogate, a cycle...).
 _MSGSPEC_ENCODE_ERRORS: Final = (TypeError, ValueError, OverflowError, RecursionError,
@@ -182,19 +178,25 @@ def _stdlib_identical(out: bytes) -> bool:
     where ``repr`` writes ``1e+16``, ``1e-07``) or below 1e-4 written without one
     (``0.00001``, ``repr``: ``1e-05``); NaN and infinities, written ``null`` (the stdlib:
     ``NaN``, ``Infinity``). Number tokens and ``null`` are looked for outside strings only
-    (strings removed by splitting at their quotes, once escapes are dropped), so a digit
-    before an ``e`` in a UUID's hex does not count. Dict keys made from floats are strings
-    in the output, and are not checked (the module docstring states the difference).
+    (strings cut out at their quotes, once escapes are dropped), so a digit before an ``e``
+    in a UUID's hex does not count. Dict keys made from floats are strings in the output
+    and are not checked (the module docstring states the difference).
+
+    A dozen whole-text string operations, as few as found (each call costs on this path;
+    str's are cheaper than bytes'); scanning for suspects first and cutting strings out
+    only when one is found measured slower, since a UUID's hex is often a suspect.
     """
-    if not out.isascii() or b"\x7f" in out:
+    text = out.decode()
+    if not text.isascii() or "\x7f" in text:
         return False
-    if b"\\" in out:
+    if "\\" in text:
         # Every backslash in JSON output starts an escape: drop escaped backslashes, then
         # escaped quotes, and the quotes left are the strings' own.
-        out = out.replace(b"\\\\", b"").replace(b'\\"', b"")
-    outside = b"".join(out.split(b'"')[0::2])
-    return (b"null" not in outside and b"0.0000" not in outside
-            and b"0e" not in outside.translate(_DIGITS_TO_ZERO))
+        text = text.replace("\\\\", "").replace('\\"', "")
+    outside = "".join(text.split('"')[0::2])
+    # Outside strings an "e" is in true, false, or a float's exponent.
+    return ("null" not in outside and "0.0000" not in outside
+            and "e" not in outside.replace("true", "").replace("false", ""))
 
 
 class JSONFraming:
@@ -231,7 +233,14 @@ class JSONFraming:
             if json_line is not None:
                 return json_line()  # type: ignore[no-any-return]  # a TypedMessage: msgspec
             value = self._json_value(msg)
-        return self._line(value, msg)
+        # _line inlined (a call costs here).
+        try:
+            out = self._ms_encode(value)
+        except _MSGSPEC_ENCODE_ERRORS:
+            return self._stdlib_line(value, msg)
+        if _stdlib_identical(out):
+            return out + b"\n"
+        return self._stdlib_line(value, msg)
 
     def _line(self, value: Any, msg: Any) -> bytes:
         """The frame of ``value`` (the JSON value of ``msg``)."""
