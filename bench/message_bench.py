@@ -265,7 +265,7 @@ def run_decode(decode: Callable[[bytes], Decoded]) -> Run:
     return run
 
 
-def csv_marshal_before(msgs: list[list[str]]) -> bytes:
+def csv_marshal_before(msgs: list[Any]) -> bytes:
     """CSVFraming.marshal_many as it was: a writer call per record, its terminator cut."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
@@ -273,7 +273,7 @@ def csv_marshal_before(msgs: list[list[str]]) -> bytes:
     for msg in msgs:
         out.seek(0)
         out.truncate()
-        writer.writerow(msg)
+        writer.writerow(CSVFraming._record(msg))  # noqa: SLF001 - the path as it was
         records.append(out.getvalue()[:-2])
     records.append("")
     return "\n".join(records).encode()

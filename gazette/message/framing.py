@@ -170,8 +170,8 @@ _MSGSPEC_DECODE_ERRORS: Final = (ValueError, RecursionError, msgspec.DecodeError
 
 
 def _stdlib_identical(out: bytes) -> bool:
-    """Whether msgspec's JSON ``out`` is byte for byte what the stdlib encoder writes for
-    the same value (False may be wrong, True never is).
+    """Whether msgspec's JSON ``out`` (one document, or lines of them) is byte for byte
+    what the stdlib encoder writes for the same values (False may be wrong, True never is).
 
     msgspec's output differs only in: non-ASCII characters and DEL, which it writes raw
     (``ensure_ascii`` escapes them); floats written with an exponent (``1e16``, ``1e-7``,
@@ -182,9 +182,10 @@ def _stdlib_identical(out: bytes) -> bool:
     in a UUID's hex does not count. Dict keys made from floats are strings in the output
     and are not checked (the module docstring states the difference).
 
-    A dozen whole-text string operations, as few as found (each call costs on this path;
-    str's are cheaper than bytes'); scanning for suspects first and cutting strings out
-    only when one is found measured slower, since a UUID's hex is often a suspect.
+    String operations on the whole text (str's cost less per call than bytes' here).
+    Measured, and slower: scanning the text for anything that could be such a float
+    (``e``, optional ``-``, digits, then a delimiter) before cutting strings out, which
+    searches for patterns starting with the commonest letter of JSON text.
     """
     text = out.decode()
     if not text.isascii() or "\x7f" in text:
