@@ -10,6 +10,7 @@ import io
 import itertools
 import json
 
+import msgspec
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -558,3 +559,10 @@ def test_fixed_marshal_many_is_the_frames_joined(payloads: list[bytes]) -> None:
     assert f.marshal_many(iter(payloads)) == f.marshal_many(payloads)
     with pytest.raises(FramingError, match="SerializeToString"):
         f.marshal_many([*payloads, object()])
+
+
+@given(floats)
+def test_msgspec_packs_every_float_as_a_float64(value: float) -> None:
+    # JSONFraming tells a value holds no float by the absence of this byte (0xCB).
+    packed = msgspec.msgpack.encode([value, {"k": (value,)}])
+    assert packed.count(b"\xcb") >= 2 and packed[1:2] == b"\xcb"
