@@ -16,8 +16,9 @@ Invariants:
   the stdlib JSON scanner, ``struct.unpack_from``, the csv module), never byte by byte.
 * JSON lines encode to exactly the bytes the standard library's encoder writes (compact
   separators, ``ensure_ascii``, ``repr`` floats, ``NaN``/``Infinity``, insertion order) and
-  decode to exactly what ``json.loads`` returns for each line, or fail where it fails, with
-  its message; msgspec does the work and the stdlib redoes what msgspec would do otherwise.
+  decode to exactly what ``json.loads(line.decode())`` returns for each line, or fail where
+  it fails, with its message (a line is UTF-8: a byte order mark, UTF-16 or encoded
+  surrogates make it invalid, as for Go's decoder); msgspec does the work and the stdlib redoes what msgspec would do otherwise.
   Two deliberate differences: a value of a type the stdlib refuses but msgspec encodes (a
   ``datetime``, ``UUID``, ``Decimal``, ``bytes``, ``set``, ``Enum``, dataclass or Struct) is
   encoded as msgspec encodes it rather than raising FramingError; and a dict key that is a
@@ -218,8 +219,8 @@ class JSONFraming:
     Encodes and decodes through msgspec's C code, producing and accepting exactly what the
     standard library's ``json`` does (compact separators, ``ensure_ascii``, ``repr`` floats,
     insertion key order): a value whose msgspec encoding may differ is encoded again by the
-    stdlib encoder, and a line msgspec refuses is parsed again by ``json.loads``, which also
-    words the error. :class:`StdlibJSONFraming` is the standard library alone (the
+    stdlib encoder, and a line msgspec refuses is parsed again by ``json.loads`` (of the line
+    read as UTF-8), which also words the error. :class:`StdlibJSONFraming` is the standard library alone (the
     reference the tests compare against).
     """
 
@@ -301,7 +302,10 @@ class JSONFraming:
         try:
             return self._ms_decode(frame)
         except _MSGSPEC_DECODE_ERRORS:
-            return self._stdlib_unmarshal(frame)
+            value = self._loads_utf8(frame)
+        if isinstance(value, MessageDecodeError):
+            raise value
+        return value
 
     def decode(self, buffer: bytes, final: bool = False) -> Decoded:
         end = buffer.rfind(b"\n") + 1
@@ -324,7 +328,17 @@ class JSONFraming:
         try:
             return self._ms_decode(line)
         except _MSGSPEC_DECODE_ERRORS:
-            return self._loads_line(line)
+            return self._loads_utf8(line)
+
+    @staticmethod
+    def _loads_utf8(line: bytes) -> Any:
+        """``json.loads`` of the line read as UTF-8 (strictly: not as ``json.loads`` reads
+        bytes, which would take a byte order mark, UTF-16 or UTF-32, or encoded surrogates),
+        or the MessageDecodeError standing for it."""
+        try:
+            return json.loads(line.decode())
+        except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError.
+            return MessageDecodeError(f"invalid JSON message: {err}")
 
     # -- the standard library's codec: the reference, and the fallback ---------------------
 

@@ -130,7 +130,7 @@ def test_json_decode_agrees_with_line_by_line(docs: list[bytes], tail: bytes) ->
         pos += len(line) + 1
         assert end == pos
         try:
-            expect = json.loads(line)
+            expect = json.loads(line.decode())  # Strict UTF-8 (no BOM, UTF-16...).
         except ValueError:
             assert isinstance(value, MessageDecodeError)
         else:
@@ -160,7 +160,7 @@ def test_json_decode_never_merges_lines(docs: list[bytes]) -> None:
     assert len(d.values) == len(expect_lines)
     for line, value in zip(expect_lines, d.values, strict=True):
         try:
-            expect = json.loads(line)
+            expect = json.loads(line.decode())
         except ValueError:
             assert isinstance(value, MessageDecodeError)
         else:
@@ -447,7 +447,7 @@ def test_json_decode_accepts_exactly_what_json_loads_does(docs: list[bytes]) -> 
     assert len(d.values) == len(docs)
     for line, value in zip(docs, d.values, strict=True):
         try:
-            expect = json.loads(line)
+            expect = json.loads(line.decode())
         except (ValueError, RecursionError):
             assert isinstance(value, MessageDecodeError)
             with pytest.raises(MessageDecodeError):
@@ -566,3 +566,15 @@ def test_msgspec_packs_every_float_as_a_float64(value: float) -> None:
     # JSONFraming tells a value holds no float by the absence of this byte (0xCB).
     packed = msgspec.msgpack.encode([value, {"k": (value,)}])
     assert packed.count(b"\xcb") >= 2 and packed[1:2] == b"\xcb"
+
+
+@pytest.mark.parametrize(
+    "line", [b"\xef\xbb\xbf1", b"1\x00", b'"\xed\xa0\x80"', b'\xff\xfe{\x00}\x00', b'{"a":"\xff"}'])
+def test_json_lines_are_strict_utf8(line: bytes) -> None:
+    # json.loads would take these as bytes (a BOM, UTF-16, an encoded surrogate...), Go's
+    # decoder would not, and neither does the framing, whatever the other lines.
+    for buf in (line + b'\n{"ok":1}\n', line + b'\n"\xff"\n'):
+        d = JSONFraming().decode(buf)
+        assert isinstance(d.values[0], MessageDecodeError) and d.errors == 2 - (b"ok" in buf)
+    with pytest.raises(MessageDecodeError, match="invalid JSON message"):
+        JSONFraming().unmarshal(line)
