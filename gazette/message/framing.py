@@ -47,9 +47,6 @@ from itertools import accumulate, count, repeat
 from operator import add, is_
 from typing import Any, Final, Protocol
 
-import msgspec
-import msgspec.msgpack
-
 from .errors import DesyncError, FramingError, MessageDecodeError, UnknownContentTypeError
 from .message import JSONMessage
 
@@ -162,15 +159,6 @@ def _accumulate_ends(lengths: Iterable[int], start: int = 0) -> list[int]:
     return ends
 
 
-#: The errors msgspec may raise encoding a value the stdlib encoder takes differently (a
-#: bool or None dict key, a str or float subclass, a lone surrogate, a cycle...).
-_MSGSPEC_ENCODE_ERRORS: Final = (TypeError, ValueError, OverflowError, RecursionError,
-                                 msgspec.EncodeError)
-#: The errors msgspec may raise decoding a line that json.loads may yet accept (NaN, a lone
-#: surrogate escape, a number out of a float's range, a UTF-8 byte order mark...).
-_MSGSPEC_DECODE_ERRORS: Final = (ValueError, RecursionError, msgspec.DecodeError)
-
-
 def _stdlib_identical(out: bytes) -> bool:
     """Whether msgspec's JSON ``out`` (one document, or lines of them) is byte for byte
     what the stdlib encoder writes for the same values (False may be wrong, True never is).
@@ -233,6 +221,17 @@ class JSONFraming:
         # The C scanner behind json.loads: parses one value starting at an index and
         # reports where it ended, which lets one call per message find both boundaries.
         self._scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+        # msgspec imported here, not with the module: gazette.message stays as cheap to
+        # import as it was (msgspec costs ~27 ms, measured), until a JSON framing is made.
+        import msgspec  # noqa: PLC0415
+
+        #: What msgspec may raise encoding a value the stdlib encoder takes differently (a
+        #: bool or None dict key, a str or float subclass, a lone surrogate, a cycle...).
+        self._encode_errors = (TypeError, ValueError, OverflowError, RecursionError,
+                               msgspec.EncodeError)
+        #: What msgspec may raise decoding a line that json.loads may yet accept (NaN, a
+        #: lone surrogate escape, a number out of a float's range...).
+        self._decode_errors = (ValueError, RecursionError, msgspec.DecodeError)
         ms_encoder = msgspec.json.Encoder()
         self._ms_encode = ms_encoder.encode
         self._ms_encode_lines = ms_encoder.encode_lines
@@ -252,7 +251,7 @@ class JSONFraming:
         try:
             out = self._ms_encode(value)
             floats = self._ms_pack(value).find(_FLOAT64) >= 0
-        except _MSGSPEC_ENCODE_ERRORS:
+        except self._encode_errors:
             return self._stdlib_line(value, msg)
         if _stdlib_identical(out) if floats else _ascii_identical(out):
             return out + b"\n"
@@ -269,7 +268,7 @@ class JSONFraming:
         try:
             out = self._ms_encode(value)
             floats = self._ms_pack(value).find(_FLOAT64) >= 0
-        except _MSGSPEC_ENCODE_ERRORS:
+        except self._encode_errors:
             return self._stdlib_line(value, msg)
         if _stdlib_identical(out) if floats else _ascii_identical(out):
             return out + b"\n"
@@ -291,7 +290,7 @@ class JSONFraming:
         try:
             out = self._ms_encode_lines(values)
             floats = self._ms_pack(values).find(_FLOAT64) >= 0
-        except _MSGSPEC_ENCODE_ERRORS:
+        except self._encode_errors:
             pass
         else:
             if _stdlib_identical(out) if floats else _ascii_identical(out):
@@ -301,7 +300,7 @@ class JSONFraming:
     def unmarshal(self, frame: bytes) -> Any:
         try:
             return self._ms_decode(frame)
-        except _MSGSPEC_DECODE_ERRORS:
+        except self._decode_errors:
             value = self._loads_utf8(frame)
         if isinstance(value, MessageDecodeError):
             raise value
@@ -318,7 +317,7 @@ class JSONFraming:
         # the lines joined into an array), so no document can span lines.
         try:
             return Decoded(list(map(self._ms_decode, lines)), ends, end, 0)
-        except _MSGSPEC_DECODE_ERRORS:
+        except self._decode_errors:
             pass
         values = list(map(self._decode_line, lines))
         errors = sum(isinstance(v, MessageDecodeError) for v in values)
@@ -327,7 +326,7 @@ class JSONFraming:
     def _decode_line(self, line: bytes) -> Any:
         try:
             return self._ms_decode(line)
-        except _MSGSPEC_DECODE_ERRORS:
+        except self._decode_errors:
             return self._loads_utf8(line)
 
     @staticmethod
