@@ -208,8 +208,8 @@ class JSONFraming:
     standard library's ``json`` does (compact separators, ``ensure_ascii``, ``repr`` floats,
     insertion key order): a value whose msgspec encoding may differ is encoded again by the
     stdlib encoder, and a line msgspec refuses is parsed again by ``json.loads`` (of the line
-    read as UTF-8), which also words the error. :class:`StdlibJSONFraming` is the standard library alone (the
-    reference the tests compare against).
+    read as UTF-8), which also words the error. :class:`StdlibJSONFraming` is the standard
+    library alone (the reference the tests compare against).
     """
 
     content_type: Final = CONTENT_TYPE_JSON_LINES
