@@ -12,8 +12,18 @@ journal content holding many frames back into them (:meth:`~Framing.unpack`,
 
 Invariants:
 
-* Splitting works on whole buffers with C-level scans (``bytes.split``/``find``, the
-  stdlib JSON scanner, ``struct.unpack_from``, the csv module), never byte by byte.
+* Splitting works on whole buffers with C-level scans (``bytes.split``/``find``, msgspec,
+  the stdlib JSON scanner, ``struct.unpack_from``, the csv module), never byte by byte.
+* JSON lines encode to exactly the bytes the standard library's encoder writes (compact
+  separators, ``ensure_ascii``, ``repr`` floats, ``NaN``/``Infinity``, insertion order) and
+  decode to exactly what ``json.loads(line.decode())`` returns for each line, or fail where
+  it fails, with its message (a line is UTF-8: a byte order mark, UTF-16 or encoded
+  surrogates make it invalid, as for Go's decoder); msgspec does the work and the stdlib redoes what msgspec would do otherwise.
+  Two deliberate differences: a value of a type the stdlib refuses but msgspec encodes (a
+  ``datetime``, ``UUID``, ``Decimal``, ``bytes``, ``set``, ``Enum``, dataclass or Struct) is
+  encoded as msgspec encodes it rather than raising FramingError; and a dict key that is a
+  float written with an exponent or not finite is spelled as msgspec spells it (``"1e16"``,
+  not ``"1e+16"``; ``"nan"``, not ``"NaN"``).
 * ``unpack``/``decode`` consume only whole frames: ``consumed`` is the end of the last
   frame (or skipped span) returned, and the caller keeps ``buffer[consumed:]`` for the next
   call. ``ends[i]`` is the offset just past frame ``i`` relative to the buffer start, and
@@ -52,6 +62,7 @@ __all__ = [
     "FixedFraming",
     "Framing",
     "JSONFraming",
+    "StdlibJSONFraming",
     "Unpacked",
     "framing_for_content_type",
     "register_framing",
@@ -148,8 +159,58 @@ def _accumulate_ends(lengths: Iterable[int], start: int = 0) -> list[int]:
     return ends
 
 
+def _stdlib_identical(out: bytes) -> bool:
+    """Whether msgspec's JSON ``out`` (one document, or lines of them) is byte for byte
+    what the stdlib encoder writes for the same values (False may be wrong, True never is).
+
+    msgspec's output differs only in: non-ASCII characters and DEL, which it writes raw
+    (``ensure_ascii`` escapes them); floats written with an exponent (``1e16``, ``1e-7``,
+    where ``repr`` writes ``1e+16``, ``1e-07``) or below 1e-4 written without one
+    (``0.00001``, ``repr``: ``1e-05``); NaN and infinities, written ``null`` (the stdlib:
+    ``NaN``, ``Infinity``). Number tokens and ``null`` are looked for outside strings only
+    (strings cut out at their quotes, once escapes are dropped), so a digit before an ``e``
+    in a UUID's hex does not count. Dict keys made from floats are strings in the output
+    and are not checked (the module docstring states the difference).
+
+    String operations on the whole text (str's cost less per call than bytes' here).
+    Measured, and slower: scanning the text for anything that could be such a float
+    (``e``, optional ``-``, digits, then a delimiter) before cutting strings out, which
+    searches for patterns starting with the commonest letter of JSON text.
+    """
+    text = out.decode()
+    if not text.isascii() or "\x7f" in text:
+        return False
+    if "\\" in text:
+        # Every backslash in JSON output starts an escape: drop escaped backslashes, then
+        # escaped quotes, and the quotes left are the strings' own.
+        text = text.replace("\\\\", "").replace('\\"', "")
+    outside = "".join(text.split('"')[0::2])
+    # Outside strings an "e" is in true, false, or a float's exponent.
+    return ("null" not in outside and "0.0000" not in outside
+            and "e" not in outside.replace("true", "").replace("false", ""))
+
+
+#: The MessagePack type byte of a float64, which msgspec writes for every float.
+_FLOAT64: Final = b"\xcb"
+
+
+def _ascii_identical(out: bytes) -> bool:
+    """:func:`_stdlib_identical` for the JSON of values holding no float: all that can then
+    differ is a non-ASCII character or DEL."""
+    text = out.decode()
+    return text.isascii() and "\x7f" not in text
+
+
 class JSONFraming:
-    """Newline-delimited JSON: each frame is one JSON document followed by ``\\n``."""
+    """Newline-delimited JSON: each frame is one JSON document followed by ``\\n``.
+
+    Encodes and decodes through msgspec's C code, producing and accepting exactly what the
+    standard library's ``json`` does (compact separators, ``ensure_ascii``, ``repr`` floats,
+    insertion key order): a value whose msgspec encoding may differ is encoded again by the
+    stdlib encoder, and a line msgspec refuses is parsed again by ``json.loads`` (of the line
+    read as UTF-8), which also words the error. :class:`StdlibJSONFraming` is the standard
+    library alone (the reference the tests compare against).
+    """
 
     content_type: Final = CONTENT_TYPE_JSON_LINES
 
@@ -160,6 +221,125 @@ class JSONFraming:
         # The C scanner behind json.loads: parses one value starting at an index and
         # reports where it ended, which lets one call per message find both boundaries.
         self._scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+        # msgspec imported here, not with the module: gazette.message stays as cheap to
+        # import as it was (msgspec costs ~27 ms, measured), until a JSON framing is made.
+        import msgspec  # noqa: PLC0415
+
+        #: What msgspec may raise encoding a value the stdlib encoder takes differently (a
+        #: bool or None dict key, a str or float subclass, a lone surrogate, a cycle...).
+        self._encode_errors = (TypeError, ValueError, OverflowError, RecursionError,
+                               msgspec.EncodeError)
+        #: What msgspec may raise decoding a line that json.loads may yet accept (NaN, a
+        #: lone surrogate escape, a number out of a float's range...).
+        self._decode_errors = (ValueError, RecursionError, msgspec.DecodeError)
+        ms_encoder = msgspec.json.Encoder()
+        self._ms_encode = ms_encoder.encode
+        self._ms_encode_lines = ms_encoder.encode_lines
+        self._ms_pack = msgspec.msgpack.Encoder().encode
+        self._ms_decode = msgspec.json.Decoder().decode
+
+    def marshal(self, msg: Any) -> bytes:
+        # Once per message published: the common cases inlined.
+        if type(msg) is JSONMessage:
+            value = msg.doc
+        else:
+            json_line = getattr(msg, "json_line", None)
+            if json_line is not None:
+                return json_line()  # type: ignore[no-any-return]  # a TypedMessage: msgspec
+            value = self._json_value(msg)
+        # _line inlined (a call costs here).
+        try:
+            out = self._ms_encode(value)
+            floats = self._ms_pack(value).find(_FLOAT64) >= 0
+        except self._encode_errors:
+            return self._stdlib_line(value, msg)
+        if _stdlib_identical(out) if floats else _ascii_identical(out):
+            return out + b"\n"
+        return self._stdlib_line(value, msg)
+
+    def _line(self, value: Any, msg: Any) -> bytes:
+        """The frame of ``value`` (the JSON value of ``msg``).
+
+        Whether ``value`` holds a float is told by its MessagePack encoding (in C, cheaper
+        than cutting the strings out of the JSON, measured): without a float byte 0xCB it
+        holds none (0xCB also occurs as a length or an integer's byte: then the full check
+        runs, needlessly but rightly), and only the ASCII check is needed.
+        """
+        try:
+            out = self._ms_encode(value)
+            floats = self._ms_pack(value).find(_FLOAT64) >= 0
+        except self._encode_errors:
+            return self._stdlib_line(value, msg)
+        if _stdlib_identical(out) if floats else _ascii_identical(out):
+            return out + b"\n"
+        return self._stdlib_line(value, msg)
+
+    def marshal_many(self, msgs: Iterable[Any]) -> bytes:
+        if type(msgs) is not list:
+            msgs = list(msgs)
+        if not msgs:
+            return b""
+        json_lines = getattr(type(msgs[0]), "json_lines", None)
+        # Messages of one TypedMessage type are encoded in one msgspec call.
+        if json_lines is not None and all(type(m) is type(msgs[0]) for m in msgs):
+            return json_lines(msgs)  # type: ignore[no-any-return]
+        value = self._json_value
+        values = [m.doc if type(m) is JSONMessage else value(m) for m in msgs]
+        # One call for the batch, one check of its bytes; if that fails, message by message
+        # (each through msgspec or, where it must, the stdlib encoder).
+        try:
+            out = self._ms_encode_lines(values)
+            floats = self._ms_pack(values).find(_FLOAT64) >= 0
+        except self._encode_errors:
+            pass
+        else:
+            if _stdlib_identical(out) if floats else _ascii_identical(out):
+                return out
+        return b"".join(list(map(self._line, values, msgs)))
+
+    def unmarshal(self, frame: bytes) -> Any:
+        try:
+            return self._ms_decode(frame)
+        except self._decode_errors:
+            value = self._loads_utf8(frame)
+        if isinstance(value, MessageDecodeError):
+            raise value
+        return value
+
+    def decode(self, buffer: bytes, final: bool = False) -> Decoded:
+        end = buffer.rfind(b"\n") + 1
+        if end == 0:
+            return Decoded()
+        lines = buffer[: end - 1].split(b"\n")
+        # ends[i] = (lengths of lines 0..i) + (i + 1) newlines.
+        ends = list(map(add, accumulate(map(len, lines)), count(1)))
+        # A line at a time (one msgspec call each: cheaper, measured, than one call over
+        # the lines joined into an array), so no document can span lines.
+        try:
+            return Decoded(list(map(self._ms_decode, lines)), ends, end, 0)
+        except self._decode_errors:
+            pass
+        values = list(map(self._decode_line, lines))
+        errors = sum(isinstance(v, MessageDecodeError) for v in values)
+        return Decoded(values, ends, end, errors)
+
+    def _decode_line(self, line: bytes) -> Any:
+        try:
+            return self._ms_decode(line)
+        except self._decode_errors:
+            return self._loads_utf8(line)
+
+    @staticmethod
+    def _loads_utf8(line: bytes) -> Any:
+        """``json.loads`` of the line read as UTF-8 (strictly: not as ``json.loads`` reads
+        bytes, which would take a byte order mark, UTF-16 or UTF-32, or encoded surrogates),
+        or the MessageDecodeError standing for it."""
+        try:
+            return json.loads(line.decode())
+        except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError.
+            return MessageDecodeError(f"invalid JSON message: {err}")
+
+    # -- the standard library's codec: the reference, and the fallback ---------------------
 
     def _json_value(self, msg: Any) -> Any:
         to_json = getattr(msg, "to_json", None)
@@ -175,7 +355,7 @@ class JSONFraming:
             else c_make({}, e.default, json.encoder.encode_basestring_ascii, None,
                         e.key_separator, e.item_separator, e.sort_keys, e.skipkeys, e.allow_nan)
 
-    def marshal(self, msg: Any) -> bytes:
+    def _stdlib_marshal(self, msg: Any) -> bytes:
         # Once per message published: the common cases inlined.
         if type(msg) is JSONMessage:
             value = msg.doc
@@ -184,6 +364,9 @@ class JSONFraming:
             if json_line is not None:
                 return json_line()  # type: ignore[no-any-return]  # a TypedMessage: msgspec
             value = self._json_value(msg)
+        return self._stdlib_line(value, msg)
+
+    def _stdlib_line(self, value: Any, msg: Any) -> bytes:
         c_encode = self._c_encode
         try:
             text = self._encode(value) if c_encode is None else "".join(c_encode(value, 0))
@@ -192,7 +375,7 @@ class JSONFraming:
             raise FramingError(f"cannot encode {type(msg).__name__} as JSON: {err}") from err
         return (text + "\n").encode()
 
-    def marshal_many(self, msgs: Iterable[Any]) -> bytes:
+    def _stdlib_marshal_many(self, msgs: Iterable[Any]) -> bytes:
         if type(msgs) is not list:
             msgs = list(msgs)
         if msgs:
@@ -223,13 +406,13 @@ class JSONFraming:
         frames: list[bytes | FramingError] = list(buffer[: end - 1].split(b"\n"))
         return Unpacked(frames, _accumulate_ends(map(len, frames)), end, 0)  # type: ignore[arg-type]
 
-    def unmarshal(self, frame: bytes) -> Any:
+    def _stdlib_unmarshal(self, frame: bytes) -> Any:
         try:
             return json.loads(frame)
         except (ValueError, UnicodeDecodeError) as err:
             raise MessageDecodeError(f"invalid JSON message: {err}") from err
 
-    def decode(self, buffer: bytes, final: bool = False) -> Decoded:
+    def _stdlib_decode(self, buffer: bytes, final: bool = False) -> Decoded:
         end = buffer.rfind(b"\n") + 1
         if end == 0:
             return Decoded()
@@ -323,6 +506,16 @@ class JSONFraming:
         return Decoded(values, _accumulate_ends(map(len, lines)), len(whole), errors)
 
 
+class StdlibJSONFraming(JSONFraming):
+    """JSONFraming through the standard library's ``json`` alone: the reference the msgspec
+    path is tested against, and the "before" column of ``bench/message_bench.py``."""
+
+    marshal = JSONFraming._stdlib_marshal
+    marshal_many = JSONFraming._stdlib_marshal_many
+    unmarshal = JSONFraming._stdlib_unmarshal
+    decode = JSONFraming._stdlib_decode
+
+
 class FixedFraming:
     """Length-prefixed binary frames (typically protobuf messages) with a magic word.
 
@@ -355,7 +548,17 @@ class FixedFraming:
         return self._header.pack(FIXED_FRAME_WORD, len(payload)) + payload
 
     def marshal_many(self, msgs: Iterable[Any]) -> bytes:
-        return b"".join([self.marshal(m) for m in msgs])
+        # Headers and payloads joined once (not each frame built by concatenation first).
+        payload_of, pack, word = self._payload, self._header.pack, FIXED_FRAME_WORD
+        parts: list[bytes] = []
+        add = parts.append
+        for msg in msgs:
+            payload = payload_of(msg)
+            if len(payload) > 0xFFFFFFFF:
+                raise FramingError(f"payload of {len(payload)} bytes exceeds a 32-bit length")
+            add(pack(word, len(payload)))
+            add(payload)
+        return b"".join(parts)
 
     def unpack(self, buffer: bytes, final: bool = False) -> Unpacked:
         out = Unpacked()
@@ -419,6 +622,21 @@ class CSVFraming:
         # back to the "\n" Gazette writes.
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\r\n")
+        if type(msgs) is not list:
+            msgs = list(msgs)
+        if not msgs:
+            return b""
+        # All records in one writer call. If the text holds no "\r" but the terminators',
+        # each "\r\n" ends a record and becomes "\n"; else (a field holds a "\r") record by
+        # record, which cuts each terminator off by position.
+        record = self._record
+        try:
+            writer.writerows([record(m) for m in msgs])
+        except csv.Error as err:
+            raise FramingError(f"cannot encode message as CSV: {err}") from err
+        text = out.getvalue()
+        if text.count("\r") == len(msgs):
+            return text.replace("\r\n", "\n").encode()
         records: list[str] = []
         try:
             for msg in msgs:
@@ -426,10 +644,8 @@ class CSVFraming:
                 out.truncate()
                 writer.writerow(self._record(msg))
                 records.append(out.getvalue()[:-2])
-        except csv.Error as err:
+        except csv.Error as err:  # pragma: no cover - writerows above raised it first
             raise FramingError(f"cannot encode message as CSV: {err}") from err
-        if not records:
-            return b""
         records.append("")
         return "\n".join(records).encode()
 
@@ -475,10 +691,28 @@ class CSVFraming:
         return rows[0]
 
     def decode(self, buffer: bytes, final: bool = False) -> Decoded:
+        end = buffer.rfind(b"\n") + 1
+        if end and b'"' not in buffer[:end] and b"\r" not in buffer[:end]:
+            # No quotes and no "\r": each line is one record, and the csv reader, which
+            # treats no other character specially, reads a line alike with or without its
+            # "\n". So the whole span is decoded and read in one call each.
+            whole = buffer[:end]
+            try:
+                text = whole.decode()
+                lines = text[:-1].split("\n")
+                rows: list[Any] = list(csv.reader(lines, strict=True))
+            except (csv.Error, UnicodeDecodeError):
+                pass
+            else:
+                if len(rows) == len(lines) and all(rows):
+                    # Byte lengths: those of the text's lines if it is ASCII.
+                    lengths = map(len, lines) if text.isascii() else \
+                        map(len, whole[:-1].split(b"\n"))
+                    return Decoded(rows, _accumulate_ends(lengths), end, 0)
         u = self.unpack(buffer, final)
         try:
             texts = [f.decode() for f in u.frames if isinstance(f, bytes)]
-            rows: list[Any] = list(csv.reader(texts, strict=True))
+            rows = list(csv.reader(texts, strict=True))
             if len(rows) == len(u.frames) and all(rows):
                 return Decoded(rows, u.ends, u.consumed, 0)
         except (csv.Error, UnicodeDecodeError):
