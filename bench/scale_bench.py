@@ -16,7 +16,8 @@ in steps (each step adds to the previous). Per step, one table row:
 * ``idle CPU %``: each broker's user+system CPU (``/proc/PID/stat``) over ``--idle`` seconds of
   doing nothing, in % of one core, and the sum (etcd's beside it);
 * ``list s``: ``gazctl journals list`` of every journal (the user's path: process start,
-  List RPC, table output), and ``List RPC s``, the RPC alone in this process;
+  List RPC, table output), beside ``gazctl start s`` (``--help``: the start alone) and
+  ``List RPC s``, the RPC alone in this process;
 * ``append+read p50/p99 ms``: ``--probes`` 100-byte appends to a fixed journal (replication 2),
   each followed by a read of what it appended, sent to each broker in turn (a broker that is
   not the primary proxies): p50 and p99 over all brokers, and the slowest broker's p50;
@@ -54,6 +55,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aetcd
+
+from gazette.allocator.keys import SEP, assignments_prefix
 from gazette.cli.gazctl.common import DEFAULT_MAX_TXN_SIZE
 from gazette.client.journal_client import JournalClient, label_selector
 from gazette.consumer.client import ShardClient
@@ -70,6 +74,9 @@ from gazette.testing.etcd_process import EtcdProcess
 
 PREFIX = "scale/"
 PROBE = "scale-probe/journal"
+BROKERS_ROOT = "/gazette/scale"
+CONSUMERS_ROOT = "/gazette/scale-consumers"
+POLL = 1.0  # seconds between polls of etcd
 SOURCES = 16
 TICK = os.sysconf("SC_CLK_TCK")
 SOLVED = re.compile(rb"solved for (\d+) of (\d+) item slots over (\d+) members in ([\d.]+)s")
@@ -166,14 +173,23 @@ def journals_yaml(names: Sequence[str], prefix: str = PREFIX) -> str:
             f"children:\n{children}")
 
 
-async def fully_assigned(client: JournalClient, prefix: str, want: int, patience: float) -> float:
-    """Polls List until ``want`` journals under ``prefix`` have a primary and two members;
-    the seconds it took."""
+async def assignments(etcd: aetcd.Client, root: str, prefix: str) -> dict[str, dict[int, bytes]]:
+    """The assignments of the items under ``prefix``, read from etcd: item -> slot -> value.
+    Read from etcd rather than listed through a broker: a List of every journal is work for
+    the broker being measured (at 5,000 journals, polling it starved broker-1's event loop)."""
+    out: dict[str, dict[int, bytes]] = {}
+    for kv in await etcd.get_prefix((assignments_prefix(root) + prefix).encode()):
+        item, _zone, _suffix, slot = kv.key.decode()[len(assignments_prefix(root)):].split(SEP)
+        out.setdefault(item, {})[int(slot)] = kv.value
+    return out
+
+
+async def fully_assigned(etcd: aetcd.Client, root: str, prefix: str, want: int, patience: float) -> float:
+    """Polls etcd until ``want`` journals under ``prefix`` have a primary (slot 0) and a
+    replica (slot 1) assigned; the seconds it took (to within the poll period)."""
     start = said = time.monotonic()
-    sel = label_selector(include=[("prefix", prefix)])
     while True:
-        resp = await client.list(sel)
-        done = sum(1 for j in resp.journals if j.route.primary >= 0 and len(j.route.members) == 2)
+        done = sum(1 for slots in (await assignments(etcd, root, prefix)).values() if {0, 1} <= set(slots))
         if done >= want:
             return time.monotonic() - start
         if time.monotonic() - start > patience:
@@ -181,6 +197,7 @@ async def fully_assigned(client: JournalClient, prefix: str, want: int, patience
         if time.monotonic() - said > 5:
             progress(f"  {done:,} of {want:,} journals fully assigned")
             said = time.monotonic()
+        await asyncio.sleep(POLL)  # the poll period: etcd is read, not waited on
 
 
 async def probe(brokers: Sequence[BrokerProcess], count: int) -> tuple[float, float, float]:
@@ -243,14 +260,15 @@ class Row:
     cells: dict[str, float] = field(default_factory=dict)
 
 
-async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, cluster: Cluster, rows: list[Row]) -> None:
+async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Client, cluster: Cluster,
+                        rows: list[Row]) -> None:
     brokers = cluster.brokers
     pids = [b.pid for b in brokers]
     assert all(p is not None for p in pids)
     bpids: list[int] = [p for p in pids if p is not None]
     async with JournalClient(brokers[0].address) as client:
         await client.apply(apply_request(journals_yaml([PROBE], "scale-probe/")))
-        await fully_assigned(client, "scale-probe/", 1, a.timeout)
+        await fully_assigned(ec, BROKERS_ROOT, "scale-probe/", 1, a.timeout)
         await probe(brokers, 5)  # warm: channels, proxies, the probe journal's replicas
         base_rss = sum(rss_bytes(p) for p in bpids)
         progress(f"empty brokers: {base_rss / 2**20:.0f} MiB RSS together")
@@ -264,7 +282,7 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, cluster: Clust
             await client.apply(apply_request(journals_yaml(new)), DEFAULT_MAX_TXN_SIZE)
             applied = time.monotonic() - t0
             progress(f"  applied in {applied:.1f}s; waiting for assignment")
-            assigned = await fully_assigned(client, PREFIX, step, a.timeout)
+            assigned = await fully_assigned(ec, BROKERS_ROOT, PREFIX, step, a.timeout)
             events = etcd_metric(etcd.url, "etcd_debugging_mvcc_events_total") - events0
             busy = time.monotonic() - t0
             nsolves, solve_s = solves(logs.read())
@@ -274,6 +292,7 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, cluster: Clust
             cpu = await idle_cpu([*bpids, etcd.pid or 0], a.idle)
             rss = sum(rss_bytes(p) for p in bpids)
             progress("  listing and probing")
+            start_s = gazctl_time(cluster, "journals", "list", "--help")
             list_s = gazctl_time(cluster, "journals", "list", "-l", f"prefix={PREFIX}")
             t1 = time.monotonic()
             listed = await client.list(label_selector(include=[("prefix", PREFIX)]))
@@ -288,7 +307,7 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, cluster: Clust
                 "RSS KiB/rep": (rss - base_rss) / 1024 / (2 * step),
                 **{f"idle b{i + 1} %": c for i, c in enumerate(cpu[:-1])},
                 "idle brokers %": sum(cpu[:-1]), "idle etcd %": cpu[-1],
-                "list s": list_s, "List RPC s": rpc_s,
+                "gazctl start s": start_s, "list s": list_s, "List RPC s": rpc_s,
                 "p50 ms": p50 * 1e3, "p99 ms": p99 * 1e3, "worst p50 ms": worst * 1e3,
                 "etcd db MiB": etcd_metric(etcd.url, "etcd_mvcc_db_total_size_in_bytes") / 2**20,
                 "watch ev/s": events / busy,
@@ -313,15 +332,16 @@ def shards_of(ids: Sequence[int]) -> pc.ApplyRequest:
     return req
 
 
-async def shards_ready(client: ShardClient, want: int, patience: float) -> float:
+async def shards_ready(etcd: aetcd.Client, root: str, want: int, patience: float) -> float:
+    """Polls etcd until ``want`` shards have one PRIMARY and one STANDBY replica status (the
+    values of their assignments); the seconds it took (to within the poll period)."""
     start = said = time.monotonic()
+    primary, standby = pc.ReplicaStatus.PRIMARY, pc.ReplicaStatus.STANDBY
     while True:
-        resp = await client.list()
         done = 0
-        for s in resp.shards:
-            codes = [st.code for st in s.status]
-            if codes.count(pc.ReplicaStatus.PRIMARY) == 1 and codes.count(pc.ReplicaStatus.STANDBY) == 1:
-                done += 1
+        for slots in (await assignments(etcd, root, "scale-")).values():
+            codes = [pc.ReplicaStatus.FromString(v).code for v in slots.values()]
+            done += codes.count(primary) == 1 and codes.count(standby) == 1
         if done >= want:
             return time.monotonic() - start
         if time.monotonic() - start > patience:
@@ -329,18 +349,19 @@ async def shards_ready(client: ShardClient, want: int, patience: float) -> float
         if time.monotonic() - said > 5:
             progress(f"  {done:,} of {want:,} shards PRIMARY with one STANDBY")
             said = time.monotonic()
+        await asyncio.sleep(POLL)  # the poll period: etcd is read, not waited on
 
 
-async def shard_steps(a: argparse.Namespace, etcd: EtcdProcess, cluster: Cluster,
+async def shard_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Client, cluster: Cluster,
                       root: Path, rows: list[Row]) -> None:
     async with JournalClient(cluster.brokers[0].address) as jc:
         names = [f"scale-src/part-{i:03d}" for i in range(SOURCES)]
         await jc.apply(apply_request(journals_yaml(names, "scale-src/")))
-        await fully_assigned(jc, "scale-src/", SOURCES, a.timeout)
+        await fully_assigned(ec, BROKERS_ROOT, "scale-src/", SOURCES, a.timeout)
     app_dir = root / "app"
     app_dir.mkdir()
     (app_dir / "scaleapp.py").write_text(APP)
-    prefix = "/gazette/scale-consumers"
+    prefix = CONSUMERS_ROOT
     base = {**os.environ, "BROKER_ADDRESS": cluster.brokers[0].address, "ETCD_ADDRESS": etcd.url,
             "ETCD_PREFIX": prefix, "CONSUMER_LIMIT": str(max(a.shard_steps) * 2),
             "PYTHONPATH": os.pathsep.join([str(app_dir), os.environ.get("PYTHONPATH", "")])}
@@ -350,15 +371,11 @@ async def shard_steps(a: argparse.Namespace, etcd: EtcdProcess, cluster: Cluster
     try:
         for p in procs:
             p.start()
-        etcd_client = await connect(etcd.url)
-        try:
-            deadline = time.monotonic() + 60
-            while len(endpoints := await consumer_endpoints(etcd_client, prefix)) < len(procs):
-                if time.monotonic() > deadline or not all(p.running() for p in procs):
-                    raise RuntimeError("consumer processes did not announce themselves")
-                await asyncio.sleep(0.2)  # polling etcd's member keys, not synchronisation
-        finally:
-            await etcd_client.close()
+        deadline = time.monotonic() + 60
+        while len(endpoints := await consumer_endpoints(ec, prefix)) < len(procs):
+            if time.monotonic() > deadline or not all(p.running() for p in procs):
+                raise RuntimeError("consumer processes did not announce themselves")
+            await asyncio.sleep(0.2)  # polling etcd's member keys, not synchronisation
         cpids = [p.pid for p in procs if p.pid is not None]
         base_rss = sum(rss_bytes(p) for p in cpids)
         progress(f"empty consumers: {base_rss / 2**20:.0f} MiB RSS together")
@@ -372,7 +389,7 @@ async def shard_steps(a: argparse.Namespace, etcd: EtcdProcess, cluster: Cluster
                 await client.apply(shards_of(range(have, step)), DEFAULT_MAX_TXN_SIZE)
                 applied = time.monotonic() - t0
                 progress(f"  applied in {applied:.1f}s; waiting for PRIMARY + STANDBY")
-                ready = await shards_ready(client, step, a.timeout)
+                ready = await shards_ready(ec, CONSUMERS_ROOT, step, a.timeout)
                 nsolves, solve_s = solves(logs.read())
                 progress(f"  ready {ready:.1f}s after the apply; idle CPU over {a.idle:.0f}s "
                          f"after {a.settle:.0f}s of settling")
@@ -469,18 +486,20 @@ async def run(a: argparse.Namespace, root: Path) -> None:
     etcd = EtcdProcess(root / "etcd", unsafe_no_fsync=not a.fsync)
     etcd.start()
     try:
-        with Cluster(etcd.url, "/gazette/scale/", root / "cluster", gazctl_timeout=600) as cluster:
+        ec = await connect(etcd.url)
+        with Cluster(etcd.url, BROKERS_ROOT + "/", root / "cluster", gazctl_timeout=600) as cluster:
             for i, zone in enumerate(("zone-a", "zone-b", "zone-a")):
                 cluster.add_broker(zone, f"broker-{i + 1}", extra_args=("--broker.limit", limit))
             progress(f"etcd and 3 brokers up under {root}")
             failed = ""
             try:
-                await journal_steps(a, etcd, cluster, rows)
+                await journal_steps(a, etcd, ec, cluster, rows)
                 if a.shards:
-                    await shard_steps(a, etcd, cluster, root, shard_rows)
+                    await shard_steps(a, etcd, ec, cluster, root, shard_rows)
             except (RuntimeError, TimeoutError, GazetteError) as err:
                 failed = f"stopped early: {type(err).__name__}: {err}"
                 progress(failed)
+        await ec.close()
     finally:
         etcd.close()
     out = [f"# scale_bench.py {' '.join(sys.argv[1:])} ({time.strftime('%Y-%m-%d %H:%M')}, "
