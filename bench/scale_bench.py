@@ -269,7 +269,15 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
     async with JournalClient(brokers[0].address) as client:
         await client.apply(apply_request(journals_yaml([PROBE], "scale-probe/")))
         await fully_assigned(ec, BROKERS_ROOT, "scale-probe/", 1, a.timeout)
-        await probe(brokers, 5)  # warm: channels, proxies, the probe journal's replicas
+        deadline = time.monotonic() + 60
+        while True:  # etcd has the assignment before the brokers have read it and started replicas
+            try:
+                await probe(brokers, 5)  # and warms channels and proxies
+                break
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)  # a retry pause: the brokers catch up with etcd
         base_rss = sum(rss_bytes(p) for p in bpids)
         progress(f"empty brokers: {base_rss / 2**20:.0f} MiB RSS together")
         logs = LogTail([b.log_path for b in brokers])
@@ -363,7 +371,7 @@ async def shard_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Client
     (app_dir / "scaleapp.py").write_text(APP)
     prefix = CONSUMERS_ROOT
     base = {**os.environ, "BROKER_ADDRESS": cluster.brokers[0].address, "ETCD_ADDRESS": etcd.url,
-            "ETCD_PREFIX": prefix, "CONSUMER_LIMIT": str(max(a.shard_steps) * 2),
+            "ETCD_PREFIX": prefix, "ETCD_LEASE": a.etcd_lease, "CONSUMER_LIMIT": str(max(a.shard_steps) * 2),
             "PYTHONPATH": os.pathsep.join([str(app_dir), os.environ.get("PYTHONPATH", "")])}
     procs = [ConsumerProc(f"cons-{i}", consumer_env(base, CONSUMER_ZONE=zone), cluster.log_dir,
                           app="scaleapp:App")
@@ -489,7 +497,8 @@ async def run(a: argparse.Namespace, root: Path) -> None:
         ec = await connect(etcd.url)
         with Cluster(etcd.url, BROKERS_ROOT + "/", root / "cluster", gazctl_timeout=600) as cluster:
             for i, zone in enumerate(("zone-a", "zone-b", "zone-a")):
-                cluster.add_broker(zone, f"broker-{i + 1}", extra_args=("--broker.limit", limit))
+                cluster.add_broker(zone, f"broker-{i + 1}",
+                                   extra_args=("--broker.limit", limit, "--etcd.lease", a.etcd_lease))
             progress(f"etcd and 3 brokers up under {root}")
             failed = ""
             try:
@@ -533,6 +542,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--settle", type=float, default=5.0, help="seconds waited before measuring idle CPU")
     ap.add_argument("--probes", type=int, default=200, help="append+read round trips per broker per step")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds a step may take to assign")
+    ap.add_argument("--etcd-lease", default="20s",
+                    help="the brokers' --etcd.lease (Gazette's default 20s; a broker whose event loop "
+                         "lags longer loses its lease and exits)")
     ap.add_argument("--fsync", action="store_true", help="etcd fsyncs (default: --unsafe-no-fsync)")
     ap.add_argument("--out", type=Path, default=Path("scale-bench-out"), help="where the table and PNG go")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
