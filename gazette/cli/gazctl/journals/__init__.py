@@ -7,7 +7,7 @@ shape plus one line in ``gazette.cli.gazctl``.
 
 from __future__ import annotations
 
-from gazette.cli.gazctl.common import Command, apply_flags, selector_only
+from gazette.cli.gazctl.common import APPLY_TRANSACTIONS_HELP, Command, apply_flags, selector_only
 from gazette.cli.gazctl.journals.append import append_flags, cmd_append
 from gazette.cli.gazctl.journals.apply import cmd_apply
 from gazette.cli.gazctl.journals.edit import cmd_edit, edit_flags
@@ -50,9 +50,10 @@ Examples:
     "apply": ("Apply journal specifications", """\
 Apply a collection of JournalSpec creations, updates, or deletions, given as a YAML
 journal hierarchy (the format of "journals list -o yaml"). Each journal's "revision" must
-match its current etcd revision (0 or absent creates, -1 skips the check), else nothing is
-applied. Set "delete: true" on a journal or a parent to delete.
-""", apply_flags, cmd_apply),
+match its current etcd revision (0 or absent creates, -1 skips the check), else nothing of
+its transaction is applied. Set "delete: true" on a journal or a parent to delete.
+
+""" + APPLY_TRANSACTIONS_HELP, apply_flags, cmd_apply),
     "edit": ("Edit journal specifications", """\
 Edit the journal specifications matching --selector in $EDITOR and apply the result.
 Revisions are checked: if a journal changed since it was listed, nothing is applied.

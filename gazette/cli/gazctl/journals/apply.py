@@ -1,13 +1,22 @@
 """``gazctl journals apply``: apply journal specifications (Gazette's ``journals_apply.go``).
 
-Flags, help and output are Gazette's; see ``gazctl journals apply --help``.
+Flags, help and output are Gazette's; see ``gazctl journals apply --help``. Changes go in
+etcd transactions of at most ``--max-txn-size`` (by default as many as a default etcd admits):
+each transaction is atomic, a larger apply is not (``common.apply_in_transactions``).
 """
 
 from __future__ import annotations
 
 from google.protobuf import text_format
 
-from gazette.cli.gazctl.common import CommandError, Context, apply_failed, read_specs
+from gazette.cli.gazctl.common import (
+    ApplyBatchError,
+    CommandError,
+    Context,
+    apply_failed,
+    apply_in_transactions,
+    read_specs,
+)
 from gazette.client.errors import (
     ClientError,
 )
@@ -32,10 +41,14 @@ def _decode_specs(text: str) -> pb.ApplyRequest:
 
 async def _apply(ctx: Context, client: JournalClient, req: pb.ApplyRequest) -> None:
     try:
-        resp = await client.apply(req, ctx.args.max_txn_size)
-    except ClientError as err:
-        raise apply_failed("journals", err, len(req.changes)) from None
-    ctx.log.info("successfully applied", revision=resp.header.etcd.revision)
+        resp, txns = await apply_in_transactions(req.changes, ctx.args.max_txn_size, client.apply)
+    except ApplyBatchError as err:
+        if not isinstance(err.cause, ClientError):
+            raise err.cause from None
+        raise apply_failed("journals", err.cause, len(req.changes), err.applied) from None
+    # Gazette's line; the count of transactions only when the apply was split (not atomic).
+    split = {"transactions": txns} if txns > 1 else {}
+    ctx.log.info("successfully applied", revision=resp.header.etcd.revision, **split)
 
 
 async def cmd_apply(ctx: Context) -> None:

@@ -8,7 +8,7 @@ also reads journals' heads from the brokers (``[shards.Broker]``).
 
 from __future__ import annotations
 
-from gazette.cli.gazctl.common import Command, apply_flags
+from gazette.cli.gazctl.common import APPLY_TRANSACTIONS_HELP, Command, apply_flags
 from gazette.cli.gazctl.shards.apply import cmd_apply
 from gazette.cli.gazctl.shards.edit import cmd_edit, edit_flags
 from gazette.cli.gazctl.shards.list import add_list_flags, cmd_list
@@ -21,9 +21,10 @@ COMMANDS: dict[str, Command] = {
 Apply a collection of ShardSpec creations, updates, or deletions, given as a YAML shard
 space: a "common" ShardSpec whose fields every shard inherits unless it sets them, and a
 list of "shards" (the format of "shards list -o yaml"). Each shard's "revision" must match
-its current etcd revision (0 or absent creates, -1 skips the check), else nothing is
-applied. Set "delete: true" on a shard to delete it. Source journals must exist and have a
-framed content-type (e.g. application/x-ndjson), else nothing is applied.
+its current etcd revision (0 or absent creates, -1 skips the check), else nothing of its
+transaction is applied. Set "delete: true" on a shard to delete it. Source journals must
+exist and have a framed content-type (e.g. application/x-ndjson), else nothing of the
+transaction is applied.
 
 Example:
   common:
@@ -33,7 +34,8 @@ Example:
   - id: counter-part-000
     sources:
     - journal: examples/counts/part-000
-""", apply_flags, cmd_apply),
+
+""" + APPLY_TRANSACTIONS_HELP, apply_flags, cmd_apply),
     "edit": ("Edit shard specifications", """\
 Edit the shard specifications matching --selector in $EDITOR and apply the result.
 Revisions are checked: if a shard changed since it was listed, nothing is applied.
