@@ -9,6 +9,8 @@ in steps (each step adds to the previous). Per step, one table row:
 * ``assigned s``: from the end of the apply until every journal of the cluster is listed with a
   primary and two members (polled with List through one broker: the figure includes up to one
   List's duration);
+* ``quiet s``: from then until the brokers' logs show no replica start or stop nor solve
+  for ``--settle`` seconds (the replicas have started; idle CPU is measured after it);
 * ``solves`` / ``solve s``: the allocator's rounds during the step and their total solve time,
   parsed from the leader's ``solved for ...`` log lines;
 * ``RSS KiB/rep``: the brokers' summed RSS above the empty brokers', per journal replica
@@ -138,6 +140,7 @@ class LogTail:
     def __init__(self, paths: Sequence[Path]) -> None:
         self.paths = list(paths)
         self.offsets = {p: p.stat().st_size if p.exists() else 0 for p in self.paths}
+        self.read_seen = b""  # what the last settle() read
 
     def read(self) -> bytes:
         out = b""
@@ -148,6 +151,28 @@ class LogTail:
             self.offsets[p] += len(data)
             out += data
         return out
+
+
+BUSY = (b"starting local journal replica", b"stopping local journal replica", b"solved for",
+        b"shard assigned")
+
+
+async def settle(logs: LogTail, quiet: float, patience: float) -> float:
+    """Waits until the logs have shown no replica start or stop, allocator solve or shard
+    assignment for ``quiet`` seconds: a replica still starting is not idle. The seconds until
+    the last such line; what was read is left in ``logs.read_seen``."""
+    start = last = time.monotonic()
+    seen = b""
+    while time.monotonic() - last < quiet:
+        if time.monotonic() - start > patience:
+            raise TimeoutError(f"processes still busy after {patience:.0f}s")
+        await asyncio.sleep(0.5)  # polling the logs, not synchronisation
+        new = logs.read()
+        seen += new
+        if any(marker in new for marker in BUSY):
+            last = time.monotonic()
+    logs.read_seen = seen
+    return last - start
 
 
 def solves(text: bytes) -> tuple[int, float]:
@@ -318,9 +343,12 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
             events = etcd_metric(etcd.url, "etcd_debugging_mvcc_events_total") - events0
             busy = time.monotonic() - t0
             nsolves, solve_s = solves(logs.read())
-            progress(f"  assigned {assigned:.1f}s after the apply; idle CPU over {a.idle:.0f}s "
-                     f"after {a.settle:.0f}s of settling")
-            await asyncio.sleep(a.settle)  # let replicas finish starting: idle is what follows
+            progress(f"  assigned in etcd {assigned:.1f}s after the apply; waiting for the brokers' logs "
+                     f"to be quiet for {a.settle:.0f}s")
+            quiet_after = await settle(logs, a.settle, a.timeout)
+            nsolves2, solve_s2 = solves(logs.read_seen)
+            nsolves, solve_s = nsolves + nsolves2, solve_s + solve_s2
+            progress(f"  quiet {quiet_after:.1f}s after assignment; idle CPU over {a.idle:.0f}s")
             cpu = await idle_cpu([*bpids, etcd.pid or 0], a.idle)
             rss = sum(rss_bytes(p) for p in bpids)
             progress("  listing and probing")
@@ -333,7 +361,7 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
             p50, p99, worst, probe_errors = await probe(brokers, a.probes)
             row = Row(step, {
                 "apply ms/j": 1e3 * applied / len(new),
-                "assigned s": assigned,
+                "assigned s": assigned, "quiet s": quiet_after,
                 "solves": nsolves, "solve s": solve_s,
                 "RSS MiB": rss / 2**20,
                 "RSS KiB/rep": (rss - base_rss) / 1024 / (2 * step),
@@ -424,9 +452,11 @@ async def shard_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Client
                 progress(f"  applied in {applied:.1f}s; waiting for PRIMARY + STANDBY")
                 ready = await shards_ready(ec, CONSUMERS_ROOT, step, a.timeout)
                 nsolves, solve_s = solves(logs.read())
-                progress(f"  ready {ready:.1f}s after the apply; idle CPU over {a.idle:.0f}s "
-                         f"after {a.settle:.0f}s of settling")
-                await asyncio.sleep(a.settle)  # let shards finish starting: idle is what follows
+                progress(f"  ready {ready:.1f}s after the apply; waiting for the consumers' logs to be "
+                         f"quiet for {a.settle:.0f}s")
+                await settle(logs, a.settle, a.timeout)
+                nsolves2, solve_s2 = solves(logs.read_seen)
+                nsolves, solve_s = nsolves + nsolves2, solve_s + solve_s2
                 cpu = await idle_cpu([*cpids, *(b.pid or 0 for b in cluster.brokers)], a.idle)
                 rss = sum(rss_bytes(p) for p in cpids)
                 list_s = gazctl_time(cluster, "shards", "list", "--consumer.address", endpoints[0])
@@ -564,7 +594,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--shards", action="store_true", help="also the consumer part")
     ap.add_argument("--shard-steps", type=counts, default=None, help="shard counts (default 500,2000,5000)")
     ap.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measured per step")
-    ap.add_argument("--settle", type=float, default=5.0, help="seconds waited before measuring idle CPU")
+    ap.add_argument("--settle", type=float, default=5.0,
+                    help="seconds without replica starts or solves in the logs before idle CPU is measured")
     ap.add_argument("--probes", type=int, default=200, help="append+read round trips per broker per step")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds a step may take to assign")
     ap.add_argument("--etcd-lease", default="20s",
