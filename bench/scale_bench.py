@@ -269,11 +269,11 @@ class ProbeError(RuntimeError):
 
 async def _round_trip(stub: Any, data: bytes) -> None:
     resp = await stub.Append(iter((pb.AppendRequest(journal=PROBE),
-                                   pb.AppendRequest(content=data), pb.AppendRequest())), timeout=30)
+                                   pb.AppendRequest(content=data), pb.AppendRequest())), timeout=10)
     if resp.status != pb.OK:
         raise ProbeError(f"append: {pb.Status.Name(resp.status)}")
     got = b""
-    call = stub.Read(pb.ReadRequest(journal=PROBE, offset=resp.commit.begin, block=False), timeout=30)
+    call = stub.Read(pb.ReadRequest(journal=PROBE, offset=resp.commit.begin, block=False), timeout=10)
     try:
         async for r in call:
             got += r.content
@@ -358,6 +358,9 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
             listed = await client.list(label_selector(include=[("prefix", PREFIX)]))
             rpc_s = time.monotonic() - t1
             assert len(listed.journals) == step, len(listed.journals)
+            progress(f"  {rss / 2**20:.0f} MiB RSS ({(rss - base_rss) / 1024 / (2 * step):.1f} KiB per "
+                     f"replica); idle CPU % brokers {' / '.join(f'{c:.1f}' for c in cpu[:-1])}, etcd "
+                     f"{cpu[-1]:.1f}; gazctl start {start_s:.2f}s, list {list_s:.2f}s, List RPC {rpc_s:.2f}s")
             p50, p99, worst, probe_errors = await probe(brokers, a.probes)
             row = Row(step, {
                 "apply ms/j": 1e3 * applied / len(new),
