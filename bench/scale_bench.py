@@ -9,6 +9,8 @@ in steps (each step adds to the previous). Per step, one table row:
 * ``assigned s``: from the end of the apply until every journal of the cluster is listed with a
   primary and two members (polled with List through one broker: the figure includes up to one
   List's duration);
+* ``quiet s``: from then until the brokers' logs show no replica start or stop nor solve
+  for ``--settle`` seconds (the replicas have started; idle CPU is measured after it);
 * ``solves`` / ``solve s``: the allocator's rounds during the step and their total solve time,
   parsed from the leader's ``solved for ...`` log lines;
 * ``RSS KiB/rep``: the brokers' summed RSS above the empty brokers', per journal replica
@@ -54,14 +56,15 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aetcd
+import grpc
 
 from gazette.allocator.keys import SEP, assignments_prefix
 from gazette.cli.gazctl.common import DEFAULT_MAX_TXN_SIZE
 from gazette.client.journal_client import JournalClient, label_selector
 from gazette.consumer.client import ShardClient
-from gazette.errors import GazetteError
 from gazette.etcd import connect
 from gazette.journalspace import apply_request
 from gazette.protocol import consumer_pb2 as pc
@@ -137,6 +140,7 @@ class LogTail:
     def __init__(self, paths: Sequence[Path]) -> None:
         self.paths = list(paths)
         self.offsets = {p: p.stat().st_size if p.exists() else 0 for p in self.paths}
+        self.read_seen = b""  # what the last settle() read
 
     def read(self) -> bytes:
         out = b""
@@ -147,6 +151,28 @@ class LogTail:
             self.offsets[p] += len(data)
             out += data
         return out
+
+
+BUSY = (b"starting local journal replica", b"stopping local journal replica", b"solved for",
+        b"shard assigned")
+
+
+async def settle(logs: LogTail, quiet: float, patience: float) -> float:
+    """Waits until the logs have shown no replica start or stop, allocator solve or shard
+    assignment for ``quiet`` seconds: a replica still starting is not idle. The seconds until
+    the last such line; what was read is left in ``logs.read_seen``."""
+    start = last = time.monotonic()
+    seen = b""
+    while time.monotonic() - last < quiet:
+        if time.monotonic() - start > patience:
+            raise TimeoutError(f"processes still busy after {patience:.0f}s")
+        await asyncio.sleep(0.5)  # polling the logs, not synchronisation
+        new = logs.read()
+        seen += new
+        if any(marker in new for marker in BUSY):
+            last = time.monotonic()
+    logs.read_seen = seen
+    return last - start
 
 
 def solves(text: bytes) -> tuple[int, float]:
@@ -200,10 +226,13 @@ async def fully_assigned(etcd: aetcd.Client, root: str, prefix: str, want: int, 
         await asyncio.sleep(POLL)  # the poll period: etcd is read, not waited on
 
 
-async def probe(brokers: Sequence[BrokerProcess], count: int) -> tuple[float, float, float]:
-    """Append+read round trips to PROBE through each broker: (p50, p99, worst broker's p50), s."""
+async def probe(brokers: Sequence[BrokerProcess], count: int) -> tuple[float, float, float, int]:
+    """Append+read round trips to PROBE through each broker: (p50, p99, worst broker's p50) in
+    seconds, and the number of round trips that failed (a lagging broker's peers time out;
+    failures are counted, not timed)."""
     samples: list[float] = []
     per_broker: list[float] = []
+    errors = 0
     for b in brokers:
         channel = insecure_channel(f"127.0.0.1:{b.port}")
         stub = pb_grpc.JournalStub(channel)
@@ -212,37 +241,57 @@ async def probe(brokers: Sequence[BrokerProcess], count: int) -> tuple[float, fl
             for i in range(count + 5):
                 data = b'{"probe": %06d, "pad": "0123456789012345678901234567890123456789012345678"}\n' % i
                 start = time.perf_counter()
-                resp = await stub.Append(iter((pb.AppendRequest(journal=PROBE),
-                                               pb.AppendRequest(content=data), pb.AppendRequest())))
-                if resp.status != pb.OK:
-                    raise RuntimeError(f"append through {b.broker_id}: {pb.Status.Name(resp.status)}")
-                got = b""
-                call = stub.Read(pb.ReadRequest(journal=PROBE, offset=resp.commit.begin, block=False))
                 try:
-                    async for r in call:
-                        got += r.content
-                        if len(got) >= len(data) or (not r.content and r.status != pb.OK):
-                            break
-                finally:
-                    call.cancel()
-                if got[:len(data)] != data:
-                    raise RuntimeError(f"read through {b.broker_id} returned {got[:80]!r}")
+                    await _round_trip(stub, data)
+                except (grpc.aio.AioRpcError, ProbeError) as err:
+                    errors += 1
+                    if errors == 1 or count <= 5:
+                        progress(f"  probe through {b.broker_id} failed: {str(err).strip()[:200]}")
+                    if count <= 5:
+                        raise ProbeError(str(err)) from None
+                    continue
                 if i >= 5:  # the first round trips open channels and proxies
                     mine.append(time.perf_counter() - start)
         finally:
             await channel.close()
         samples += mine
-        per_broker.append(statistics.median(mine))
+        per_broker.append(statistics.median(mine) if mine else float("nan"))
     samples.sort()
-    return statistics.median(samples), samples[min(len(samples) - 1, int(0.99 * len(samples)))], max(per_broker)
+    if not samples:
+        return float("nan"), float("nan"), float("nan"), errors
+    return (statistics.median(samples), samples[min(len(samples) - 1, int(0.99 * len(samples)))],
+            max(per_broker), errors)
+
+
+class ProbeError(RuntimeError):
+    """An append or read of the probe journal was refused or read back wrong."""
+
+
+async def _round_trip(stub: Any, data: bytes) -> None:
+    resp = await stub.Append(iter((pb.AppendRequest(journal=PROBE),
+                                   pb.AppendRequest(content=data), pb.AppendRequest())), timeout=10)
+    if resp.status != pb.OK:
+        raise ProbeError(f"append: {pb.Status.Name(resp.status)}")
+    got = b""
+    call = stub.Read(pb.ReadRequest(journal=PROBE, offset=resp.commit.begin, block=False), timeout=10)
+    try:
+        async for r in call:
+            got += r.content
+            if len(got) >= len(data) or (not r.content and r.status != pb.OK):
+                break
+    finally:
+        call.cancel()
+    if got[:len(data)] != data:
+        raise ProbeError(f"read returned {got[:80]!r}")
 
 
 def gazctl_time(cluster: Cluster, *args: str) -> float:
     start = time.monotonic()
     r = cluster.gazctl(*args, timeout=600)
     took = time.monotonic() - start
-    if r.rc != 0:
-        raise RuntimeError(f"gazctl {' '.join(args)}: {r.stderr.strip()[-400:]}")
+    if r.rc != 0:  # a failed listing is reported, not timed
+        progress(f"  gazctl {' '.join(args)} failed: {r.stderr.strip()[-300:]}")
+        return float("nan")
     return took
 
 
@@ -274,7 +323,7 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
             try:
                 await probe(brokers, 5)  # and warms channels and proxies
                 break
-            except RuntimeError:
+            except (RuntimeError, grpc.aio.AioRpcError):
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.2)  # a retry pause: the brokers catch up with etcd
@@ -294,9 +343,12 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
             events = etcd_metric(etcd.url, "etcd_debugging_mvcc_events_total") - events0
             busy = time.monotonic() - t0
             nsolves, solve_s = solves(logs.read())
-            progress(f"  assigned {assigned:.1f}s after the apply; idle CPU over {a.idle:.0f}s "
-                     f"after {a.settle:.0f}s of settling")
-            await asyncio.sleep(a.settle)  # let replicas finish starting: idle is what follows
+            progress(f"  assigned in etcd {assigned:.1f}s after the apply; waiting for the brokers' logs "
+                     f"to be quiet for {a.settle:.0f}s")
+            quiet_after = await settle(logs, a.settle, a.timeout)
+            nsolves2, solve_s2 = solves(logs.read_seen)
+            nsolves, solve_s = nsolves + nsolves2, solve_s + solve_s2
+            progress(f"  quiet {quiet_after:.1f}s after assignment; idle CPU over {a.idle:.0f}s")
             cpu = await idle_cpu([*bpids, etcd.pid or 0], a.idle)
             rss = sum(rss_bytes(p) for p in bpids)
             progress("  listing and probing")
@@ -306,10 +358,13 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
             listed = await client.list(label_selector(include=[("prefix", PREFIX)]))
             rpc_s = time.monotonic() - t1
             assert len(listed.journals) == step, len(listed.journals)
-            p50, p99, worst = await probe(brokers, a.probes)
+            progress(f"  {rss / 2**20:.0f} MiB RSS ({(rss - base_rss) / 1024 / (2 * step):.1f} KiB per "
+                     f"replica); idle CPU % brokers {' / '.join(f'{c:.1f}' for c in cpu[:-1])}, etcd "
+                     f"{cpu[-1]:.1f}; gazctl start {start_s:.2f}s, list {list_s:.2f}s, List RPC {rpc_s:.2f}s")
+            p50, p99, worst, probe_errors = await probe(brokers, a.probes)
             row = Row(step, {
                 "apply ms/j": 1e3 * applied / len(new),
-                "assigned s": assigned,
+                "assigned s": assigned, "quiet s": quiet_after,
                 "solves": nsolves, "solve s": solve_s,
                 "RSS MiB": rss / 2**20,
                 "RSS KiB/rep": (rss - base_rss) / 1024 / (2 * step),
@@ -317,6 +372,7 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
                 "idle brokers %": sum(cpu[:-1]), "idle etcd %": cpu[-1],
                 "gazctl start s": start_s, "list s": list_s, "List RPC s": rpc_s,
                 "p50 ms": p50 * 1e3, "p99 ms": p99 * 1e3, "worst p50 ms": worst * 1e3,
+                "probe errors": probe_errors,
                 "etcd db MiB": etcd_metric(etcd.url, "etcd_mvcc_db_total_size_in_bytes") / 2**20,
                 "watch ev/s": events / busy,
             })
@@ -399,9 +455,11 @@ async def shard_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Client
                 progress(f"  applied in {applied:.1f}s; waiting for PRIMARY + STANDBY")
                 ready = await shards_ready(ec, CONSUMERS_ROOT, step, a.timeout)
                 nsolves, solve_s = solves(logs.read())
-                progress(f"  ready {ready:.1f}s after the apply; idle CPU over {a.idle:.0f}s "
-                         f"after {a.settle:.0f}s of settling")
-                await asyncio.sleep(a.settle)  # let shards finish starting: idle is what follows
+                progress(f"  ready {ready:.1f}s after the apply; waiting for the consumers' logs to be "
+                         f"quiet for {a.settle:.0f}s")
+                await settle(logs, a.settle, a.timeout)
+                nsolves2, solve_s2 = solves(logs.read_seen)
+                nsolves, solve_s = nsolves + nsolves2, solve_s + solve_s2
                 cpu = await idle_cpu([*cpids, *(b.pid or 0 for b in cluster.brokers)], a.idle)
                 rss = sum(rss_bytes(p) for p in cpids)
                 list_s = gazctl_time(cluster, "shards", "list", "--consumer.address", endpoints[0])
@@ -505,7 +563,7 @@ async def run(a: argparse.Namespace, root: Path) -> None:
                 await journal_steps(a, etcd, ec, cluster, rows)
                 if a.shards:
                     await shard_steps(a, etcd, ec, cluster, root, shard_rows)
-            except (RuntimeError, TimeoutError, GazetteError) as err:
+            except Exception as err:  # noqa: BLE001 - what was measured is still printed
                 failed = f"stopped early: {type(err).__name__}: {err}"
                 progress(failed)
         await ec.close()
@@ -539,7 +597,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--shards", action="store_true", help="also the consumer part")
     ap.add_argument("--shard-steps", type=counts, default=None, help="shard counts (default 500,2000,5000)")
     ap.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measured per step")
-    ap.add_argument("--settle", type=float, default=5.0, help="seconds waited before measuring idle CPU")
+    ap.add_argument("--settle", type=float, default=5.0,
+                    help="seconds without replica starts or solves in the logs before idle CPU is measured")
     ap.add_argument("--probes", type=int, default=200, help="append+read round trips per broker per step")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds a step may take to assign")
     ap.add_argument("--etcd-lease", default="20s",
