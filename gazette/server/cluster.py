@@ -109,17 +109,48 @@ class Listed:
 def list_items(ks: KeySpace, spec_type: type[Any], selector: labels.LabelSelector,
                claims: Claims | None, labels_of: LabelsOf) -> Iterator[Listed]:
     """The items of ``spec_type`` (a JournalSpec or ShardSpec class) whose labels with
-    meta-labels match ``selector`` and ``claims`` (None: any), in key order."""
-    for kv in ks.prefixed(items_prefix(ks.root)):
+    meta-labels match ``selector`` and ``claims`` (None: any), in key order.
+
+    A selector that includes an item's name (``name`` or ``id``) or a journal ``prefix`` is
+    answered from those keys' ranges alone (`selected_ranges`), not by a scan of every item:
+    each starting shard lists its source journal, by name."""
+    root = ks.root
+    base = items_prefix(root)
+    ranges = selected_ranges(selector, journals=spec_type is pb.JournalSpec)
+    if ranges is None:
+        candidates: Sequence[KeyValue] = ks.prefixed(base)
+    else:
+        seen: dict[str, KeyValue] = {}
+        for start, end in ranges:
+            for kv in (ks.range(base + start, base + end) if end is not None else ks.prefixed(base + start)):
+                seen[kv.key] = kv
+        candidates = [seen[k] for k in sorted(seen)]
+    for kv in candidates:
         spec = kv.value
         if not isinstance(spec, spec_type):
             continue
-        name = parse_item_key(ks.root, kv.key)
+        name = parse_item_key(root, kv.key)
         ext = labels_of(labels.LabelSet.from_proto(spec.labels), name)
         if not selector.matches(ext) or (claims is not None and not claims.permits(ext)):
             continue
         route, assignments = item_route(ks, name)
         yield Listed(kv, route, assignments)
+
+
+def selected_ranges(selector: labels.LabelSelector, *, journals: bool) -> list[tuple[str, str | None]] | None:
+    """Name ranges (``start``, ``end``: [start, end), or every name starting with ``start``
+    when ``end`` is None) holding every item ``selector`` can match, from its includes of the
+    name meta-label (``name`` for journals, ``id`` for shards) or, for journals, ``prefix``;
+    None when it includes neither (or an empty value, which matches any): scan them all.
+    A superset: each candidate is still matched against the whole selector."""
+    names = (labels.META_NAME, labels.META_PREFIX) if journals else (labels.META_ID,)
+    for meta in names:
+        include = [lb for lb in selector.include if lb.name == meta]
+        if not include or any(lb.value == "" for lb in include):
+            continue
+        return [(lb.value, None) if lb.prefix or meta == labels.META_PREFIX else (lb.value, lb.value + "\0")
+                for lb in include]
+    return None
 
 
 @dataclass(frozen=True, slots=True)
