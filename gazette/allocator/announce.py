@@ -81,7 +81,7 @@ class Announcement:
                 now = time.monotonic()
                 unreachable_since = unreachable_since or now
                 log.warning("lease %x of %s: etcd unreachable for %.1fs (%s); retrying", self.lease_id,
-                            self.key, now - unreachable_since, err)
+                            self.key, now - unreachable_since, str(err) or type(err).__name__)
                 await asyncio.sleep(min(interval, 0.5))  # the retry period
                 continue
             if reply is None or reply.TTL <= 0:

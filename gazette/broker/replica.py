@@ -312,7 +312,7 @@ class Replica:
                     next_refresh = time.monotonic() + interval
                 except Exception as err:  # noqa: BLE001 - retried; appends wait meanwhile
                     attempt += 1
-                    log.warning("refreshing fragment index failed", extra={"journal": self.journal, "err": str(err)})
+                    log.warning("refreshing fragment index failed", extra={"journal": self.journal, "err": str(err) or type(err).__name__})
                     next_refresh = time.monotonic() + min(30.0, 0.5 * 2**attempt)
             self._maybe_flush()
             timeout = max(0.0, next_refresh - time.monotonic())
@@ -364,7 +364,7 @@ class Replica:
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - retried at the next pulse
-                log.warning("journal pulse failed (will retry)", extra={"journal": self.journal, "err": str(err)})
+                log.warning("journal pulse failed (will retry)", extra={"journal": self.journal, "err": str(err) or type(err).__name__})
                 # A failed pulse asks for the next at once (its broken pipeline does): back off,
                 # or a peer that stays unreachable until its lease lapses is hammered in a loop.
                 await asyncio.sleep(min(PULSE_BACKOFF_MAX, 0.05 * 2 ** failures))
