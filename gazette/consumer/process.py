@@ -42,7 +42,7 @@ from gazette.consumer.keys import consumer_decoder
 from gazette.consumer.recovery import HintsStore
 from gazette.consumer.resolver import Resolver
 from gazette.consumer.service import ShardService
-from gazette.consumer.shard import ShardRuntime
+from gazette.consumer.shard import ShardRuntime, StatusWriter
 from gazette.consumer.standby import StandbyReplica
 from gazette.etcd import txn
 from gazette.etcd.keyspace import KeySpace, KeyValue
@@ -221,20 +221,36 @@ class ConsumerProcess(MemberProcess):
             log.info("shard assigned as primary", extra={
                 "shard": shard_id, "sources": ",".join(s.journal for s in spec.sources),
                 "from_standby": shard_id in promoted})
+            own: list[ShardRuntime[Any]] = []
             rt = ShardRuntime[Any](
-                item.key, spec, self.app, self.client, self.write_status, assignment=_assignment(slot, kv),
+                item.key, spec, self.app, self.client, self._own_status_writer(own), assignment=_assignment(slot, kv),
                 hints=hints, player=promoted.pop(shard_id, None), hint_interval=self.config.hint_interval)
+            own.append(rt)
             self.shards[shard_id] = (rt, self._shard_tasks.spawn(shard_id, rt.run_primary()))
         for player in promoted.values():  # promoted, but not started here (a FAILED status)
             await player.aclose()
 
-    async def write_status(self, shard_id: str, status: pc.ReplicaStatus) -> None:
+    def _own_status_writer(self, own: list[ShardRuntime[Any]]) -> StatusWriter:
+        """A primary's status writer: on its own assignment only (see ``write_status``)."""
+        async def write(shard_id: str, status: pc.ReplicaStatus) -> None:
+            await self.write_status(shard_id, status, own[0].assignment if own else None)
+        return write
+
+    async def write_status(self, shard_id: str, status: pc.ReplicaStatus,
+                           expect: Assignment | None = None) -> None:
         """Writes ``status`` on this process's assignment of ``shard_id``, checked against its
-        mod revision (a lost race means the assignment moved: nothing to write)."""
+        mod revision (a lost race means the assignment moved: nothing to write). With
+        ``expect`` (the assignment a primary runs under), only on that same assignment: a
+        primary replaced in this process (demoted, then promoted again: a new assignment) must
+        not mark its successor's assignment, e.g. FAILED by the fence its successor wrote."""
         local = self._local_assignments().get(shard_id)
         if local is None:
             return
         kv = local[1]
+        if expect is not None and expect.key and (kv.key, kv.create_revision) != (expect.key, expect.create_revision):
+            log.info("status of a replaced primary not written", extra={
+                "shard": shard_id, "status": pc.ReplicaStatus.Code.Name(status.code)})
+            return
         resp = await txn.commit(self.etcd, [txn.Cmp(kv.key, "mod", kv.mod_revision)],
                                 [txn.Put(kv.key, status.SerializeToString(), ignore_lease=True)])
         if resp.succeeded:

@@ -180,6 +180,13 @@ class ShardRuntime(Generic[S]):
         except asyncio.CancelledError:
             raise
         except Exception as err:  # noqa: BLE001 - the shard fails alone, with the error's text
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # Stopped (its assignment left) while something failed on the way out, e.g. a
+                # commit fenced by the next primary: not a failure of the shard, and the
+                # cancellation is not swallowed.
+                log.info("shard stopped", extra={"shard": self.spec.id, "err": str(err)})
+                raise asyncio.CancelledError() from err
             log.warning("shard failed", extra={"shard": self.spec.id, "err": str(err)})
             await self._write_status(self.spec.id, pc.ReplicaStatus(
                 code=pc.ReplicaStatus.FAILED, errors=[f"{type(err).__name__}: {err}"]))
