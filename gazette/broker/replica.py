@@ -172,7 +172,9 @@ class Replica:
 
     def _spool_committed(self, fragment: Fragment) -> None:
         self.index.spool_commit(fragment)
-        if self.primary and not self._flush_armed:
+        # Only where a flush interval is set: without one, nothing is due, and waking the
+        # maintenance loop on every append would be work on the append path for nothing.
+        if self.primary and not self._flush_armed and self.spec.fragment.flush_interval.seconds > 0:
             self._wake.set()  # the spool may have just begun a flush window
 
     def _request_refresh(self) -> None:
