@@ -395,9 +395,12 @@ async def test_abort_while_the_client_is_still_sending(rig: Rig) -> None:
     reqs = [pb.AppendRequest(journal=f"abort:RESOURCE_EXHAUSTED:{NASTY}")] + [
         pb.AppendRequest(content=pattern(i, 1_000_000)) for i in range(8)]
     err = await rpc_error(rig.stub.Append(iter(reqs)))
-    if rig.served.kind == "grpcio" and not isinstance(rig.channel, Channel) and err.code() == grpc.StatusCode.INTERNAL:
-        # grpcio against itself, on a busy machine, sometimes ends this race "Internal error
-        # from Core" instead of the server's status; any pair with one of ours must not.
+    if not isinstance(rig.channel, Channel) and err.code() == grpc.StatusCode.INTERNAL:
+        # grpcio's client, on a busy machine, sometimes ends this race "Internal error from
+        # Core" instead of the server's status: its request writer fails on the stream the
+        # server closed (trailers, then RST_STREAM NO_ERROR, as RFC 9113 8.1 asks), seen against
+        # grpcio's own server and against ours (grpcio 1.85 on the floors job). Our client
+        # must not (the next assertion, for every pair with it).
         await assert_serving(rig.stub)
         return
     assert (err.code(), err.details()) == (grpc.StatusCode.RESOURCE_EXHAUSTED, NASTY)
