@@ -100,10 +100,19 @@ def local_session(app_name: str = "gazette", *, cores: int | str = "*",
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     started = time.monotonic()
-    try:
-        spark = builder.getOrCreate()
-    except Exception as err:
-        raise SetupError(f"the Spark session did not start: {err}") from err
+    for attempt in (1, 2):
+        try:
+            spark = builder.getOrCreate()
+            break
+        except Exception as err:
+            # PySpark starts its JVM with a fork and a Python preexec hook; in a process where
+            # gRPC's threads are busy the child can die before it execs Java, silently (seen
+            # once in a full test run: "JAVA_GATEWAY_EXITED" with no output from Java). The
+            # fork is the only cost of starting over, so one more try is due.
+            if attempt == 1 and "JAVA_GATEWAY_EXITED" in str(err):
+                log.warning("the Spark JVM exited before it started (%s); starting it again", err)
+                continue
+            raise SetupError(f"the Spark session did not start: {err}") from err
     spark.sparkContext.setLogLevel("WARN")
     if importlib.util.find_spec("pyspark_gazette") is None:
         register(spark)  # Else Spark registered it statically, from the module.
