@@ -173,6 +173,7 @@ class AppendFSM:
         self.roll_to = 0
         self.registers = pb.LabelSet()
         self.next_suspend: pb.JournalSpec.Suspend | None = None
+        self.resumed = False  # this append resumed a fully suspended journal
         self.status: int = pb.OK
         self.err: BaseException | None = None
         self.sync_rounds = 0
@@ -228,6 +229,13 @@ class AppendFSM:
             assert res.spec is not None
             self.next_suspend = pb.JournalSpec.Suspend(level=pb.JournalSpec.Suspend.NONE, offset=res.spec.suspend.offset)
             self.state = UPDATE_SUSPEND
+        elif res.status == pb.NO_JOURNAL_PRIMARY_BROKER and self.resumed:
+            # This append resumed a journal that had no replicas: wait for the allocator to
+            # assign them (a later revision), rather than fail the append that asked for it
+            # (Gazette answers NO_JOURNAL_PRIMARY_BROKER here and leaves it to the client's
+            # retry; an HTTP client has none). The client's deadline bounds the wait.
+            self.read_through = res.header.etcd.revision + 1
+            self.state = RESOLVE
         elif res.status != pb.OK:
             self.status = res.status
             self.state = ERROR
@@ -451,6 +459,9 @@ class AppendFSM:
         res = self.res
         assert res is not None and self.next_suspend is not None
         self.read_through = await self.broker.update_suspend(res, self.next_suspend.level, self.next_suspend.offset)
+        if self.next_suspend.level == pb.JournalSpec.Suspend.NONE and res.spec is not None \
+                and res.spec.suspend.level == pb.JournalSpec.Suspend.FULL:
+            self.resumed = True
         log.info("updated journal suspension", extra={
             "journal": self.req.journal, "revision": self.read_through,
             "suspend": pb.JournalSpec.Suspend.Level.Name(self.next_suspend.level)})
@@ -661,10 +672,14 @@ async def append(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIter
     return resp
 
 
-async def pulse(broker: BrokerContext, replica: Replica) -> None:
+async def pulse(broker: BrokerContext, replica: Replica, suspend_if_flushed: bool = False) -> None:
     """A zero-byte append as primary: builds and synchronises the pipeline, advertises the
-    route, and rolls the spool if its flush interval passed (Gazette's pulse daemon)."""
-    req = pb.AppendRequest(journal=replica.journal, do_not_proxy=True, suspend=pb.AppendRequest.SUSPEND_NO_RESUME)
+    route, and rolls the spool if its flush interval passed (Gazette's pulse daemon). With
+    ``suspend_if_flushed`` (auto-suspension of a stable journal) it suspends the journal where
+    its content is persisted: fully if it has no fragments, else partially once its index has
+    been clean for the flush interval (see ``_on_validate_preconditions``)."""
+    mode = pb.AppendRequest.SUSPEND_IF_FLUSHED if suspend_if_flushed else pb.AppendRequest.SUSPEND_NO_RESUME
+    req = pb.AppendRequest(journal=replica.journal, do_not_proxy=True, suspend=mode)
 
     async def commit() -> AsyncIterator[pb.AppendRequest]:
         yield pb.AppendRequest()

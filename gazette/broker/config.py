@@ -32,6 +32,11 @@ class BrokerConfig:
     # Append flow control, bytes per second (see broker/flow.py); max 0 is no limit.
     max_append_rate: int = 0
     min_append_rate: int = 1 << 16
+    # Idle journals: a primary pulses each journal every health_interval seconds; with
+    # auto_suspend, a journal stable for AUTO_SUSPEND_TICKS of them and wholly persisted is
+    # suspended (Gazette's --broker.auto-suspend), costing nothing until its next append.
+    auto_suspend: bool = False
+    health_interval: float = 60.0
     # Security: TLS of the broker's port (mTLS if it names a client CA), TLS of its dials to
     # peers, and the keys signing and verifying bearer tokens ("" is authorization off).
     tls: ServerTLS | None = None

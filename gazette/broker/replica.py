@@ -20,9 +20,12 @@ Invariants:
 * ``route_signal`` is set (and replaced) whenever the journal's assignments change, waking
   RPCs which wait for the spool or the pipeline under a resolution that is now stale.
 * While primary, a *pulse* (a zero-byte append) runs on becoming primary, on each route
-  change, when the spool's flush interval passes, after a pipeline broke, and every
-  ``HEALTH_INTERVAL``: it builds and synchronises the pipeline and advertises the route's
-  consistency, without waiting for a client's append.
+  change, when the spool's flush interval passes, after a pipeline broke, and every health
+  interval (``HEALTH_INTERVAL``): it builds and synchronises the pipeline and advertises the
+  route's consistency, without waiting for a client's append. A replica that is not primary
+  has no pulse timer. With auto-suspension, a pulse after ``AUTO_SUSPEND_TICKS`` periodic
+  ones without a route change asks to suspend the journal if it is flushed: a fully
+  suspended journal has no replicas at all until an append resumes it.
 * An idle replica costs no CPU between its due times: its maintenance sleeps until the next
   refresh or the spool's next flush boundary (Gazette's ``flush_interval``), woken early only
   by what changes them (becoming primary, a route change, the first commit to an empty
@@ -57,14 +60,20 @@ DEFAULT_REFRESH = 300.0
 MAINTAIN_TICK = 1.0
 """Seconds between re-checks while a flush is due but its pulse has not rolled the spool yet."""
 HEALTH_INTERVAL = 60.0
-"""Seconds between periodic pulses of a primary (Gazette's health-check interval)."""
+"""Seconds between periodic pulses of a primary (Gazette's health-check interval; the
+broker's ``--broker.health-interval``)."""
+AUTO_SUSPEND_TICKS = 15
+"""Periodic pulses without a route change before an auto-suspending broker's pulse asks to
+suspend the journal (Gazette's: the start-up race with resuming clients, a new primary not yet
+refreshed, and topologies in churn all settle well within it)."""
 PULSE_TIMEOUT = 60.0
 """A pulse still unfinished after this long is abandoned (and retried)."""
 
 PULSE_BACKOFF_MAX = 1.0
 """The longest pause between failed pulses (they double from 50 ms)."""
 
-PulseFn = Callable[["Replica"], Awaitable[None]]
+PulseFn = Callable[["Replica", bool], Awaitable[None]]
+"""Pulses the journal as its primary; the flag asks to suspend it if it is flushed."""
 
 
 async def acquire_unless(lock: asyncio.Lock, signal: asyncio.Event | None) -> bool:
@@ -126,6 +135,9 @@ class Replica:
         persister: Persister,
         tg: asyncio.TaskGroup,
         pulse: PulseFn | None = None,
+        *,
+        auto_suspend: bool = False,
+        health_interval: float = HEALTH_INTERVAL,
     ) -> None:
         self.journal = journal
         self.spec = spec
@@ -144,6 +156,9 @@ class Replica:
         self.assignments_sig: tuple[tuple[str, int], ...] = ()
         self.retired: asyncio.Task[None] | None = None
         self._pulse_fn = pulse
+        self._auto_suspend = auto_suspend
+        self._health_interval = health_interval
+        self._stable_ticks = 0  # periodic pulses since the route last changed
         self._pulse_now = asyncio.Event()
         # Set by a refresh that began after this replica last became primary.
         self._primary_refreshed = asyncio.Event()
@@ -207,6 +222,7 @@ class Replica:
         """
         self.route_signal.set()
         self.route_signal = asyncio.Event()
+        self._stable_ticks = 0
         self.request_pulse()
         if self._missing_below_spool():
             self._request_refresh()
@@ -350,18 +366,24 @@ class Replica:
     async def _pulse_loop(self) -> None:
         failures = 0  # consecutive failed pulses
         while True:
-            try:
-                async with asyncio.timeout(HEALTH_INTERVAL):
-                    await self._pulse_now.wait()
-            except TimeoutError:
-                pass
+            if self.primary:
+                try:
+                    async with asyncio.timeout(self._health_interval):
+                        await self._pulse_now.wait()
+                except TimeoutError:
+                    self._stable_ticks += 1
+            else:
+                # Only a primary pulses, and becoming primary asks for a pulse: a replica
+                # sleeps without a timer (10,000 of them waking each minute cost CPU).
+                await self._pulse_now.wait()
             self._pulse_now.clear()
             if not self.primary or self._pulse_fn is None:
                 failures = 0
                 continue
+            suspend = self._auto_suspend and self._stable_ticks >= AUTO_SUSPEND_TICKS
             try:
                 async with asyncio.timeout(PULSE_TIMEOUT):
-                    await self._pulse_fn(self)
+                    await self._pulse_fn(self, suspend)
                 failures = 0
             except asyncio.CancelledError:
                 raise

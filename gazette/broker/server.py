@@ -96,10 +96,11 @@ class Broker(MemberProcess):
     # -- wiring ------------------------------------------------------------------------
 
     def _new_replica(self, journal: str, spec: pb.JournalSpec) -> Replica:
-        return Replica(journal, spec, self.scratch_dir, self.stores, self.persister, self.tasks, pulse=self._pulse)
+        return Replica(journal, spec, self.scratch_dir, self.stores, self.persister, self.tasks, pulse=self._pulse,
+                       auto_suspend=self.config.auto_suspend, health_interval=self.config.health_interval)
 
-    async def _pulse(self, replica: Replica) -> None:
-        await append_mod.pulse(self, replica)
+    async def _pulse(self, replica: Replica, suspend_if_flushed: bool) -> None:
+        await append_mod.pulse(self, replica, suspend_if_flushed)
 
     def _spec_for(self, journal: str) -> pb.JournalSpec | None:
         kv = self.keyspace.search(keys.items_key(self.keyspace.root, journal))

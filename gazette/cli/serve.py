@@ -38,6 +38,11 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
     ("--broker.min-append-rate", "BROKER_MIN_APPEND_RATE", "65536",
      "Min rate (in bytes-per-sec) at which a client may stream Append RPC content. "
      "RPCs unable to sustain this rate are aborted"),
+    ("--broker.auto-suspend", "BROKER_AUTO_SUSPEND", False,
+     "Automatically suspend journals which have persisted all fragments"),
+    ("--broker.health-interval", "BROKER_HEALTH_INTERVAL", "1m",
+     "Interval between the periodic pulses (zero-byte appends) of each journal this broker is "
+     "primary of; auto-suspension waits for 15 of them without a route change"),
     ("--etcd.address", "ETCD_ADDRESS", "http://localhost:2379", "Etcd service address endpoint"),
     ("--etcd.prefix", "ETCD_PREFIX", "/gazette/cluster", "Etcd base prefix for broker state and coordination"),
     ("--etcd.lease", "ETCD_LEASE", "20s", "Time-to-live of the Etcd lease of the broker's announcement"),
@@ -78,6 +83,9 @@ def config_from_args(ns: argparse.Namespace) -> Any:
         return value
 
     lease = flags.seconds("etcd.lease")
+    health = flags.seconds("broker.health-interval")
+    if health <= 0:
+        raise SystemExit(f"gazette: invalid --broker.health-interval {get('broker.health-interval')!r} (expected a positive duration)")
     zone, suffix = flags.process_id("broker", random_suffix())
     flags.auth_keys()  # bad keys exit here, naming the flag
     return BrokerConfig(
@@ -90,6 +98,8 @@ def config_from_args(ns: argparse.Namespace) -> Any:
         max_replication=integer("broker.max-replication"),
         max_append_rate=rate("broker.max-append-rate"),
         min_append_rate=rate("broker.min-append-rate"),
+        auto_suspend=flags.switch("broker.auto-suspend"),
+        health_interval=health,
         etcd_address=flags.etcd_address(),
         etcd_tls=flags.etcd_tls(),
         etcd_prefix=get("etcd.prefix").rstrip("/"),

@@ -76,8 +76,17 @@ def etcd_tls_flags() -> list[Flag]:
 def add_flags(parser: argparse.ArgumentParser, flags: Sequence[Flag]) -> None:
     """Adds ``flags``, each defaulting to its environment variable."""
     for flag, env, default, help_ in flags:
-        parser.add_argument(flag, dest=flag[2:].replace(".", "_").replace("-", "_"),
-                            default=os.environ.get(env, default), help=f"{help_} [${env}] (default {default})")
+        dest = flag[2:].replace(".", "_").replace("-", "_")
+        if isinstance(default, bool):  # a switch, as Go's boolean flags: present is on
+            value = os.environ.get(env)
+            on = default if value is None else value.strip().lower() in _TRUE
+            parser.add_argument(flag, dest=dest, action="store_true", default=on, help=f"{help_} [${env}]")
+            continue
+        parser.add_argument(flag, dest=dest, default=os.environ.get(env, default),
+                            help=f"{help_} [${env}] (default {default})")
+
+
+_TRUE = frozenset({"1", "t", "true", "y", "yes", "on"})
 
 
 class Flags:
@@ -88,6 +97,10 @@ class Flags:
 
     def get(self, name: str) -> str:
         return str(getattr(self.ns, name.replace(".", "_").replace("-", "_")))
+
+    def switch(self, name: str) -> bool:
+        """A boolean flag (added with a ``bool`` default)."""
+        return bool(getattr(self.ns, name.replace(".", "_").replace("-", "_")))
 
     def integer(self, name: str) -> int:
         try:

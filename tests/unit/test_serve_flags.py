@@ -35,6 +35,23 @@ def test_bad_append_rates_are_refused(flag: str, value: str) -> None:
         _config(["--broker.id", "broker-one", flag, value])
 
 
+def test_auto_suspend_is_a_switch_and_the_health_interval_a_duration(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = _config(["--broker.id", "broker-one"])
+    assert (cfg.auto_suspend, cfg.health_interval) == (False, 60.0)
+    cfg = _config(["--broker.id", "broker-one", "--broker.auto-suspend", "--broker.health-interval", "250ms"])
+    assert (cfg.auto_suspend, cfg.health_interval) == (True, 0.25)
+    monkeypatch.setenv("BROKER_AUTO_SUSPEND", "true")
+    assert _config(["--broker.id", "broker-one"]).auto_suspend is True
+    monkeypatch.setenv("BROKER_AUTO_SUSPEND", "0")
+    assert _config(["--broker.id", "broker-one"]).auto_suspend is False
+
+
+@pytest.mark.parametrize("value", ["0s", "soon"])
+def test_a_bad_health_interval_is_refused(value: str) -> None:
+    with pytest.raises(SystemExit, match="broker.health-interval"):
+        _config(["--broker.id", "broker-one", "--broker.health-interval", value])
+
+
 # --- the operator's warning: authorization off on a reachable address ---------------------------
 
 
