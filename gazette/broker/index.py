@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from gazette.fragment.errors import IndexClosedError
 from gazette.fragment.fragment import CoverSet, File, Fragment
+from gazette.lean_event import LeanEvent
 from gazette.protocol import protocol_pb2 as pb
 
 __all__ = ["OFFSET_JUMP_AGE", "SIGNED_URL_TTL", "Index", "Signer"]
@@ -52,9 +53,9 @@ class Index:
         self._local = CoverSet()
         self._signer = signer
         self._clock = clock
-        self._changed = asyncio.Event()
+        self._changed = LeanEvent()
         self._waited = False  # whether _changed was handed to a waiter since it was made
-        self._first_refresh = asyncio.Event()
+        self._first_refresh = LeanEvent()
         self._closed = False
 
     # -- Mutations.
@@ -92,7 +93,7 @@ class Index:
         # An event nobody took is kept (a commit with no reader waiting makes no new one).
         if self._waited:
             self._changed.set()
-            self._changed = asyncio.Event()
+            self._changed = LeanEvent()
             self._waited = False
 
     # -- Observation.

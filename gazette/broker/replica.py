@@ -48,6 +48,7 @@ from gazette.broker.persister import Persister
 from gazette.broker.spool import Spool, SpoolSnapshot
 from gazette.fragment import Fragment
 from gazette.fragment.stores import Stores, walk_all_stores
+from gazette.lean_event import LeanEvent
 from gazette.protocol import protocol_pb2 as pb
 from gazette.tasks import Supervisor, cancel_and_wait, wait_first
 
@@ -152,18 +153,18 @@ class Replica:
         self.pln: Pipeline | None = None
         self.primary = False
         self.cancelled = False
-        self.route_signal = asyncio.Event()
+        self.route_signal = LeanEvent()
         self.assignments_sig: tuple[tuple[str, int], ...] = ()
         self.retired: asyncio.Task[None] | None = None
         self._pulse_fn = pulse
         self._auto_suspend = auto_suspend
         self._health_interval = health_interval
         self._stable_ticks = 0  # periodic pulses since the route last changed
-        self._pulse_now = asyncio.Event()
+        self._pulse_now = LeanEvent()
         # Set by a refresh that began after this replica last became primary.
-        self._primary_refreshed = asyncio.Event()
-        self._refresh_now = asyncio.Event()
-        self._wake = asyncio.Event()  # maintenance: something changed its next due time
+        self._primary_refreshed = LeanEvent()
+        self._refresh_now = LeanEvent()
+        self._wake = LeanEvent()  # maintenance: something changed its next due time
         self._flush_armed = False  # maintenance is sleeping towards a flush boundary
         # Pipeline shutdowns, demotions and the retirement: owned, failures logged (one
         # journal's background step failing is its own), never raised.
@@ -221,7 +222,7 @@ class Replica:
         advertised the route, so readers of this replica need not wait a refresh interval.
         """
         self.route_signal.set()
-        self.route_signal = asyncio.Event()
+        self.route_signal = LeanEvent()
         self._stable_ticks = 0
         self.request_pulse()
         if self._missing_below_spool():
