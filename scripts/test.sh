@@ -12,7 +12,7 @@ bash scripts/bootstrap.sh dev
 .venv/bin/python scripts/import_cycles.py
 if [ "${SOAK:-0}" = "1" ]; then
   # -rP: the soak tests print their figures (faults injected, streams verified); show them.
-  set +e; .venv/bin/pytest -m soak -rP "$@"; rc=$?; set -e
+  set +e; .venv/bin/pytest -m soak -rP --durations=15 "$@"; rc=$?; set -e
   # exit 5 = no soak tests collected, which is not a failure
   [ "$rc" = 5 ] && rc=0
   exit "$rc"
