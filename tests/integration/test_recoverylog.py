@@ -334,6 +334,7 @@ class PublishingCountingApp(StoreCountingApp):
     """StoreCountingApp that also publishes each input's key to one journal all shards share."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.pending: dict[str, list[str]] = {}
 
     def consume_message(self, shard: Any, store: Any, env: Envelope, pub: Any) -> None:
