@@ -19,9 +19,13 @@ service, transaction loop and reader tasks).
   the transaction commits); a read-committed reader of the output journal records
   now - send time per derived message. p50/p99/max.
 
-* **typed**: the same throughput run with the messages read as a typed class
-  (``TypedMessage``: msgspec decodes each line straight into it, validated) instead of
-  ``JSONMessage`` dicts, beside it in the table.
+* **typed**: the same throughput run with the messages posted and read as a typed class
+  (``Keyed``, a ``TypedMessage``: published through the same JSON framing, byte-compatible
+  lines; msgspec decodes each line straight into it, validated) instead of ``JSONMessage``
+  dicts, beside it in the table.
+* **decode**: the reader's decode alone (the framing's ``decode`` of 64 KiB chunks, then the
+  message type's batch decoder, as ``read_committed`` does), in process, over the same
+  UUID-stamped lines: messages/s for ``JSONMessage`` and for ``Keyed``, best of 3 runs each.
 
 Prints ratios against the targets: >= 150k msgs/s per shard, p50 <= 5 ms, p99 <= 25 ms.
 Not a test: figures are noisy, compare the ratios of one run.
@@ -48,8 +52,16 @@ from typing import Any
 
 from gazette.client import AppendService, JournalClient
 from gazette.consumer.stores.memory import MemoryStore
-from gazette.message import JSONMessage, Publisher, TypedMessage
-from gazette.message.reading import read_committed
+from gazette.message import (
+    OUTSIDE_TXN,
+    JSONFraming,
+    JSONMessage,
+    ProducerID,
+    Publisher,
+    TypedMessage,
+    build_uuid,
+)
+from gazette.message.reading import batch_decoder, message_framing, read_committed
 from gazette.message.uuid import ACK_TXN, get_flags
 from gazette.testing.consumer import ConsumerHarness
 from gazette.testing.etcd import start_test_etcd
@@ -131,15 +143,55 @@ class CountApp:
                                                [JSONMessage(t=d["t"]) for d in docs])
 
 
-async def preload(client: JournalClient, n: int) -> None:
+def input_message(i: int, typed: bool) -> JSONMessage | Keyed:
+    """The bench's i-th input, as either class: the two encode to the same JSON document."""
+    return Keyed(key=f"k{i % 1000}", n=i) if typed else JSONMessage(key=f"k{i % 1000}", n=i)
+
+
+async def preload(client: JournalClient, n: int, typed: bool = False) -> None:
     async with AppendService(client) as svc:
         pub = Publisher(svc)
         step = 5000
         for start in range(0, n, step):
             await pub.publish_committed_many(
                 lambda m: ("bench/in", "application/x-ndjson"),
-                [JSONMessage(key=f"k{i % 1000}", n=i) for i in range(start, min(n, start + step))])
+                [input_message(i, typed) for i in range(start, min(n, start + step))])
         await svc.flush()
+
+
+def decode_rate(message_type: type[JSONMessage] | type[Keyed], content: bytes, n: int,
+                chunk: int = 65536, runs: int = 3) -> float:
+    """Messages/s of the reader's decode of ``content`` (n lines) into ``message_type``: the
+    type's framing over chunks (the tail carried over), then its batch decoder."""
+    framing = message_framing(message_type, JSONFraming())
+    batch = batch_decoder(message_type, framing)
+    best = float("inf")
+    for _ in range(runs):
+        t0, tail, seen = time.perf_counter(), b"", 0
+        for i in range(0, len(content), chunk):
+            buf = tail + content[i : i + chunk]
+            decoded = framing.decode(buf)
+            tail = buf[decoded.consumed :]
+            seen += len(batch(decoded.values))
+        best = min(best, time.perf_counter() - t0)
+        assert seen == n and not tail, (seen, n)
+    return n / best
+
+
+def decode_rates(n: int) -> tuple[float, float]:
+    """Decode rates (JSONMessage, Keyed) over n UUID-stamped input lines, as the journal holds
+    them: the typed lines are checked to be the same bytes as the untyped ones."""
+    producer = ProducerID(b"\x01\x02\x03\x04\x05\x06")
+    framing = JSONFraming()
+    contents = []
+    for typed in (False, True):
+        msgs = [input_message(i, typed) for i in range(n)]
+        for i, m in enumerate(msgs):
+            m.set_uuid(build_uuid(producer, 1000 + i, OUTSIDE_TXN))
+        contents.append(framing.marshal_many(msgs))
+    # The same documents line by line (key order is each codec's own).
+    assert list(map(json.loads, contents[0].splitlines())) == list(map(json.loads, contents[1].splitlines()))
+    return decode_rate(JSONMessage, contents[0], n), decode_rate(Keyed, contents[1], n)
 
 
 async def ceiling(client: JournalClient, n: int) -> float:
@@ -158,7 +210,7 @@ async def throughput(etcd_url: str, root: Path, n: int, typed: bool = False) -> 
     async with harness as h:
         assert h.client is not None and h.shards is not None
         print(f"  preloading {n} messages ...", file=sys.stderr)
-        await preload(h.client, n)
+        await preload(h.client, n, typed)
         ceil = await ceiling(h.client, n)
         from gazette.consumer.shardspace import apply_request
 
@@ -272,6 +324,7 @@ def main() -> int:
             bw_rec = bytewax_count(src, a.messages, root / "bw-recovery")
             bw_plain = bytewax_count(src, a.messages, None)
             lat = asyncio.run(latency(etcd.url, root, a.rate, a.seconds))
+            dec_json, dec_typed = decode_rates(a.messages)
     finally:
         etcd.close()
 
@@ -286,6 +339,9 @@ def main() -> int:
         else:
             print(f"{name:<44} {figure:>12,.0f} {ours / figure:>8.2f}  (ours/bytewax)")
     print(f"target >= 150,000 msgs/s per shard: {ours / 150_000:.2f}x")
+    print(f"\ndecode alone (framing + batch decoder, in process, best of 3), {a.messages} lines:")
+    print(f"{'JSONMessage':<44} {dec_json:>12,.0f} {'1.00':>8}")
+    print(f"{'typed (Keyed, msgspec)':<44} {dec_typed:>12,.0f} {dec_typed / dec_json:>8.2f}  (typed/JSONMessage)")
     p50, p99, mx = pct(lat, 0.50), pct(lat, 0.99), lat[-1] * 1000
     print(f"\nlatency at {a.rate} msgs/s for {a.seconds:.0f} s ({len(lat)} messages), input appended -> "
           f"derived message read committed:")

@@ -9,7 +9,7 @@ shards (ShardSpecs) through the Shard service. See docs/consumers.md.
 
 Everything an app needs is here: the roles, ``InitArgs`` (what ``init_application`` gets),
 ``Recorder`` (what ``new_store`` gets with a recovery log), the stores (``MemoryStore``,
-``JSONFileStore``; ``SQLStore``, ``SQLiteStore`` and
+``JSONFileStore``; ``SQLStore``, ``SyncSQLStore``, ``SQLiteStore`` and
 ``RocksDBStore`` loaded on first use, so importing this package imports neither SQLAlchemy nor
 rocksdict) and envelope helpers (``is_ack``, ``uuid_flags``).
 """

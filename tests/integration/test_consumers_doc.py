@@ -32,6 +32,14 @@ def test_every_python_block_is_one_a_test_runs() -> None:
     assert BLOCKS[3].startswith("# sync_wordcount.py\n")
 
 
+def test_the_guides_blocks_import_only_the_public_packages() -> None:
+    """An app is written from ``gazette.consumer`` and ``gazette.message`` names (and the test
+    harness's fixture): no block reaches into a module under them (the sync block once took
+    ``SyncSQLStore`` from ``gazette.consumer.stores.sql`` and ACK flags from the UUID module)."""
+    modules = {m for block in BLOCKS for m in re.findall(r"^(?:from|import) (gazette[\w.]*)", block, re.M)}
+    assert modules == {"gazette.consumer", "gazette.message"}, modules
+
+
 def _wordcount() -> types.ModuleType:
     module = types.ModuleType("wordcount")
     exec(compile(BLOCKS[0], "wordcount.py", "exec"), module.__dict__)  # noqa: S102 - our own doc

@@ -134,7 +134,11 @@ async def test_corrupt_log_fails_playback_naming_the_offset(cluster: Cluster, tm
 class StoreCountingApp:
     """Counts messages by key in an embedded store chosen by the shard's ``store`` label."""
 
+    def __init__(self) -> None:
+        self.recovered_hints: dict[str, list[FSMHints | None]] = {}  # seen by new_store, by shard
+
     def new_store(self, shard: Any, recorder: Any) -> Any:
+        self.recovered_hints.setdefault(shard.spec.id, []).append(shard.recovered_hints)
         kind = {lbl.name: lbl.value for lbl in shard.spec.labels.labels}.get("store", "rocksdb")
         if kind == "sqlite":
             store = SQLiteStore(recorder)
@@ -197,6 +201,12 @@ async def test_shards_recover_their_embedded_stores_from_the_log(gazette_consume
             assert all(h.runtime(s).recorder.dir not in dirs for s in ids)  # type: ignore[union-attr]
             assert all(not _exists(d) for d in dirs)
             assert [counts_of(h.store(s)) for s in ids] == wants
+        # new_store saw the hints each start recovered from (docs/consumers.md: Shard members):
+        # the log's, empty at the first start, then naming the files the restarts played back.
+        for sid in ids:
+            seen = app.recovered_hints[sid]
+            assert len(seen) == 4 and all(r is not None and r.log == f"recovery/{sid}" for r in seen), seen
+            assert all(r is not None and r.live_nodes for r in seen[1:]), seen
         hints = await h.shards.get_hints("count-001")  # type: ignore[union-attr]
         assert hints.status == pc.Status.OK and hints.primary_hints.hints.log == "recovery/count-001"
         assert len(hints.backup_hints) == 2 and all(b.hints.live_nodes for b in hints.backup_hints)
@@ -324,6 +334,7 @@ class PublishingCountingApp(StoreCountingApp):
     """StoreCountingApp that also publishes each input's key to one journal all shards share."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.pending: dict[str, list[str]] = {}
 
     def consume_message(self, shard: Any, store: Any, env: Envelope, pub: Any) -> None:

@@ -20,6 +20,7 @@ from consumer_support import journals_yaml, shards_yaml
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from gazette.client import AppendService
 from gazette.consumer.errors import ConsumerError
 from gazette.consumer.stores.sql import (
     CheckpointFencedError,
@@ -29,7 +30,7 @@ from gazette.consumer.stores.sql import (
     SyncSQLStore,
 )
 from gazette.consumer.transaction import TransactionLoop, TxnConfig
-from gazette.message import Envelope, JSONMessage, ProducerState
+from gazette.message import Envelope, JSONMessage, ProducerState, Publisher
 from gazette.message.publisher import AckIntent
 from gazette.message.uuid import ACK_TXN, get_flags
 from gazette.protocol import consumer_pb2 as pc
@@ -467,8 +468,19 @@ async def test_the_guides_sync_app_runs(gazette_consumer: Any, tmp_path: Path) -
                                     shards=shards_yaml("part-000")) as h:
             for _ in range(3):
                 await h.publish("in/part-000", {"word": "a"}, {"word": "b"}, {"word": "a"})
+            # A producer's transaction, committed by its ACK: the app (receive_acks = False)
+            # never sees the acknowledgement, which has no "word".
+            assert h.client is not None
+            async with AppendService(h.client) as svc:
+                txn = Publisher(svc)
+                for w in "cab":
+                    await txn.publish_uncommitted(lambda m: ("in/part-000", "application/x-ndjson"),
+                                                  JSONMessage(word=w))
+                for intent in txn.build_ack_intents():
+                    await svc.append(intent.journal, intent.intent)
+                await svc.flush()
             await h.read_through()
-        assert _counts(engine, "SELECT w, n FROM words") == {"a": 6, "b": 3}
+        assert _counts(engine, "SELECT w, n FROM words") == {"a": 7, "b": 4, "c": 1}
     finally:
         engine.dispose()
 

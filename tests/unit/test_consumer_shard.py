@@ -17,7 +17,7 @@ import gazette
 from gazette.client.append_service import AppendServiceClosed
 from gazette.consumer import Shard, ShardPublisher
 from gazette.consumer.shard import ShardRuntime
-from gazette.message import Envelope, JSONMessage
+from gazette.message import Envelope, JSONMessage, TypedMessage
 from gazette.protocol import consumer_pb2 as pc
 from gazette.protocol import protocol_pb2 as pb
 from gazette.testing.eventually import eventually
@@ -97,6 +97,23 @@ class App:
         pass
 
 
+class N(TypedMessage):
+    """The same ``{"n": ...}`` messages, typed."""
+
+    n: int
+
+
+class TypedApp(App):
+    """App, reading its input as ``N``: a line that does not fit fails the shard."""
+
+    def new_message(self, spec: pb.JournalSpec) -> type[N]:  # type: ignore[override]
+        return N
+
+    def consume_message(self, shard: Shard, store: Store, envelope: Envelope[N],  # type: ignore[override]
+                        publisher: ShardPublisher) -> None:
+        self.consumed.append(envelope.message.n)
+
+
 async def publish(client: gazette.JournalClient, *docs: dict[str, Any]) -> None:
     async with gazette.AppendService(client) as service:
         pub = gazette.Publisher(service)
@@ -120,6 +137,10 @@ CASES = [
     Case("leaves", App(), docs=({"n": 1}, {"n": 2}), leave=True, statuses=(PRIMARY,)),
     Case("consume-fails", App(), docs=({"n": 1}, {"fail": True}), statuses=(PRIMARY, FAILED),
          error=r"TransactionError: consume_message \(message of in/part-0 at offset \d+\): told to fail"),
+    # docs/consumers.md, Typed messages: the field, the journal and the offset are named.
+    Case("typed-line-does-not-fit", TypedApp(), docs=({"n": 1}, {"n": "one"}), statuses=(PRIMARY, FAILED),
+         error=r"MessageDecodeError: journal in/part-0 \[\d+, \d+\): invalid N message: "
+               r"Expected `int`, got `str` - at `\$\.n`"),
     Case("missing-source", App(), sources=(SOURCE, "in/missing"), statuses=(FAILED,),
          error=r"LookupError: source journals \['in/missing'\] of shard shard-a do not exist"),
     Case("new-store-fails", App(fail_new_store=True), statuses=(FAILED,),

@@ -189,6 +189,7 @@ async def test_state_is_one_object_per_shard_start(broker: FakeBroker, async_sta
             for sid, run in runs.items():
                 state = run.rt.state
                 assert state.shard_id == sid and state.loaded == 0
+                assert run.rt.recovered_hints is None  # no recovery log (docs/consumers.md)
                 ids = {i for cb, s, i in app.calls if s == sid}
                 assert ids == {id(state)}  # the same object in every callback of the shard
                 assert {cb for cb, s, _ in app.calls if s == sid} == {

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import Any
 
 import pytest
+from google.protobuf import duration_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -266,6 +267,20 @@ async def test_pending_acks_of_read_messages_extend_the_txn_until_max() -> None:
     assert h.store.commits == []
     h.clock.advance(3)
     await h.until(lambda: len(h.store.commits) == 1)
+
+
+async def test_disable_wait_for_ack_closes_as_input_stalls_despite_pending_acks() -> None:
+    """The guide's statement: ``disable_wait_for_ack`` is about input awaiting ACKs, which no
+    longer holds the transaction open (Gazette's ShardSpec field of that name)."""
+    cfg = TxnConfig.from_spec(pc.ShardSpec(max_txn_duration=duration_pb2.Duration(seconds=3),
+                                           disable_wait_for_ack=True))
+    assert not cfg.wait_for_ack and cfg.max_duration == 3
+    h = Harness(cfg)
+    h.start()
+    h.source.pending = True  # a producer's transaction began; its ACK is not awaited
+    h.source.put(1)
+    await h.until(lambda: len(h.store.commits) == 1)  # no clock advance: closed as input stalled
+    assert h.clock.t == 0 and h.app.consumed == [0]
 
 
 async def test_app_error_fails_the_loop_and_nothing_commits() -> None:
