@@ -5,6 +5,8 @@
 A broker keeps several events per journal replica (route changes, refreshes, pulses, its
 index's), each with no or one waiter nearly always: with 10,000 replicas the deques were
 ~45 MiB, a third of what the replicas cost (tracemalloc, ``bench/replica_memory_bench.py``).
+A consumer's shards and recovery-log players, and the event a shard renews after every
+transaction, are the same kind.
 
 Invariants:
 

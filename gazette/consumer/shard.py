@@ -56,6 +56,7 @@ from gazette.consumer.recovery import HintsStore, new_player, recover
 from gazette.consumer.source import ShardSource
 from gazette.consumer.transaction import TransactionLoop, Txn, TxnConfig
 from gazette.errors import GazetteError
+from gazette.lean_event import LeanEvent
 from gazette.message import Publisher
 from gazette.message.publisher import AckIntent
 from gazette.protocol import consumer_pb2 as pc
@@ -87,8 +88,8 @@ class ShardRuntime(Generic[S]):
         # failed for good (a fenced recovery log failed its dependants) fails only this shard's
         # later appends, never another shard's of this process.
         self.service = AppendService(client)
-        self.stopping = asyncio.Event()
-        self.ready = asyncio.Event()  # set once the checkpoint is restored and the loop runs
+        self.stopping = LeanEvent()
+        self.ready = LeanEvent()  # set once the checkpoint is restored and the loop runs
         self.store: Any = None
         # This process's assignment, as the keyspace holds it: the process sets it anew on
         # every reconciliation (after each keyspace update).
@@ -109,7 +110,7 @@ class ShardRuntime(Generic[S]):
         self._source: ShardSource | None = None
         self._read_through: dict[str, int] = {}
         self._publish_at: dict[str, int] = {}
-        self.progressed = asyncio.Event()  # set (and renewed) on each completed transaction
+        self.progressed = LeanEvent()  # set (and renewed) on each completed transaction
 
     @property
     def done(self) -> asyncio.Event:
@@ -136,7 +137,7 @@ class ShardRuntime(Generic[S]):
             metrics.READ_HEAD.labels(sid, journal).set(offset)
             if journal in heads:
                 metrics.READ_LAG.labels(sid, journal).set(max(0, heads[journal] - offset))
-        signal, self.progressed = self.progressed, asyncio.Event()
+        signal, self.progressed = self.progressed, LeanEvent()
         signal.set()
 
     def _on_txn(self, txn: Txn) -> None:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from gazette.client import JournalClient, RetryReader
 from gazette.client.appender import append
+from gazette.lean_event import LeanEvent
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import recoverylog_pb2 as rl
 from gazette.recoverylog import metrics
@@ -242,13 +243,13 @@ class Player:
         self.dir = os.path.abspath(directory)
         self.fsm = FSM.from_hints(hints)
         self.state = PlayerState.BACKFILL
-        self.tailing = asyncio.Event()  # set once playback first reaches the write head
+        self.tailing = LeanEvent()  # set once playback first reaches the write head
         self.write_head = 0  # of hints.log, as of the last time playback reached it
         self._clock = clock
         self._on_progress = on_progress
         self._interval = progress_interval
         self._handoff: int | None = None  # 0: finish at the head; else the author to hand off to
-        self._asked = asyncio.Event()
+        self._asked = LeanEvent()
         self._files: dict[int, int] = {}  # fnode -> fd of its staged file
         self._reader = _LogReader(client)
         self._started = 0.0
