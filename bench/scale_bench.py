@@ -1,6 +1,6 @@
 """Whole-cluster cost as journals (and shards) grow: issue 31's scale curves.
 
-Starts an etcd and three brokers in two zones (``zone-a``: two, ``zone-b``: one; each with
+Starts an etcd and three brokers (``--brokers``) in two zones (``zone-a``: two, ``zone-b``: one; each with
 ``--broker.limit`` above the largest step), all on loopback, then adds journals of replication 2
 in steps (each step adds to the previous). Per step, one table row:
 
@@ -39,6 +39,9 @@ extra; skipped with a line saying so when it is missing) are written to ``--out`
     python bench/scale_bench.py --quick                  # 500, 2,000 journals; about 2 min
     python bench/scale_bench.py                          # 1,000, 5,000, 10,000 journals
     python bench/scale_bench.py --steps 1000,10000,50000 --shards --shard-steps 500,2000,5000
+    python bench/scale_bench.py --brokers 20 --consumers 20 --steps 2000 --shards --shard-steps 1000
+    python bench/scale_bench.py --steps 2000,10000 --broker-args '--broker.auto-suspend
+        --broker.health-interval 4s' --idle-delay 90    # idle journals suspended
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ PREFIX = "scale/"
 PROBE = "scale-probe/journal"
 BROKERS_ROOT = "/gazette/scale"
 CONSUMERS_ROOT = "/gazette/scale-consumers"
+ZONES = ("zone-a", "zone-b")
 POLL = 1.0  # seconds between polls of etcd
 SOURCES = 16
 TICK = os.sysconf("SC_CLK_TCK")
@@ -348,6 +352,9 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
             quiet_after = await settle(logs, a.settle, a.timeout)
             nsolves2, solve_s2 = solves(logs.read_seen)
             nsolves, solve_s = nsolves + nsolves2, solve_s + solve_s2
+            if a.idle_delay:
+                progress(f"  waiting {a.idle_delay:.0f}s (--idle-delay)")
+                await asyncio.sleep(a.idle_delay)  # the bench's own schedule, not synchronisation
             progress(f"  quiet {quiet_after:.1f}s after assignment; idle CPU over {a.idle:.0f}s")
             cpu = await idle_cpu([*bpids, etcd.pid or 0], a.idle)
             rss = sum(rss_bytes(p) for p in bpids)
@@ -429,9 +436,9 @@ async def shard_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Client
     base = {**os.environ, "BROKER_ADDRESS": cluster.brokers[0].address, "ETCD_ADDRESS": etcd.url,
             "ETCD_PREFIX": prefix, "ETCD_LEASE": a.etcd_lease, "CONSUMER_LIMIT": str(max(a.shard_steps) * 2),
             "PYTHONPATH": os.pathsep.join([str(app_dir), os.environ.get("PYTHONPATH", "")])}
-    procs = [ConsumerProc(f"cons-{i}", consumer_env(base, CONSUMER_ZONE=zone), cluster.log_dir,
+    procs = [ConsumerProc(f"cons-{i}", consumer_env(base, CONSUMER_ZONE=ZONES[i % 2]), cluster.log_dir,
                           app="scaleapp:App")
-             for i, zone in enumerate(("zone-a", "zone-b", "zone-a"))]
+             for i in range(a.consumers)]
     try:
         for p in procs:
             p.start()
@@ -460,6 +467,8 @@ async def shard_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Client
                 await settle(logs, a.settle, a.timeout)
                 nsolves2, solve_s2 = solves(logs.read_seen)
                 nsolves, solve_s = nsolves + nsolves2, solve_s + solve_s2
+                if a.idle_delay:
+                    await asyncio.sleep(a.idle_delay)  # the bench's own schedule
                 cpu = await idle_cpu([*cpids, *(b.pid or 0 for b in cluster.brokers)], a.idle)
                 rss = sum(rss_bytes(p) for p in cpids)
                 list_s = gazctl_time(cluster, "shards", "list", "--consumer.address", endpoints[0])
@@ -554,10 +563,11 @@ async def run(a: argparse.Namespace, root: Path) -> None:
     try:
         ec = await connect(etcd.url)
         with Cluster(etcd.url, BROKERS_ROOT + "/", root / "cluster", gazctl_timeout=600) as cluster:
-            for i, zone in enumerate(("zone-a", "zone-b", "zone-a")):
-                cluster.add_broker(zone, f"broker-{i + 1}",
-                                   extra_args=("--broker.limit", limit, "--etcd.lease", a.etcd_lease))
-            progress(f"etcd and 3 brokers up under {root}")
+            for i in range(a.brokers):
+                cluster.add_broker(ZONES[i % 2], f"broker-{i + 1}",
+                                   extra_args=("--broker.limit", limit, "--etcd.lease", a.etcd_lease,
+                                               *a.broker_args.split()))
+            progress(f"etcd and {a.brokers} brokers up under {root}")
             failed = ""
             try:
                 await journal_steps(a, etcd, ec, cluster, rows)
@@ -572,11 +582,11 @@ async def run(a: argparse.Namespace, root: Path) -> None:
     out = [f"# scale_bench.py {' '.join(sys.argv[1:])} ({time.strftime('%Y-%m-%d %H:%M')}, "
            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end)", ""]
     if rows:
-        out += ["## journals (replication 2, three brokers in two zones)", "", table(rows, "journals"), "",
+        out += [f"## journals (replication 2, {a.brokers} brokers in two zones)", "", table(rows, "journals"), "",
                 ratios(rows, "journals", JOURNAL_RATIOS)]
     curves: list[tuple[str, Sequence[Row], Sequence[str]]] = [("journals", rows, JOURNAL_PLOT)] if rows else []
     if shard_rows:
-        out += ["", "## shards (one hot standby, three consumer processes)", "",
+        out += ["", f"## shards (one hot standby, {a.consumers} consumer processes)", "",
                 table(shard_rows, "shards"), "", ratios(shard_rows, "shards", SHARD_COLS)]
         curves.append(("shards", shard_rows, SHARD_COLS))
     if failed:
@@ -604,6 +614,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--etcd-lease", default="20s",
                     help="the brokers' --etcd.lease (Gazette's default 20s; a broker whose event loop "
                          "lags longer loses its lease and exits)")
+    ap.add_argument("--brokers", type=int, default=3, help="broker processes (zones alternate a, b)")
+    ap.add_argument("--consumers", type=int, default=3, help="consumer processes with --shards")
+    ap.add_argument("--broker-args", default="",
+                    help="more flags for every broker, e.g. '--broker.auto-suspend --broker.health-interval 2s'")
+    ap.add_argument("--idle-delay", type=float, default=0.0,
+                    help="seconds to wait after a step settled before measuring idle CPU (auto-suspension "
+                         "acts 15 health intervals after a journal's route last changed)")
     ap.add_argument("--fsync", action="store_true", help="etcd fsyncs (default: --unsafe-no-fsync)")
     ap.add_argument("--out", type=Path, default=Path("scale-bench-out"), help="where the table and PNG go")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
