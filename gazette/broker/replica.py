@@ -21,7 +21,8 @@ Invariants:
   RPCs which wait for the spool or the pipeline under a resolution that is now stale.
 * While primary, a *pulse* (a zero-byte append) runs on becoming primary, on each route
   change, when the spool's flush interval passes, after a pipeline broke, and every health
-  interval (``HEALTH_INTERVAL``): it builds and synchronises the pipeline and advertises the
+  interval (``HEALTH_INTERVAL``, jittered by a quarter so that journals assigned together do
+  not pulse together): it builds and synchronises the pipeline and advertises the
   route's consistency, without waiting for a client's append. A replica that is not primary
   has no pulse timer. With auto-suspension, a pulse after ``AUTO_SUSPEND_TICKS`` periodic
   ones without a route change asks to suspend the journal if it is flushed: a fully
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -368,8 +370,12 @@ class Replica:
         failures = 0  # consecutive failed pulses
         while True:
             if self.primary:
+                # Jittered (0.75-1.25 of the interval): journals assigned together (a large
+                # apply, a broker's start) would otherwise pulse together every interval, a
+                # burst of thousands of appends at once instead of a steady trickle.
+                interval = self._health_interval * (0.75 + 0.5 * random.random())  # noqa: S311
                 try:
-                    async with asyncio.timeout(self._health_interval):
+                    async with asyncio.timeout(interval):
                         await self._pulse_now.wait()
                 except TimeoutError:
                     self._stable_ticks += 1
