@@ -380,6 +380,7 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
                 "gazctl start s": start_s, "list s": list_s, "List RPC s": rpc_s,
                 "p50 ms": p50 * 1e3, "p99 ms": p99 * 1e3, "worst p50 ms": worst * 1e3,
                 "probe errors": probe_errors,
+                "suspended": sum(1 for j in listed.journals if j.spec.suspend.level == pb.JournalSpec.Suspend.FULL),
                 "etcd db MiB": etcd_metric(etcd.url, "etcd_mvcc_db_total_size_in_bytes") / 2**20,
                 "watch ev/s": events / busy,
             })
