@@ -12,6 +12,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=".venv/.installed-${extras//,/-}"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints/dev.txt -nt "$stamp" ]; then
-  .venv/bin/python -m pip install -q -c constraints/dev.txt -e ".[$extras]"
+  # Editable: pure Python (the compiled build is a wheel: scripts/compiled_check.sh).
+  GAZETTE_PURE=1 .venv/bin/python -m pip install -q -c constraints/dev.txt -e ".[$extras]"
   touch "$stamp"
 fi

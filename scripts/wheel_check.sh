@@ -118,7 +118,7 @@ PY
 for out in "$("$V/gazette" --version 2>/dev/null || true)" "$("$V/python" -m gazette --version)" \
            "$("$V/gazctl" --version)" "$("$V/python" -m gazette.cli.gazctl --version)"; do
   echo "$out"
-  case "$out" in *" $VERSION") ;; *) [ -z "$out" ] || { echo "wrong version: $out" >&2; exit 1; } ;; esac
+  case "$out" in *" $VERSION; "*) ;; *) [ -z "$out" ] || { echo "wrong version: $out" >&2; exit 1; } ;; esac
 done
 
 ports=$("$V/python" -c 'from gazette.testing.etcd_process import free_port; print(*(free_port() for _ in range(3)))')

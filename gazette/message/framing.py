@@ -47,6 +47,8 @@ from itertools import accumulate, count, repeat
 from operator import add, is_
 from typing import Any, Final, Protocol
 
+from gazette._compiled import mypyc_attr
+
 from .errors import DesyncError, FramingError, MessageDecodeError, UnknownContentTypeError
 from .message import JSONMessage
 
@@ -201,6 +203,8 @@ def _ascii_identical(out: bytes) -> bool:
     return text.isascii() and "\x7f" not in text
 
 
+# Subclassed by StdlibJSONFraming here and typed.py's StructJSONFraming.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class JSONFraming:
     """Newline-delimited JSON: each frame is one JSON document followed by ``\\n``.
 

@@ -30,6 +30,10 @@ import time
 import uuid as _uuid
 from typing import Final, NamedTuple
 
+# Its own module: a bytes subclass cannot be a compiled (mypyc native) class, and this module is
+# compiled (gazette/_compiled.py).
+from .producer_id import ProducerID
+
 __all__ = [
     "ACK_TXN",
     "CONTINUE_TXN",
@@ -85,20 +89,6 @@ class Flags(enum.IntFlag):
 OUTSIDE_TXN: Final = Flags.OUTSIDE_TXN
 CONTINUE_TXN: Final = Flags.CONTINUE_TXN
 ACK_TXN: Final = Flags.ACK_TXN
-
-
-class ProducerID(bytes):
-    """The 6-byte node identifier of a message UUID, naming the producer that wrote it."""
-
-    __slots__ = ()
-
-    def __new__(cls, value: bytes = b"\x00" * 6) -> ProducerID:
-        if len(value) != 6:
-            raise ValueError(f"a ProducerID is 6 bytes, got {len(value)}: {value!r}")
-        return super().__new__(cls, value)
-
-    def __repr__(self) -> str:
-        return f"ProducerID({self.hex()})"
 
 
 def new_producer_id() -> ProducerID:

@@ -75,10 +75,11 @@ class ClientStream(Stream):
 
 
 class ClientConnection(Connection):
-    is_client = True
-
     def __init__(self, channel: Channel) -> None:
         super().__init__(channel.max_message)
+        # Set on the instance: a class attribute of a subclass would not override the compiled
+        # Connection's (mypyc keeps class-level defaults in the instance's own slots).
+        self.is_client = True
         self.channel = channel
         self.next_id = 1
         self.going_away = False

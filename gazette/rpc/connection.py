@@ -54,6 +54,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import cast
 
+from gazette._compiled import mypyc_attr
 from gazette.errors import GazetteError
 from gazette.rpc import frames as f
 from gazette.rpc.hpack_decoder import HeaderDecoder, HpackError
@@ -216,6 +217,8 @@ class StreamReset(GazetteError):
         self.code = code
 
 
+# Subclassed by the client's and the server's streams and connections (channel.py, server.py).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Stream:
     """Receive-side state of one stream and its send window."""
 
@@ -293,9 +296,12 @@ class Stream:
         self.fail(StreamReset(f"stream reset by peer (code {code})", code))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Connection(asyncio.Protocol):
     """Frame handling shared by the server and client sides."""
 
+    #: The client side (ClientConnection sets it in its __init__: a subclass's class attribute
+    #: does not override a compiled class's).
     is_client = False
     #: Streams the peer may have open at once (advertised and enforced by the server).
     max_concurrent_streams: int | None = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from typing import ClassVar
 from urllib.parse import quote, unquote
 
 import grpc
@@ -88,13 +89,15 @@ class MessageRefused(ProtocolError):
     """A gRPC message the receiver will not take: its call (not the connection) ends with
     ``status``."""
 
-    status = grpc.StatusCode.INTERNAL
+    # ClassVar: a class attribute of the class, as each subclass's overrides it (compiled,
+    # a plain annotation-less default would be an instance slot the subclasses never set).
+    status: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
 
 
 class MessageTooLarge(MessageRefused):
     """A gRPC message longer than the receiver's maximum: the call ends RESOURCE_EXHAUSTED."""
 
-    status = grpc.StatusCode.RESOURCE_EXHAUSTED
+    status: ClassVar[grpc.StatusCode] = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 class MessageCompressed(MessageRefused):
@@ -102,7 +105,7 @@ class MessageCompressed(MessageRefused):
     identity``), so the call ends UNIMPLEMENTED, as gRPC's compression.md prescribes for "a
     message compressed by an algorithm that is not supported"."""
 
-    status = grpc.StatusCode.UNIMPLEMENTED
+    status: ClassVar[grpc.StatusCode] = grpc.StatusCode.UNIMPLEMENTED
 
 
 def frame_head(ftype: int, flags: int, stream_id: int, length: int) -> bytes:

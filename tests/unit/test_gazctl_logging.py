@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import gazette
+from gazette._compiled import build_line
 from gazette.cli.gazctl import main
 from gazette.cli.gazctl.output import Log, LogHandler
 
@@ -87,7 +88,7 @@ def test_version_and_python_dash_m() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-m", "gazette.cli.gazctl", "--version"], env=env,
                          capture_output=True, text=True, timeout=60, check=True).stdout
-    assert out == f"gazctl {gazette.__version__}\n"
+    assert out == f"gazctl {gazette.__version__}; {build_line()}\n"
     for args in (["-m", "gazette", "--version"], ["-m", "gazette", "--help"]):
         done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
                               timeout=60)

@@ -99,8 +99,9 @@ def test_an_unusable_etcd_address_exits_naming_the_flag(address: str) -> None:
 
 def test_version_is_the_packages(capsys: pytest.CaptureFixture[str]) -> None:
     from gazette import __version__
+    from gazette._compiled import build_line
 
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args(["--version"])
     assert exit_.value.code == 0
-    assert capsys.readouterr().out.strip() == f"gazette {__version__}"
+    assert capsys.readouterr().out.strip() == f"gazette {__version__}; {build_line()}"

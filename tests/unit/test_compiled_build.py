@@ -1,0 +1,89 @@
+"""The compiled build (setup.py, gazette/_compiled.py): what it compiles, how it is forced
+pure, and, in a compiled install (``GAZETTE_EXPECT_COMPILED=1``, as scripts/compiled_check.sh
+runs these tests), that every listed module really is an extension module."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from gazette import _compiled
+from gazette.cli import version_text
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPECT_COMPILED = os.environ.get("GAZETTE_EXPECT_COMPILED", "") not in ("", "0")
+
+
+def _setup_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gazette_setup", ROOT / "setup.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # defines the helpers; setup() runs only as __main__
+    return module
+
+
+@pytest.mark.skipif(not EXPECT_COMPILED, reason="not a compiled install")
+def test_every_listed_module_is_compiled() -> None:
+    fallen_back = []
+    for name in _compiled.COMPILED_MODULES:
+        path = importlib.import_module(name).__file__ or ""
+        if not path.endswith(".so"):
+            fallen_back.append(f"{name}: {path}")
+    assert not fallen_back, f"imported from source, not compiled: {fallen_back}"
+    n = len(_compiled.COMPILED_MODULES)
+    assert _compiled.build_line() == f"compiled (mypyc): {n} modules"
+    assert version_text("gazette").endswith(f"; compiled (mypyc): {n} modules")
+
+
+@pytest.mark.skipif(EXPECT_COMPILED, reason="a compiled install")
+def test_source_tree_runs_interpreted() -> None:
+    # The checkout's modules (PYTHONPATH) are .py files: an extension left beside one (a stray
+    # in-place build) would shadow the source being edited and tested.
+    assert "site-packages" not in (_compiled.__file__ or "")
+    assert _compiled.compiled_modules() == []
+    assert _compiled.build_line() == "interpreted"
+    assert version_text("gazctl").endswith("; interpreted")
+
+
+@pytest.mark.skipif(EXPECT_COMPILED, reason="a compiled install: no checkout")
+def test_listed_modules_exist_and_the_mypyc_pin_is_the_type_checkers() -> None:
+    for name in _compiled.COMPILED_MODULES:
+        assert (ROOT / (name.replace(".", "/") + ".py")).is_file(), name
+    setup = _setup_module()
+    assert setup._compiled_list() == list(_compiled.COMPILED_MODULES)
+    pin = re.search(r"^mypy==(\S+)$", (ROOT / "constraints/dev.txt").read_text(), re.M)
+    assert pin is not None
+    assert setup.MYPYC_REQUIREMENT == f"mypy=={pin.group(1)}"
+
+
+@pytest.mark.skipif(EXPECT_COMPILED, reason="a compiled install: no checkout")
+@pytest.mark.parametrize(
+    ("env", "argv", "why"),
+    [
+        ({"GAZETTE_PURE": "1"}, ["setup.py", "bdist_wheel"], "GAZETTE_PURE is set"),
+        ({}, ["setup.py", "editable_wheel"], "an editable install"),
+        ({"CC": "no-such-compiler-here"}, ["setup.py", "bdist_wheel"], "no C compiler"),
+        ({"GAZETTE_PURE": "0"}, ["setup.py", "bdist_wheel"], None),
+    ],
+)
+def test_pure_python_when_forced_or_without_a_compiler(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], argv: list[str], why: str | None
+) -> None:
+    setup = _setup_module()
+    monkeypatch.delenv("GAZETTE_PURE", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(sys, "argv", argv)
+    got = setup._why_pure()
+    if why is None:
+        assert got is None or got.startswith("no C compiler")  # a machine without cc
+    else:
+        assert got is not None and got.startswith(why)
+        assert setup._ext_modules() == []
