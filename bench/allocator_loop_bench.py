@@ -15,7 +15,9 @@ prints:
 * ``solves`` / ``solve s``: the leader's solves during the step and their total duration (from
   its ``solved for ...`` log lines);
 * ``lag max ms`` / ``lag p99 ms``: the probe's overrun, over the step's apply and assignment;
-  the largest is the longest the loop was held in one go.
+  the largest is the longest the loop was held in one go;
+* ``gc max ms``: the longest collection of Python's cyclic garbage collector in the step (it
+  holds the loop too, and grows with the number of live objects, not with the allocator's work).
 
     python bench/allocator_loop_bench.py                     # 1,000, 5,000, 10,000 journals
     python bench/allocator_loop_bench.py --steps 1000,20000
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import re
 import statistics
@@ -59,6 +62,21 @@ class Solves(logging.Handler):
             self.seconds.append(float(m.group(1)))
 
 
+class GcPauses:
+    """The durations of the cyclic garbage collector's collections (`gc.callbacks`)."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self._started = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds.append(time.perf_counter() - self._started)
+
+
 def broker_spec(zone: str, suffix: str, limit: int) -> bytes:
     spec = pb.BrokerSpec(journal_limit=limit)
     spec.process_spec.id.zone, spec.process_spec.id.suffix = zone, suffix
@@ -78,7 +96,7 @@ def fully_assigned(ks: KeySpace, n: int) -> bool:
 
 
 async def run(steps: list[int], pace: float, step_timeout: float) -> None:
-    solves = Solves()
+    solves, gc_pauses = Solves(), GcPauses()
     logging.getLogger("gazette.allocator").addHandler(solves)
     logging.getLogger("gazette.allocator").setLevel(logging.INFO)
     with EtcdProcess(unsafe_no_fsync=True) as etcd:
@@ -94,11 +112,12 @@ async def run(steps: list[int], pace: float, step_timeout: float) -> None:
             owned += [tg.create_task(a.keep_alive()) for a in announcements]
             owned.append(tg.create_task(allocate(client, ks, members_key(ROOT, *MEMBERS[0]),
                                                  always_consistent)))
-            print("| journals | apply s | assigned s | solves | solve s | lag max ms | lag p99 ms |")
-            print("|---|---|---|---|---|---|---|")
+            print("| journals | apply s | assigned s | solves | solve s | lag max ms | lag p99 ms | gc max ms |")
+            print("|---|---|---|---|---|---|---|---|")
             have = 0
             for step in steps:
                 lags.clear()
+                gc_pauses.seconds.clear()
                 solved_before = len(solves.seconds)
                 started = time.perf_counter()
                 for begin in range(have, step, TXN):
@@ -118,7 +137,8 @@ async def run(steps: list[int], pace: float, step_timeout: float) -> None:
                 new = solves.seconds[solved_before:]
                 p99 = statistics.quantiles(lags, n=100)[98] if len(lags) >= 2 else 0.0
                 print(f"| {step:,} | {applied - started:.1f} | {assigned - applied:.1f} | {len(new)} "
-                      f"| {sum(new):.2f} | {max(lags, default=0) * 1000:.0f} | {p99 * 1000:.0f} |",
+                      f"| {sum(new):.2f} | {max(lags, default=0) * 1000:.0f} | {p99 * 1000:.0f} "
+                      f"| {max(gc_pauses.seconds, default=0) * 1000:.0f} |",
                       flush=True)
             for t in owned:
                 t.cancel()

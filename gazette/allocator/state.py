@@ -18,13 +18,16 @@ Invariants:
   keep a solved assignment while only assignments change.
 * Extraction is linear in the keyspace. `from_keyspace_yielding` reads the keyspace's lists
   at once (one snapshot, one revision) and then extracts from them, yielding to the event
-  loop every `YIELD_EVERY` entries, so that a leader's round never holds the loop for long.
+  loop once it has held it for `HOLD_AT_MOST` seconds (checked every `YIELD_EVERY` entries),
+  so that a leader's round never holds the loop for long, nor yields more often than needed
+  (on a busy loop each yield waits for everything else that is ready).
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -35,7 +38,8 @@ from gazette.etcd.keyspace import KeySpace, KeyValue
 from .model import Assignment, Entry, Item, Member
 from .specs import assignment_entry, desired_replication, item_entry, member_entry
 
-YIELD_EVERY = 2000  # entries between yields of a cooperative extraction: a few milliseconds
+YIELD_EVERY = 1000  # entries between pauses of a cooperative extraction: a few milliseconds
+HOLD_AT_MOST = 0.025  # seconds a cooperative round holds the event loop before it yields
 
 _T = TypeVar("_T")
 Steps = Generator[None, None, _T]  # work that pauses (yields) every YIELD_EVERY entries
@@ -51,13 +55,17 @@ def _drain(steps: Steps[_T]) -> _T:
 
 
 async def _drain_yielding(steps: Steps[_T]) -> _T:
-    """Runs `steps` to completion, letting the event loop run at each pause."""
+    """Runs `steps` to completion, letting the event loop run at a pause once `steps` has held
+    it for `HOLD_AT_MOST`."""
+    held_since = time.perf_counter()
     while True:
         try:
             next(steps)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
-        await asyncio.sleep(0)
+        if time.perf_counter() - held_since >= HOLD_AT_MOST:
+            await asyncio.sleep(0)
+            held_since = time.perf_counter()
 
 
 IsConsistentFn = Callable[[Entry[Item], Entry[Assignment], Sequence[Entry[Assignment]]], bool]
@@ -191,7 +199,7 @@ class State:
         cache: EntryCache | None = None,
     ) -> State:
         """`from_keyspace`, of the snapshot current at the call, letting the event loop run
-        every `YIELD_EVERY` entries."""
+        whenever it has held it for `HOLD_AT_MOST` seconds."""
         return await _drain_yielding(cls._from_keyspace(ks, local_key, is_consistent,
                                                         replication, cache))
 

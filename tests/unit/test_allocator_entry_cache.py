@@ -12,9 +12,9 @@ from consumer_cluster import LOCAL, LOCAL_ENDPOINT, REMOTE, REMOTE_ENDPOINT, Mem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gazette.allocator import state as state_module
 from gazette.allocator.keys import assignment_key, items_key, members_key
 from gazette.allocator.specs import journal_is_consistent
-from gazette.allocator import state as state_module
 from gazette.allocator.state import EntryCache, State
 from gazette.broker.keys import broker_decoder
 from gazette.etcd.keyspace import KeySpace
@@ -87,7 +87,8 @@ def test_unchanged_entries_are_reused() -> None:
 
 
 async def test_yielding_extraction_reads_one_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(state_module, "YIELD_EVERY", 2)  # pause often
+    monkeypatch.setattr(state_module, "YIELD_EVERY", 2)  # pause often,
+    monkeypatch.setattr(state_module, "HOLD_AT_MOST", 0.0)  # and yield at every pause
     ks = KeySpace(ROOT, broker_decoder(ROOT))
     etcd = MemoryEtcd(ks)
     etcd.write([_member(LOCAL, LOCAL_ENDPOINT, 10), _member(REMOTE, REMOTE_ENDPOINT, 10)])
