@@ -21,10 +21,6 @@ Invariants:
   or `allocate` returns, raises or is cancelled), so the event loop serves meanwhile; if the child fails, the solve runs in a
   thread instead. Extracting the State and converging yield to the loop whenever they have
   held it for `state.HOLD_AT_MOST` (25 ms).
-* While keyspace updates keep coming, a leader's rounds (each linear in the items) take at most
-  `ROUND_DUTY` of its time: after a round of d seconds (its solve in a child not counted) the
-  next starts no sooner than d * (1 - ROUND_DUTY) / ROUND_DUTY later. A round after a quiet
-  spell starts at once.
 * A failed round (a revision check lost to a concurrent change, or etcd unreachable) is
   retried after the next keyspace update, or after `retry_interval` if none comes.
 * `allocate` returns once the local member is exiting and holds no assignments: the graceful
@@ -63,9 +59,6 @@ SOLVE_IN_PROCESS_ITEMS = 1000
 # Debounce of re-solves after item changes (see `SolveDebounce`), in seconds.
 SOLVE_QUIET = 0.5
 SOLVE_MAX_DELAY = 5.0
-# The share of a leader's time its rounds may take while updates keep coming: the rest serves
-# everything else on its event loop (appends, replicas, the apply that caused the updates).
-ROUND_DUTY = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +128,8 @@ async def _allocate(
     solved_members: object = None  # the members half of the network key last solved
     round_number = 0
     cache = EntryCache()  # entries decoded in earlier rounds: a round decodes only what changed
-    rest_until = 0.0  # see ROUND_DUTY
 
     while True:
-        if (rest := rest_until - time.monotonic()) > 0:
-            await asyncio.sleep(rest)
-        round_started = time.monotonic()
         member, is_leader = leader_view(keyspace, local_member_key)
         if member is None:
             raise MemberNotFoundError(
@@ -172,7 +161,6 @@ async def _allocate(
                 desired = await _solve(state, solver)
                 debounce.solved(state.network_key)
                 solved_members = members_key
-                round_started += time.monotonic() - started  # the child's time is not the loop's
                 log.info(
                     "solved for %d of %d item slots over %d members in %.3fs (revision %d)",
                     len(desired), state.item_slots, len(state.members),
@@ -199,8 +187,6 @@ async def _allocate(
                 round_number += 1
             # Read through whatever was applied, even if a later transaction failed.
             next_revision = max(next_revision, txn.revision)
-            cost = time.monotonic() - round_started
-            rest_until = time.monotonic() + cost * (1 - ROUND_DUTY) / ROUND_DUTY
 
         try:
             await keyspace.wait_for_revision(next_revision, timeout=timeout)
