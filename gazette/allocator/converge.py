@@ -130,6 +130,8 @@ class _ItemPlan:
         return self.state.is_consistent(self.item, a, self.current)
 
     def _constrain_removals(self) -> None:
+        if not self.remove:
+            return  # nothing to constrain: skip the consistency checks (most items, most rounds)
         s = self.state
         self.remove.sort(key=lambda a: s.load_ratio(a.decoded, s.member_total), reverse=True)
         replication = self.item.decoded.replication
