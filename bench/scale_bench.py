@@ -208,10 +208,20 @@ async def assignments(etcd: aetcd.Client, root: str, prefix: str) -> dict[str, d
     Read from etcd rather than listed through a broker: a List of every journal is work for
     the broker being measured (at 5,000 journals, polling it starved broker-1's event loop)."""
     out: dict[str, dict[int, bytes]] = {}
-    for kv in await etcd.get_prefix((assignments_prefix(root) + prefix).encode()):
-        item, _zone, _suffix, slot = kv.key.decode()[len(assignments_prefix(root)):].split(SEP)
-        out.setdefault(item, {})[int(slot)] = kv.value
-    return out
+    await etcd.connect()
+    key = (assignments_prefix(root) + prefix).encode()
+    end = key[:-1] + bytes([key[-1] + 1])
+    revision = 0
+    while True:  # paged: one answer for every assignment exceeds gRPC's 4 MiB at 20,000 journals
+        response = await etcd.kvstub.Range(aetcd.rpc.RangeRequest(
+            key=key, range_end=end, revision=revision, limit=5000), metadata=etcd.metadata)
+        revision = revision or response.header.revision  # every page of one snapshot
+        for kv in response.kvs:
+            item, _zone, _suffix, slot = kv.key.decode()[len(assignments_prefix(root)):].split(SEP)
+            out.setdefault(item, {})[int(slot)] = kv.value
+        if not response.more or not response.kvs:
+            return out
+        key = response.kvs[-1].key + b"\0"
 
 
 async def fully_assigned(etcd: aetcd.Client, root: str, prefix: str, want: int, patience: float) -> float:

@@ -12,6 +12,15 @@ Invariants:
 * The desired set is re-solved only when items, members or limits change
   (`State.network_key`); otherwise rounds keep converging towards the last solution, which is
   still a valid maximum assignment. This avoids churn from re-solving mid-convergence.
+* Item changes are debounced (`SolveDebounce`): a burst of applies is solved once it pauses
+  for `solve_quiet`, or every `solve_max_delay` while it lasts; a lone change, and any
+  member or limit change, is solved at once. Until then rounds converge towards the previous
+  solution (new items wait; a departed member is never in a solution rounds act on).
+* Problems of `SOLVE_IN_PROCESS_ITEMS` items or more are solved in a child process
+  (`SolverProcess`, started on the first such solve and ended when the member stops leading
+  or `allocate` returns, raises or is cancelled), so the event loop serves meanwhile; if the child fails, the solve runs in a
+  thread instead. Extracting the State and converging yield to the loop whenever they have
+  held it for `state.HOLD_AT_MOST` (25 ms).
 * A failed round (a revision check lost to a concurrent change, or etcd unreachable) is
   retried after the next keyspace update, or after `retry_interval` if none comes.
 * `allocate` returns once the local member is exiting and holds no assignments: the graceful
@@ -35,15 +44,21 @@ from gazette.etcd.keyspace import KeySpace
 from gazette.etcd.txn import DEFAULT_MAX_OPS, BatchedTxn, Cmp
 
 from .converge import Counters, converge
+from .debounce import Clock, SolveDebounce
 from .errors import MemberNotFoundError
-from .solver import Desired, solve
+from .solve_process import SolverProcess, SolverProcessError
+from .solver import Desired, Problem, desired_of, solve_problem
 from .specs import desired_replication
 from .state import EntryCache, IsConsistentFn, State, leader_view
 
 log = logging.getLogger(__name__)
 
-# Item count from which the solver runs in a worker thread rather than on the event loop.
-SOLVE_IN_THREAD_ITEMS = 1000
+# Item count from which the solver runs in a child process rather than on the event loop
+# (below it a solve takes tens of milliseconds: less than a round trip to the child).
+SOLVE_IN_PROCESS_ITEMS = 1000
+# Debounce of re-solves after item changes (see `SolveDebounce`), in seconds.
+SOLVE_QUIET = 0.5
+SOLVE_MAX_DELAY = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +86,46 @@ async def allocate(
     max_txn_ops: int = DEFAULT_MAX_OPS,
     retry_interval: float = 1.0,
     replication: Callable[[object], int] = desired_replication,
+    solve_quiet: float = SOLVE_QUIET,
+    solve_max_delay: float = SOLVE_MAX_DELAY,
+    clock: Clock = time.monotonic,
 ) -> None:
     """Runs the allocation loop until the local member may exit (see the module docstring)."""
+    solver = SolverProcess()
+    try:
+        await _allocate(client, keyspace, local_member_key, is_consistent, on_round, max_txn_ops,
+                        retry_interval, replication, SolveDebounce(solve_quiet, solve_max_delay, clock),
+                        solver)
+    finally:
+        await solver.close()
+
+
+async def _solve(state: State, solver: SolverProcess) -> list[Desired]:
+    problem = Problem.of(state)
+    if len(problem.names) < SOLVE_IN_PROCESS_ITEMS:
+        return desired_of(problem, solve_problem(problem))
+    try:
+        solution = await solver.solve(problem)
+    except SolverProcessError as err:
+        log.warning("solving in a thread instead: %s", err)
+        solution = await asyncio.to_thread(solve_problem, problem)
+    return desired_of(problem, solution)
+
+
+async def _allocate(
+    client: aetcd.Client,
+    keyspace: KeySpace,
+    local_member_key: str,
+    is_consistent: IsConsistentFn,
+    on_round: RoundHook | None,
+    max_txn_ops: int,
+    retry_interval: float,
+    replication: Callable[[object], int],
+    debounce: SolveDebounce,
+    solver: SolverProcess,
+) -> None:
     desired: list[Desired] = []
-    solved_for: tuple[object, ...] | None = None
+    solved_members: object = None  # the members half of the network key last solved
     round_number = 0
     cache = EntryCache()  # entries decoded in earlier rounds: a round decodes only what changed
 
@@ -87,25 +138,29 @@ async def allocate(
             )
         next_revision = keyspace.revision + 1
         timeout: float | None = None
+        if not is_leader:
+            await solver.close()  # a deposed leader's child would idle: a new leader starts its own
 
         # Only the leader, or an exiting member deciding whether it may go, needs the full
         # (linear-time) State; other members just wait for the next update.
         state = None
         if is_leader or member.decoded.exiting:
-            state = State.from_keyspace(keyspace, local_member_key, is_consistent, replication, cache)
+            state = await State.from_keyspace_yielding(keyspace, local_member_key, is_consistent,
+                                                       replication, cache)
             if state.should_exit:
                 log.info("member %s is exiting and holds no assignments", local_member_key)
                 return
 
         if state is not None and is_leader:
-            if state.network_key != solved_for:
+            members_key = state.network_key[0] if state.network_key else None
+            wait = debounce.observe(state.network_key, urgent=members_key != solved_members)
+            if wait is not None and wait > 0:
+                timeout = wait  # converge towards the previous solution meanwhile
+            elif wait is not None:
                 started = time.monotonic()
-                if len(state.items) >= SOLVE_IN_THREAD_ITEMS:
-                    # Large solves take a while: keep the event loop serving meanwhile.
-                    desired = await asyncio.to_thread(solve, state)
-                else:
-                    desired = solve(state)
-                solved_for = state.network_key
+                desired = await _solve(state, solver)
+                debounce.solved(state.network_key)
+                solved_members = members_key
                 log.info(
                     "solved for %d of %d item slots over %d members in %.3fs (revision %d)",
                     len(desired), state.item_slots, len(state.members),
@@ -124,7 +179,7 @@ async def allocate(
             except (TxnFailedError, grpc.aio.AioRpcError, aetcd.exceptions.ClientError) as err:
                 log.warning("allocation round at revision %d failed (will retry): %s",
                             state.revision, err)
-                timeout = retry_interval
+                timeout = retry_interval if timeout is None else min(timeout, retry_interval)
             else:
                 if on_round is not None:
                     on_round(Round(round_number, state.revision, txn.revision == 0, counters,

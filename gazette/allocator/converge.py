@@ -20,10 +20,15 @@ revisions (the item's replication may have grown); additions compare the member'
 may have shrunk) and are written under the member's lease; moves compare the moved key.
 Assignments of items which no longer exist are removed after checking the item is absent.
 The ops of one item form one checkpoint: they are applied in a single etcd transaction.
+A round yields to the event loop once it has held it for `state.HOLD_AT_MOST` seconds
+(checked every `CHECK_EVERY` items), so that tens of thousands of items never hold the loop
+for long in one go.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -31,9 +36,12 @@ from typing import Any, Protocol
 from gazette.allocator.keys import assignment_key, items_key
 from gazette.etcd.txn import Cmp, Delete, Op, Put
 
+from . import state as state_module
 from .model import Assignment, Entry, Item
 from .solver import Desired
 from .state import State
+
+CHECK_EVERY = 100  # items between checks of how long the round has held the loop
 
 
 class CheckpointTxn(Protocol):
@@ -65,12 +73,16 @@ async def converge(txn: CheckpointTxn, state: State, desired: Sequence[Desired])
     for d in desired:
         by_item.setdefault(d.item, []).append(d)
 
-    for it in state.items:
+    held_since = time.perf_counter()
+    for n, it in enumerate(state.items, 1):
         name = it.decoded.name
         plan = _ItemPlan(state, it, state.assignments_of.get(name, []), by_item.get(name, []))
         plan.constrain()
         plan.build(txn, counters)
         await txn.checkpoint()
+        if n % CHECK_EVERY == 0 and time.perf_counter() - held_since >= state_module.HOLD_AT_MOST:
+            await asyncio.sleep(0)
+            held_since = time.perf_counter()
 
     # Assignments of vanished items: remove, after checking the item is still absent.
     for name, asn in state.assignments_of.items():
@@ -118,6 +130,8 @@ class _ItemPlan:
         return self.state.is_consistent(self.item, a, self.current)
 
     def _constrain_removals(self) -> None:
+        if not self.remove:
+            return  # nothing to constrain: skip the consistency checks (most items, most rounds)
         s = self.state
         self.remove.sort(key=lambda a: s.load_ratio(a.decoded, s.member_total), reverse=True)
         replication = self.item.decoded.replication

@@ -28,14 +28,21 @@ Weights are powers of K, with K larger than twice the total flow, so no number o
 units outweighs one dearer unit. Items are solved in chunks of `ITEMS_PER_NETWORK` (as
 Gazette does) so the cost stays linear in the number of items; each chunk sees the member
 capacity left by earlier chunks.
+
+`Problem` is everything the network needs from a `State`, as plain picklable data, so that a
+large solve can run in another process (`solve_process`). This module therefore imports
+nothing beyond the standard library and `_flow` at run time: the worker loads only those.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ._flow import FlowNetwork
-from .state import State
+
+if TYPE_CHECKING:
+    from .state import State
 
 ITEMS_PER_NETWORK = 5000
 
@@ -49,14 +56,69 @@ class Desired:
     suffix: str
 
 
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """The solver's input: items and members by index, in `State` order.
+
+    `members[j]` is (zone, suffix, effective limit); `current[i]` the indices of the members
+    currently holding item i (members that are gone are left out); `item_slots` and
+    `member_slots` are the State's totals, which fair shares are computed from."""
+
+    names: list[str]
+    replication: list[int]
+    members: list[tuple[str, str, int]]
+    current: list[tuple[int, ...]]
+    item_slots: int
+    member_slots: int
+
+    @classmethod
+    def of(cls, state: State) -> Problem:
+        index = {(m.decoded.zone, m.decoded.suffix): j for j, m in enumerate(state.members)}
+        current: list[tuple[int, ...]] = []
+        none: tuple[int, ...] = ()
+        for it in state.items:
+            asn = state.assignments_of.get(it.decoded.name)
+            if not asn:
+                current.append(none)
+                continue
+            found = (index.get((a.decoded.zone, a.decoded.suffix), -1) for a in asn)
+            current.append(tuple(j for j in found if j >= 0))
+        return cls(
+            names=state.item_names,
+            replication=[it.decoded.replication for it in state.items],
+            members=[(m.decoded.zone, m.decoded.suffix, state.effective_limit(j))
+                     for j, m in enumerate(state.members)],
+            current=current,
+            item_slots=state.item_slots,
+            member_slots=state.member_slots,
+        )
+
+
+Solution = list[tuple[int, int]]
+"""Desired assignments as (item index, member index) pairs of a `Problem`."""
+
+
 def solve(state: State) -> list[Desired]:
     """Returns the desired assignments, sorted by (item, zone, suffix)."""
-    out: list[Desired] = []
-    used = [0] * len(state.members)
-    for begin in range(0, len(state.items), ITEMS_PER_NETWORK):
-        out.extend(_solve_chunk(state, begin, min(begin + ITEMS_PER_NETWORK, len(state.items)),
-                                used))
+    problem = Problem.of(state)
+    return desired_of(problem, solve_problem(problem))
+
+
+def desired_of(problem: Problem, solution: Solution) -> list[Desired]:
+    """The `Desired` assignments of `solution`, sorted by (item, zone, suffix)."""
+    names, members = problem.names, problem.members
+    out = [Desired(names[i], members[j][0], members[j][1]) for i, j in solution]
     out.sort()
+    return out
+
+
+def solve_problem(problem: Problem) -> Solution:
+    """Solves `problem` chunk by chunk (see the module docstring)."""
+    out: Solution = []
+    used = [0] * len(problem.members)
+    n = len(problem.names)
+    for begin in range(0, n, ITEMS_PER_NETWORK):
+        out.extend(_solve_chunk(problem, begin, min(begin + ITEMS_PER_NETWORK, n), used))
     return out
 
 
@@ -64,18 +126,17 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _solve_chunk(state: State, begin: int, end: int, used: list[int]) -> list[Desired]:
-    items = state.items[begin:end]
-    members = state.members
-    eligible = [j for j in range(len(members)) if state.effective_limit(j) - used[j] > 0]
-    zones = sorted({members[j].decoded.zone for j in eligible})
-    nz, n = len(zones), len(items)
+def _solve_chunk(problem: Problem, begin: int, end: int, used: list[int]) -> Solution:
+    members = problem.members
+    eligible = [j for j in range(len(members)) if members[j][2] - used[j] > 0]
+    zones = sorted({members[j][0] for j in eligible})
+    nz, n = len(zones), end - begin
     zone_index = {z: k for k, z in enumerate(zones)}
     members_in_zone: list[list[int]] = [[] for _ in zones]
     for j in eligible:
-        members_in_zone[zone_index[members[j].decoded.zone]].append(j)
+        members_in_zone[zone_index[members[j][0]]].append(j)
 
-    replication = [min(it.decoded.replication, len(eligible)) for it in items]
+    replication = [min(r, len(eligible)) for r in problem.replication[begin:end]]
     total = sum(replication)
     if total == 0:
         return []
@@ -88,14 +149,16 @@ def _solve_chunk(state: State, begin: int, end: int, used: list[int]) -> list[De
     net = FlowNetwork(first_member + len(members))
 
     # Fair shares are global (all items, all members), scaled to this chunk's share of slots.
-    chunk_slots = sum(it.decoded.replication for it in items)
+    item_slots, member_slots = problem.item_slots, problem.member_slots
+    chunk_slots = sum(problem.replication[begin:end])
     for j in eligible:
-        cap = state.effective_limit(j) - used[j]
-        share_num = state.effective_limit(j) * min(state.item_slots, state.member_slots)
-        share_den = max(1, state.member_slots)
-        if state.item_slots > 0 and chunk_slots < state.item_slots:
+        limit = members[j][2]
+        cap = limit - used[j]
+        share_num = limit * min(item_slots, member_slots)
+        share_den = max(1, member_slots)
+        if item_slots > 0 and chunk_slots < item_slots:
             share_num *= chunk_slots
-            share_den *= state.item_slots
+            share_den *= item_slots
         floor_share = min(cap, share_num // share_den)
         ceil_share = min(cap, _ceil_div(share_num, share_den))
         node = first_member + j
@@ -106,15 +169,12 @@ def _solve_chunk(state: State, begin: int, end: int, used: list[int]) -> list[De
             net.add_arc(node, sink, cap - ceil_share, overload)
 
     member_arcs: list[tuple[int, int, int]] = []  # (arc, item index, member index)
-    for i, it in enumerate(items):
+    for i in range(n):
         r = replication[i]
         if r == 0:
             continue
         net.add_arc(source, 2 + i, r, 0)
-        current = {
-            (a.decoded.zone, a.decoded.suffix)
-            for a in state.assignments_of.get(it.decoded.name, ())
-        }
+        current = problem.current[begin + i]
         within = max(r - 1, 1)
         uniform = min(within, _ceil_div(r, nz))
         for z in range(nz):
@@ -127,21 +187,21 @@ def _solve_chunk(state: State, begin: int, end: int, used: list[int]) -> list[De
                     net.add_arc(2 + i, zi, within - uniform, nicety)
                 net.add_arc(2 + i, zi, r - within, zone_cost)
             # Current members first: cheaper arcs found first keep the search short.
-            ordered = sorted(
-                members_in_zone[z],
-                key=lambda j: (members[j].decoded.zone, members[j].decoded.suffix) not in current,
-            )
+            in_zone = members_in_zone[z]
+            if current:
+                ordered = [j for j in in_zone if j in current]
+                ordered += [j for j in in_zone if j not in current]
+            else:
+                ordered = in_zone
             for j in ordered:
-                is_current = (members[j].decoded.zone, members[j].decoded.suffix) in current
-                arc = net.add_arc(zi, first_member + j, 1, 0 if is_current else move)
-                member_arcs.append((arc, i, j))
+                arc = net.add_arc(zi, first_member + j, 1, 0 if j in current else move)
+                member_arcs.append((arc, begin + i, j))
 
     net.solve(source, sink)
 
-    out: list[Desired] = []
+    out: Solution = []
     for arc, i, j in member_arcs:
         if net.flow(arc):
             used[j] += 1
-            m = members[j].decoded
-            out.append(Desired(items[i].decoded.name, m.zone, m.suffix))
+            out.append((i, j))
     return out

@@ -16,20 +16,57 @@ Invariants:
 * The leader is the member with the lowest (create revision, key).
 * `network_key` changes exactly when items, members or their limits change, so a leader can
   keep a solved assignment while only assignments change.
+* Extraction is linear in the keyspace. `from_keyspace_yielding` reads the keyspace's lists
+  at once (one snapshot, one revision) and then extracts from them, yielding to the event
+  loop once it has held it for `HOLD_AT_MOST` seconds (checked every `YIELD_EVERY` entries),
+  so that a leader's round never holds the loop for long, nor yields more often than needed
+  (on a busy loop each yield waits for everything else that is ready).
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gazette.allocator.keys import assignments_prefix, items_prefix, members_key, members_prefix
 from gazette.etcd.keyspace import KeySpace, KeyValue
 
 from .model import Assignment, Entry, Item, Member
 from .specs import assignment_entry, desired_replication, item_entry, member_entry
+
+YIELD_EVERY = 1000  # entries between pauses of a cooperative extraction: a few milliseconds
+HOLD_AT_MOST = 0.025  # seconds a cooperative round holds the event loop before it yields
+
+_T = TypeVar("_T")
+Steps = Generator[None, None, _T]  # work that pauses (yields) every YIELD_EVERY entries
+
+
+def _drain(steps: Steps[_T]) -> _T:
+    """Runs `steps` to completion without pausing."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+async def _drain_yielding(steps: Steps[_T]) -> _T:
+    """Runs `steps` to completion, letting the event loop run at a pause once `steps` has held
+    it for `HOLD_AT_MOST`."""
+    held_since = time.perf_counter()
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        if time.perf_counter() - held_since >= HOLD_AT_MOST:
+            await asyncio.sleep(0)
+            held_since = time.perf_counter()
+
 
 IsConsistentFn = Callable[[Entry[Item], Entry[Assignment], Sequence[Entry[Assignment]]], bool]
 """Whether an item's assignment is consistent, given all assignments of the item.
@@ -65,8 +102,15 @@ class EntryCache:
 
     def extract(self, kvs_and_makers: Sequence[tuple[Sequence[KeyValue], Callable[[KeyValue], Entry[Any]]]],
                 ) -> list[list[Entry[Any]]]:
+        return _drain(self.extract_steps(kvs_and_makers))
+
+    def extract_steps(
+        self, kvs_and_makers: Sequence[tuple[Sequence[KeyValue], Callable[[KeyValue], Entry[Any]]]],
+    ) -> Steps[list[list[Entry[Any]]]]:
+        """`extract`, pausing every YIELD_EVERY entries (one extraction at a time)."""
         old, new = self._entries, {}
         out: list[list[Entry[Any]]] = []
+        n = 0
         for kvs, make in kvs_and_makers:
             entries = []
             for kv in kvs:
@@ -76,6 +120,9 @@ class EntryCache:
                     e = make(kv)
                 new[k] = e
                 entries.append(e)
+                n += 1
+                if n % YIELD_EVERY == 0:
+                    yield
             out.append(entries)
         self._entries = new  # only what this round used: the cache holds one snapshot
         return out
@@ -132,7 +179,7 @@ class State:
             members=by_key(members),
             assignments=by_key(assignments),
         )
-        s._extract()
+        _drain(s._extract())
         return s
 
     @classmethod
@@ -143,16 +190,39 @@ class State:
     ) -> State:
         """Extracts a State from the keyspace's current snapshot (specs per `specs`); with a
         `cache` kept across rounds, only entries changed since the last round are decoded."""
-        root = ks.root
-        items, members, assignments = (cache or EntryCache()).extract([
+        return _drain(cls._from_keyspace(ks, local_key, is_consistent, replication, cache))
+
+    @classmethod
+    async def from_keyspace_yielding(
+        cls, ks: KeySpace, local_key: str, is_consistent: IsConsistentFn,
+        replication: Callable[[object], int] = desired_replication,
+        cache: EntryCache | None = None,
+    ) -> State:
+        """`from_keyspace`, of the snapshot current at the call, letting the event loop run
+        whenever it has held it for `HOLD_AT_MOST` seconds."""
+        return await _drain_yielding(cls._from_keyspace(ks, local_key, is_consistent,
+                                                        replication, cache))
+
+    @classmethod
+    def _from_keyspace(
+        cls, ks: KeySpace, local_key: str, is_consistent: IsConsistentFn,
+        replication: Callable[[object], int], cache: EntryCache | None,
+    ) -> Steps[State]:
+        root, revision = ks.root, ks.revision
+        # The three lists are read now, before any pause: they are one snapshot.
+        groups: list[tuple[Sequence[KeyValue], Callable[[KeyValue], Entry[Any]]]] = [
             (ks.prefixed(items_prefix(root)), lambda kv: item_entry(root, kv, replication)),
             (ks.prefixed(members_prefix(root)), lambda kv: member_entry(root, kv)),
             (ks.prefixed(assignments_prefix(root)), lambda kv: assignment_entry(root, kv)),
-        ])
-        return cls.build(root, local_key, is_consistent, items, members, assignments, ks.revision,
-                         presorted=True)  # a keyspace range is in key order
+        ]
+        items, members, assignments = yield from (cache or EntryCache()).extract_steps(groups)
+        # A keyspace range is in key order: no sorting needed.
+        s = cls(root=root, local_key=local_key, is_consistent=is_consistent, revision=revision,
+                items=items, members=members, assignments=assignments)
+        yield from s._extract()
+        return s
 
-    def _extract(self) -> None:
+    def _extract(self) -> Steps[None]:
         self.member_keys = [m.key for m in self.members]
         self.item_names = [i.decoded.name for i in self.items]
         n = len(self.members)
@@ -162,29 +232,39 @@ class State:
         self.local_index = self.find_member(self.local_key)
 
         by_item: dict[str, list[Entry[Assignment]]] = {}
-        for a in self.assignments:
+        for count, a in enumerate(self.assignments, 1):
             by_item.setdefault(a.decoded.item, []).append(a)
+            if count % YIELD_EVERY == 0:
+                yield
         self.assignments_of = by_item
 
         max_replication = 0
-        member_keys: dict[tuple[str, str], str] = {}  # members_key validates: once per member
-        for it in self.items:
+        # (zone, suffix) -> (member key, member index or -1): members_key validates, so it runs
+        # once per member rather than once per assignment.
+        member_of: dict[tuple[str, str], tuple[str, int]] = {}
+        local_key, member_total, member_primary = self.local_key, self.member_total, self.member_primary
+        for count, it in enumerate(self.items, 1):
             r = it.decoded.replication
             self.item_slots += r
             max_replication = max(max_replication, r)
-            asn = by_item.get(it.decoded.name, [])
-            for index, a in enumerate(asn):
-                pair = (a.decoded.zone, a.decoded.suffix)
-                key = member_keys.get(pair)
-                if key is None:
-                    key = member_keys[pair] = members_key(self.root, *pair)
-                if key == self.local_key:
-                    self.local_items.append(LocalItem(it, asn, index))
-                ind = self.find_member(key)
-                if ind >= 0:
-                    self.member_total[ind] += 1
-                    if a.decoded.slot == 0:
-                        self.member_primary[ind] += 1
+            asn = by_item.get(it.decoded.name)
+            if asn:
+                for index, a in enumerate(asn):
+                    d = a.decoded
+                    pair = (d.zone, d.suffix)
+                    found = member_of.get(pair)
+                    if found is None:
+                        key = members_key(self.root, *pair)
+                        found = member_of[pair] = (key, self.find_member(key))
+                    key, ind = found
+                    if key == local_key:
+                        self.local_items.append(LocalItem(it, asn, index))
+                    if ind >= 0:
+                        member_total[ind] += 1
+                        if d.slot == 0:
+                            member_primary[ind] += 1
+            if count % YIELD_EVERY == 0:
+                yield
 
         self.member_slots = sum(max(0, m.decoded.limit) for m in self.members)
 

@@ -1,10 +1,11 @@
 """The allocator against a real etcd: members announce, the leader converges, members leave,
-drain on exit, and only the leader writes."""
+drain on exit, only the leader writes, and it solves in a child process it ends."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import cast
@@ -27,6 +28,7 @@ from gazette.allocator import (
     routes_equivalent,
     solve,
 )
+from gazette.allocator import allocator as allocator_module
 from gazette.allocator.keys import items_key, members_key
 from gazette.broker.keys import broker_decoder
 from gazette.etcd import connect
@@ -318,3 +320,43 @@ async def test_keep_alive_survives_an_etcd_restart(etcd_fresh: EtcdProcess) -> N
             assert got is not None and got.lease == ann.lease_id
     finally:
         await client.close()
+
+
+def solver_children() -> set[int]:
+    """Our child processes running the allocator's solver (see `solve_process`)."""
+    out = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        if ppid == os.getpid() and b"gazette.allocator.solve_process" in cmdline:
+            out.add(int(entry))
+    return out
+
+
+async def test_leader_solves_in_a_child_process_it_ends(
+    etcd: EtcdFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(allocator_module, "SOLVE_IN_PROCESS_ITEMS", 1)  # every solve in the child
+    assert not solver_children()
+    members = [("z1", "a", 10), ("z2", "b", 10), ("z2", "c", 10)]
+    async with observer(etcd) as ks, cluster(etcd, members) as brokers:
+        for name, r in JOURNALS.items():
+            await put_journal(etcd.client, etcd.prefix, name, r)
+        await keyspace_until(ks, converged(JOURNALS), "journals are assigned")
+        first = solver_children()
+        assert len(first) == 1  # the leader's, and only the leader's
+
+        await brokers["a"].stop()  # its allocate is cancelled: its child is killed and reaped
+        assert not solver_children() & first
+        await put_journal(etcd.client, etcd.prefix, "j6", 2)
+        want = {**JOURNALS, "j6": 2, "j3": 2}
+        await keyspace_until(ks, converged(want), "b takes over, solving in its own child")
+        assert len(solver_children() - first) == 1
+    assert not solver_children()

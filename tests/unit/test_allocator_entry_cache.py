@@ -1,13 +1,18 @@
 """A leader's State built with an EntryCache kept across rounds equals one decoded afresh,
 through random histories of items, members and assignments changing; entries unchanged since
-the last round are re-used, not decoded again."""
+the last round are re-used, not decoded again; the leader's yielding extraction reads one
+snapshot however the keyspace changes while it pauses."""
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
 from consumer_cluster import LOCAL, LOCAL_ENDPOINT, REMOTE, REMOTE_ENDPOINT, MemoryEtcd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gazette.allocator import state as state_module
 from gazette.allocator.keys import assignment_key, items_key, members_key
 from gazette.allocator.specs import journal_is_consistent
 from gazette.allocator.state import EntryCache, State
@@ -79,3 +84,27 @@ def test_unchanged_entries_are_reused() -> None:
     second = State.from_keyspace(ks, local_key, journal_is_consistent, cache=cache)
     assert second.items[0] is first.items[0]  # j/a: unchanged, the same entry
     assert second.items[1] is not first.items[1] and second.items[1].decoded.replication == 2
+
+
+async def test_yielding_extraction_reads_one_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state_module, "YIELD_EVERY", 2)  # pause often,
+    monkeypatch.setattr(state_module, "HOLD_AT_MOST", 0.0)  # and yield at every pause
+    ks = KeySpace(ROOT, broker_decoder(ROOT))
+    etcd = MemoryEtcd(ks)
+    etcd.write([_member(LOCAL, LOCAL_ENDPOINT, 10), _member(REMOTE, REMOTE_ENDPOINT, 10)])
+    etcd.write([(items_key(ROOT, n), pb.JournalSpec(name=n, replication=2).SerializeToString())
+                for n in NAMES])
+    etcd.write([(assignment_key(ROOT, n, LOCAL.zone, LOCAL.suffix, 0), b"") for n in NAMES[:4]])
+    local_key = members_key(ROOT, LOCAL.zone, LOCAL.suffix)
+    before = State.from_keyspace(ks, local_key, journal_is_consistent)
+
+    task = asyncio.create_task(State.from_keyspace_yielding(ks, local_key, journal_is_consistent,
+                                                            cache=EntryCache()))
+    await asyncio.sleep(0)  # one step of the task: it read the keyspace and paused
+    assert not task.done()
+    etcd.write([(items_key(ROOT, "j/new"), pb.JournalSpec(name="j/new", replication=1).SerializeToString()),
+                (assignment_key(ROOT, NAMES[0], LOCAL.zone, LOCAL.suffix, 0), None)])
+    assert _summary(await task) == _summary(before)  # the snapshot at the call, not a mix
+    after = await State.from_keyspace_yielding(ks, local_key, journal_is_consistent)
+    assert _summary(after) == _summary(State.from_keyspace(ks, local_key, journal_is_consistent))
+    assert _summary(after) != _summary(before)

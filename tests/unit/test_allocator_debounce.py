@@ -1,0 +1,107 @@
+"""The leader's re-solve debounce, driven by a fake clock (no sleeps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gazette.allocator.debounce import SolveDebounce
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def debounce(quiet: float = 1.0, max_delay: float = 5.0) -> tuple[SolveDebounce, FakeClock]:
+    clock = FakeClock()
+    return SolveDebounce(quiet, max_delay, clock), clock
+
+
+def test_first_key_is_due_at_once_and_nothing_is_pending_once_solved() -> None:
+    d, _clock = debounce()
+    assert d.observe("a") == 0.0
+    d.solved("a")
+    assert d.observe("a") is None
+
+
+def test_a_lone_change_after_a_quiet_spell_is_due_at_once() -> None:
+    d, clock = debounce()
+    d.observe("a")
+    d.solved("a")
+    clock.now += 1.0  # quiet since the solve
+    assert d.observe("b") == 0.0
+
+
+def test_a_change_soon_after_a_solve_waits_for_quiet() -> None:
+    d, clock = debounce(quiet=1.0)
+    d.observe("a")
+    d.solved("a")
+    clock.now += 0.25
+    assert d.observe("b") == pytest.approx(1.0)
+    clock.now += 0.5
+    assert d.observe("b") == pytest.approx(0.5)  # unchanged: the quiet period runs on
+    clock.now += 0.5
+    assert d.observe("b") == 0.0
+
+
+def test_each_change_restarts_the_quiet_period() -> None:
+    d, clock = debounce(quiet=1.0, max_delay=5.0)
+    d.observe("a")
+    d.solved("a")
+    clock.now += 0.1
+    d.observe("b")
+    clock.now += 0.9
+    assert d.observe("c") == pytest.approx(1.0)
+    clock.now += 0.9
+    assert d.observe("c") == pytest.approx(0.1)
+
+
+def test_a_steady_stream_is_solved_every_max_delay() -> None:
+    d, clock = debounce(quiet=1.0, max_delay=3.0)
+    d.observe("k0")
+    d.solved("k0")
+    clock.now += 0.5
+    waits = []
+    for n in range(1, 12):  # a new key every half second, never quiet for 1 s
+        waits.append(d.observe(f"k{n}"))
+        if waits[-1] == 0.0:
+            break
+        clock.now += 0.5
+    assert waits[-1] == 0.0 and len(waits) == 7  # 3 s after the first unsolved change
+    assert all(w is not None and 0 < w <= 1.0 for w in waits[:-1])
+
+
+def test_urgent_changes_are_due_at_once() -> None:
+    d, clock = debounce()
+    d.observe("a")
+    d.solved("a")
+    clock.now += 0.1
+    assert d.observe("b") == pytest.approx(1.0)
+    assert d.observe("b", urgent=True) == 0.0
+
+
+def test_going_back_to_the_solved_key_cancels_the_pending_solve() -> None:
+    d, clock = debounce()
+    d.observe("a")
+    d.solved("a")
+    clock.now += 0.1
+    assert d.observe("b") is not None
+    assert d.observe("a") is None
+    clock.now += 0.1
+    assert d.observe("b") == pytest.approx(1.0)  # a new pending period, not after a quiet spell
+
+
+def test_a_change_during_a_long_solve_waits_for_quiet_after_it() -> None:
+    d, clock = debounce(quiet=1.0, max_delay=5.0)
+    assert d.observe("a") == 0.0
+    clock.now += 10.0  # the solve of "a" took a while; "b" arrived meanwhile
+    d.solved("a")
+    assert d.observe("b") == pytest.approx(1.0)
+
+
+def test_rejects_a_max_delay_below_quiet() -> None:
+    with pytest.raises(ValueError):
+        SolveDebounce(2.0, 1.0)
