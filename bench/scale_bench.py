@@ -10,7 +10,9 @@ in steps (each step adds to the previous). Per step, one table row:
   primary and two members (polled with List through one broker: the figure includes up to one
   List's duration);
 * ``quiet s``: from then until the brokers' logs show no replica start or stop nor solve
-  for ``--settle`` seconds (the replicas have started; idle CPU is measured after it);
+  for ``--settle`` seconds (the replicas have started); ``still s``: from then until etcd's
+  revision has not moved for ``--settle`` seconds (every route advertised, the allocator done:
+  idle CPU is measured after it);
 * ``solves`` / ``solve s``: the allocator's rounds during the step and their total solve time,
   parsed from the leader's ``solved for ...`` log lines;
 * ``RSS KiB/rep``: the brokers' summed RSS above the empty brokers', per journal replica
@@ -177,6 +179,30 @@ async def settle(logs: LogTail, quiet: float, patience: float) -> float:
             last = time.monotonic()
     logs.read_seen = seen
     return last - start
+
+
+async def etcd_still(ec: aetcd.Client, quiet: float, patience: float) -> float:
+    """Waits until etcd's revision has not moved for ``quiet`` seconds: the cluster has
+    converged (every primary advertised its route in its assignments, the allocator wrote
+    nothing more). Logs go quiet before that: thousands of route advertisements, each a
+    leader round, trail the last replica start by many seconds. The seconds it took."""
+    start = last = time.monotonic()
+    revision = -1
+    while time.monotonic() - last < quiet:
+        if time.monotonic() - start > patience:
+            raise TimeoutError(f"etcd revisions still moving after {patience:.0f}s")
+        now = await _revision(ec)
+        if now != revision:
+            revision, last = now, time.monotonic()
+        await asyncio.sleep(0.5)  # polling etcd's revision, not synchronisation
+    return last - start
+
+
+async def _revision(ec: aetcd.Client) -> int:
+    await ec.connect()
+    response = await ec.kvstub.Range(aetcd.rpc.RangeRequest(key=b"/", limit=1, count_only=True),
+                                     metadata=ec.metadata)
+    return int(response.header.revision)
 
 
 def solves(text: bytes) -> tuple[int, float]:
@@ -360,6 +386,8 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
             progress(f"  assigned in etcd {assigned:.1f}s after the apply; waiting for the brokers' logs "
                      f"to be quiet for {a.settle:.0f}s")
             quiet_after = await settle(logs, a.settle, a.timeout)
+            still_after = await etcd_still(ec, a.settle, a.timeout)
+            progress(f"  etcd still {still_after:.1f}s after the logs went quiet")
             nsolves2, solve_s2 = solves(logs.read_seen)
             nsolves, solve_s = nsolves + nsolves2, solve_s + solve_s2
             if a.idle_delay:
@@ -381,7 +409,7 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
             p50, p99, worst, probe_errors = await probe(brokers, a.probes)
             row = Row(step, {
                 "apply ms/j": 1e3 * applied / len(new),
-                "assigned s": assigned, "quiet s": quiet_after,
+                "assigned s": assigned, "quiet s": quiet_after, "still s": still_after,
                 "solves": nsolves, "solve s": solve_s,
                 "RSS MiB": rss / 2**20,
                 "RSS KiB/rep": (rss - base_rss) / 1024 / (2 * step),
@@ -476,6 +504,7 @@ async def shard_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Client
                 progress(f"  ready {ready:.1f}s after the apply; waiting for the consumers' logs to be "
                          f"quiet for {a.settle:.0f}s")
                 await settle(logs, a.settle, a.timeout)
+                await etcd_still(ec, a.settle, a.timeout)
                 nsolves2, solve_s2 = solves(logs.read_seen)
                 nsolves, solve_s = nsolves + nsolves2, solve_s + solve_s2
                 if a.idle_delay:
