@@ -188,6 +188,8 @@ async def _allocate(
             # Read through whatever was applied, even if a later transaction failed.
             next_revision = max(next_revision, txn.revision)
 
+        log.debug("allocation round done at revision %d: waiting for revision %d (timeout %s)",
+                  keyspace.revision, next_revision, timeout)
         try:
             await keyspace.wait_for_revision(next_revision, timeout=timeout)
         except TimeoutError:
