@@ -21,6 +21,9 @@ Invariants:
   or `allocate` returns, raises or is cancelled), so the event loop serves meanwhile; if the child fails, the solve runs in a
   thread instead. Extracting the State and converging yield to the loop whenever they have
   held it for `state.HOLD_AT_MOST` (25 ms).
+* A round during which the keyspace moved on is followed by a catch-up: the next round waits
+  until the keyspace stayed unchanged for `ROUND_QUIET` (at most `ROUND_CATCH_UP_MAX`), so
+  rounds follow the watch's backlog in one step instead of one round per few revisions.
 * A failed round (a revision check lost to a concurrent change, or etcd unreachable) is
   retried after the next keyspace update, or after `retry_interval` if none comes.
 * `allocate` returns once the local member is exiting and holds no assignments: the graceful
@@ -59,6 +62,10 @@ SOLVE_IN_PROCESS_ITEMS = 1000
 # Debounce of re-solves after item changes (see `SolveDebounce`), in seconds.
 SOLVE_QUIET = 0.5
 SOLVE_MAX_DELAY = 5.0
+# After a round during which the keyspace moved on: how long it must stay unchanged (at most
+# ROUND_CATCH_UP_MAX) before the next round, so the watch's backlog is applied first.
+ROUND_QUIET = 0.05
+ROUND_CATCH_UP_MAX = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +105,16 @@ async def allocate(
                         solver)
     finally:
         await solver.close()
+
+
+async def _catch_up(keyspace: KeySpace, quiet: float, at_most: float) -> None:
+    """Waits until the keyspace has had no update for ``quiet`` seconds, or ``at_most``."""
+    deadline = asyncio.get_running_loop().time() + at_most
+    while (left := deadline - asyncio.get_running_loop().time()) > 0:
+        try:
+            await keyspace.wait_for_revision(keyspace.revision + 1, timeout=min(quiet, left))
+        except TimeoutError:
+            return
 
 
 async def _solve(state: State, solver: SolverProcess) -> list[Desired]:
@@ -190,6 +207,12 @@ async def _allocate(
 
         log.debug("allocation round done at revision %d: waiting for revision %d (timeout %s)",
                   keyspace.revision, next_revision, timeout)
+        if state is not None and is_leader and keyspace.revision >= next_revision:
+            # Updates arrived while this round ran: let the keyspace catch up with its watch
+            # before the next round. Each round is linear in the items, and rounds back to back
+            # starve the watch: after a 5,000-journal apply at 10,000 journals the leader ran a
+            # round per few watched revisions and trailed etcd by ~25 s at a full core.
+            await _catch_up(keyspace, ROUND_QUIET, ROUND_CATCH_UP_MAX)
         try:
             await keyspace.wait_for_revision(next_revision, timeout=timeout)
         except TimeoutError:
