@@ -48,8 +48,8 @@ from gazette.etcd.txn import DEFAULT_MAX_OPS, BatchedTxn, Cmp
 
 from .converge import Counters, converge
 from .debounce import Clock, SolveDebounce
-from .errors import MemberNotFoundError
-from .solve_process import SolverProcess, SolverProcessError
+from .errors import MemberNotFoundError, SolverProcessError
+from .solve_process import SolverProcess
 from .solver import Desired, Problem, desired_of, solve_problem
 from .specs import desired_replication
 from .state import EntryCache, IsConsistentFn, State, leader_view

@@ -3,7 +3,8 @@
     AllocatorError                 base of everything below
     ├── MemberNotFoundError        the local member key is absent from the keyspace
     ├── AnnounceConflictError      a live member already holds the key we want to announce
-    └── AnnouncementLostError      our member key was changed or deleted by someone else
+    ├── AnnouncementLostError      our member key was changed or deleted by someone else
+    └── SolverProcessError         the solver's child process failed to start or to answer
 
 (A transaction that did not apply is ``gazette.etcd.errors.TxnFailedError``.)
 """
@@ -28,3 +29,8 @@ class AnnounceConflictError(AllocatorError):
 class AnnouncementLostError(AllocatorError):
     """The announced member key was modified or deleted by another party."""
 
+
+
+class SolverProcessError(AllocatorError):
+    """The solver's child process failed to start or to answer (the leader then solves in a
+    thread)."""

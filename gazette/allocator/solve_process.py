@@ -12,7 +12,8 @@ Invariants:
 * Messages are length-prefixed pickles over the child's stdin and stdout. If an exchange is
   interrupted (cancellation, a crash, a malformed answer) the child is killed: the pipe may
   hold half a message. The next `solve` starts a fresh child.
-* The child imports only this module, `solver` and `_flow` (standard library otherwise), not
+* The child imports only this module, `solver`, `_flow` and the error modules (standard
+  library otherwise), not
   the packages' `__init__`s with their etcd and gRPC clients, so it starts in tens of
   milliseconds and a few MiB. It exits when its stdin closes, so it never outlives its parent.
 * Child failures raise `SolverProcessError`; the caller may then solve in-process.
@@ -27,6 +28,7 @@ import struct
 import sys
 from typing import BinaryIO
 
+from .errors import SolverProcessError
 from .solver import Problem, Solution, solve_problem
 
 _LEN = struct.Struct("!Q")
@@ -44,10 +46,6 @@ for name, path in (("gazette", os.path.dirname(pkg_dir)), ("gazette.allocator", 
 from gazette.allocator.solve_process import serve
 serve()
 """
-
-
-class SolverProcessError(RuntimeError):
-    """The solver's child process failed to start or to answer."""
 
 
 class SolverProcess:

@@ -12,7 +12,8 @@ import struct
 
 import pytest
 
-from gazette.allocator.solve_process import SolverProcess, SolverProcessError, serve
+from gazette.allocator.errors import SolverProcessError
+from gazette.allocator.solve_process import SolverProcess, serve
 from gazette.allocator.solver import Problem, desired_of, solve, solve_problem
 from gazette.allocator.testing import build_state
 
