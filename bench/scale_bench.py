@@ -11,8 +11,8 @@ in steps (each step adds to the previous). Per step, one table row:
   List's duration);
 * ``quiet s``: from then until the brokers' logs show no replica start or stop nor solve
   for ``--settle`` seconds (the replicas have started); ``still s``: from then until etcd's
-  revision has not moved for ``--settle`` seconds (every route advertised, the allocator done:
-  idle CPU is measured after it);
+  revision has not moved for ``--settle`` seconds (every route advertised, the allocator writing nothing:
+  idle CPU is measured after it, though a broker may still be applying what it watched);
 * ``solves`` / ``solve s``: the allocator's rounds during the step and their total solve time,
   parsed from the leader's ``solved for ...`` log lines;
 * ``RSS KiB/rep``: the brokers' summed RSS above the empty brokers', per journal replica
@@ -182,10 +182,11 @@ async def settle(logs: LogTail, quiet: float, patience: float) -> float:
 
 
 async def etcd_still(ec: aetcd.Client, quiet: float, patience: float) -> float:
-    """Waits until etcd's revision has not moved for ``quiet`` seconds: the cluster has
-    converged (every primary advertised its route in its assignments, the allocator wrote
-    nothing more). Logs go quiet before that: thousands of route advertisements, each a
-    leader round, trail the last replica start by many seconds. The seconds it took."""
+    """Waits until etcd's revision has not moved for ``quiet`` seconds: every primary has
+    advertised its route and the allocator writes nothing more (logs go quiet before that).
+    A broker may still be applying what it watched: at 10,000 journals the leader's keyspace
+    trailed etcd by seconds, so the idle window can still catch its last rounds. The seconds
+    it took."""
     start = last = time.monotonic()
     revision = -1
     while time.monotonic() - last < quiet:
