@@ -10,8 +10,11 @@ unary response, iterated or ``read()`` (``grpc.aio.EOF`` at the end) for a strea
 
 Invariants:
 
-* One connection at a time per channel, dialled on first use and again after it is lost or
-  told to go away; calls in flight on a lost connection fail with UNAVAILABLE, and calls
+* A channel dials a connection on first use and again after it is lost or told to go away.
+  A connection takes new calls while it has fewer streams open than the server's
+  SETTINGS_MAX_CONCURRENT_STREAMS; once every connection is full the channel dials another
+  (as many as the calls in flight need), so a broker holding a Replicate stream per journal
+  to one peer is not refused beyond that limit. Calls in flight on a lost connection fail with UNAVAILABLE, and calls
   the server refused before starting them (REFUSED_STREAM, beyond GOAWAY's last stream)
   fail with UNAVAILABLE too, so callers' retry policies treat them as transient.
 * A call ends exactly once (status, reset, cancel, deadline); ending it resets the stream
@@ -237,7 +240,7 @@ class Channel:
         opts = dict(options)
         self.keepalive_time = float(opts.get("grpc.keepalive_time_ms", 0)) / 1000.0
         self.keepalive_timeout = float(opts.get("grpc.keepalive_timeout_ms", 20000)) / 1000.0
-        self._conn: ClientConnection | None = None
+        self._conns: list[ClientConnection] = []  # open, not going away; oldest first
         self._connecting: asyncio.Future[ClientConnection] | None = None
         self._closed = False
         self._authority = target[5:] if target.startswith("unix:") else target
@@ -250,25 +253,30 @@ class Channel:
         return block
 
     def connection_now(self) -> ClientConnection | None:
-        conn = self._conn
-        if conn is not None and not conn.closed and not conn.going_away:
-            return conn
+        """The oldest usable connection with room for another stream, or None."""
+        for conn in self._conns:
+            if not conn.closed and not conn.going_away and len(conn.streams) < conn.peer_max_streams:
+                return conn
         return None
 
     async def connection(self) -> ClientConnection:
-        conn = self.connection_now()
-        if conn is not None:
-            return conn
-        if self._closed:
-            raise _rpc_error(grpc.StatusCode.CANCELLED, "the channel is closed")
-        if self._connecting is None:
-            self._connecting = asyncio.ensure_future(self._dial())
-        connecting = self._connecting
-        try:
-            return await asyncio.shield(connecting)
-        finally:
-            if connecting.done() and self._connecting is connecting:
-                self._connecting = None
+        while True:
+            conn = self.connection_now()
+            if conn is not None:
+                return conn
+            if self._closed:
+                raise _rpc_error(grpc.StatusCode.CANCELLED, "the channel is closed")
+            if self._connecting is None:
+                self._connecting = asyncio.ensure_future(self._dial())
+            connecting = self._connecting
+            try:
+                conn = await asyncio.shield(connecting)
+            finally:
+                if connecting.done() and self._connecting is connecting:
+                    self._connecting = None
+            # Calls that waited on one dial share it; if they filled it, the next dials again.
+            if not conn.closed and not conn.going_away and len(conn.streams) < conn.peer_max_streams:
+                return conn
 
     async def _dial(self) -> ClientConnection:
         loop = asyncio.get_running_loop()
@@ -287,20 +295,21 @@ class Channel:
                         server_hostname=host, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
         except (OSError, ValueError) as err:
             raise _rpc_error(_UNAVAILABLE, f"failed to connect to {self.target}: {err}") from err
-        self._conn = conn
+        self._conns.append(conn)
         return conn
 
     def _lost(self, conn: ClientConnection) -> None:
-        if self._conn is conn:
-            self._conn = None
+        if conn in self._conns:
+            self._conns.remove(conn)
 
     async def close(self, grace: float | None = None) -> None:
         self._closed = True
-        conn, self._conn = self._conn, None
-        if conn is not None and conn.transport is not None and not conn.closed:
-            for stream in list(conn.streams.values()):
-                conn.reset_stream(stream, f.CANCEL, _rpc_error(grpc.StatusCode.CANCELLED, "channel closed"))
-            conn.transport.close()
+        conns, self._conns = self._conns, []
+        for conn in conns:
+            if conn.transport is not None and not conn.closed:
+                for stream in list(conn.streams.values()):
+                    conn.reset_stream(stream, f.CANCEL, _rpc_error(grpc.StatusCode.CANCELLED, "channel closed"))
+                conn.transport.close()
 
     async def __aenter__(self) -> Channel:
         return self

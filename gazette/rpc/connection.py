@@ -316,6 +316,9 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self.peer_initial_window = f.DEFAULT_WINDOW
         self.peer_max_frame = f.DEFAULT_MAX_FRAME
+        # Streams the peer lets us have open at once (its SETTINGS_MAX_CONCURRENT_STREAMS;
+        # unlimited until it says): a client beyond it would have its streams refused.
+        self.peer_max_streams = f.MAX_WINDOW
         self.send_window = f.DEFAULT_WINDOW
         # Budgets, the module's constants unless the server configures them (--server.*).
         self.connection_window = CONNECTION_WINDOW
@@ -757,6 +760,8 @@ class Connection(asyncio.Protocol):
                 if not f.DEFAULT_MAX_FRAME <= value <= f.MAX_FRAME_LIMIT:
                     raise f.ProtocolError("bad SETTINGS_MAX_FRAME_SIZE")
                 self.peer_max_frame = value
+            elif key == f.SETTINGS_MAX_CONCURRENT_STREAMS:
+                self.peer_max_streams = value
         self.wake_senders()
 
     # -- hooks of the server and client --------------------------------------------------

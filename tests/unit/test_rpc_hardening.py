@@ -292,6 +292,33 @@ async def test_client_stream_ids_never_wrap(server: Any) -> None:
         await channel.close()
 
 
+async def test_client_spreads_streams_over_connections_at_the_servers_limit(server: Any) -> None:
+    """Our channel never opens more streams on a connection than the server's
+    SETTINGS_MAX_CONCURRENT_STREAMS (8 here): beyond it, it dials another connection, so no
+    call is refused (a broker holds a Replicate stream per journal to each peer)."""
+    from gazette.rpc.channel import insecure_channel
+    from gazette.testing.eventually import eventually
+
+    _, port = server
+    channel = insecure_channel(f"127.0.0.1:{port}")
+    try:
+        echo, park = channel.unary_unary(ECHO), channel.unary_unary(PARK)
+        assert await echo(b"a") == b"a"  # The server's SETTINGS are in.
+        parked = [asyncio.ensure_future(park(b"")) for _ in range(20)]
+        await eventually(lambda: sum(len(c.streams) for c in channel._conns) == 20,
+                         "20 parked calls open", within=DEADLINE)
+        assert [len(c.streams) for c in channel._conns] == [8, 8, 4]
+        assert not any(p.done() for p in parked)  # None refused.
+        assert await echo(b"b") == b"b"  # Room on the third.
+        for p in parked:
+            p.cancel()
+        await asyncio.gather(*parked, return_exceptions=True)
+        assert await echo(b"c") == b"c"  # The first has room again, and takes it.
+        assert channel.connection_now() is channel._conns[0]
+    finally:
+        await channel.close()
+
+
 async def test_idle_connections_are_sent_away(monkeypatch: pytest.MonkeyPatch) -> None:
     import gazette.rpc.server as rpc_server
 
