@@ -68,6 +68,10 @@ class PeerStream(Protocol):
     async def done_writing(self) -> None:
         """Half-close: no more requests."""
 
+    def ended(self) -> bool:
+        """Whether the stream is over (the peer, its connection or we ended it), without
+        reading it: a pipeline sitting idle learns so without an append."""
+
     def cancel(self) -> None:
         """Abort the stream."""
 
@@ -149,6 +153,13 @@ class Pipeline:
     @property
     def route(self) -> pb.Route:
         return self.header.route
+
+    def idle_healthy(self) -> bool:
+        """Whether an idle pipeline is still whole: no error seen and every peer's stream still
+        open. (A peer's connection is watched by keepalive pings, which end its streams when
+        the peer stops answering.)"""
+        return not self.broken and not self._closed and not any(
+            s is not None and s.ended() for s in self.streams)
 
     def __repr__(self) -> str:
         members = ",".join(_member(m) for m in self.route.members)

@@ -247,6 +247,9 @@ class GrpcPeerStream:
     async def done_writing(self) -> None:
         await self._call.done_writing()
 
+    def ended(self) -> bool:
+        return bool(self._call.done())
+
     def cancel(self) -> None:
         self._call.cancel()
 
@@ -265,6 +268,9 @@ class FailedPeerStream:
 
     async def done_writing(self) -> None:
         return None
+
+    def ended(self) -> bool:
+        return True
 
     def cancel(self) -> None:
         return None

@@ -132,6 +132,9 @@ class FakePeer:
     async def done_writing(self) -> None:
         await self.requests.put(None)
 
+    def ended(self) -> bool:
+        return self.task.done() or self.fail_writes is not None  # as a reset gRPC stream
+
     def cancel(self) -> None:
         self.task.cancel()
 

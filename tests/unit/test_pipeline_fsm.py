@@ -48,6 +48,7 @@ class FSMBroker:
         (tmp / "store").mkdir()
         self.stores = Stores(file_root=str(tmp / "store"))
         self.persister = Persister(self.stores, lambda _: self.spec)
+        self.tmp, self.tg = tmp, tg
         self.replica = Replica(JOURNAL, self.spec, str(tmp), self.stores, self.persister, tg)
         self.replica.set_primary(True)
         self.resolver = self
@@ -256,3 +257,40 @@ async def test_a_peer_lost_before_its_ack_fails_the_append_but_keeps_the_offset(
     resp = await do_append(broker, b"after\n")
     assert resp.status == pb.OK and resp.commit.begin == 22
     assert {f[:2] for f in fragments(broker)} == {(0, 28)}
+
+
+async def test_health_ticks_pulse_only_a_pipeline_that_is_not_whole(broker: FSMBroker) -> None:
+    """A primary's health tick pulses (a zero-byte append through every peer) only when its
+    pipeline is missing or a peer's stream ended, and every FULL_PULSE_TICKS ticks regardless:
+    an idle journal with a whole pipeline costs a timer, not a round trip to its peers."""
+    from gazette.broker import replica as replica_mod
+    from gazette.testing.eventually import eventually
+
+    pulses: list[int] = []  # the tick count at each pulse
+
+    async def pulse(replica: Replica, suspend: bool) -> None:
+        pulses.append(replica._stable_ticks)
+        await append_mod.pulse(broker, replica, suspend)  # type: ignore[arg-type]
+
+    old = broker.replica
+    old.cancel()
+    assert old.retired is not None
+    await asyncio.wait_for(old.retired, 5)
+    # Ticks every 10-15 ms, on the test's loop: the test waits on tick counts, not on time.
+    broker.replica = Replica(JOURNAL, broker.spec, str(broker.tmp), broker.stores, broker.persister,
+                             broker.tg, pulse, health_interval=0.0125)
+    broker.replica.set_primary(True)  # becoming primary pulses at once: the pipeline is built
+    await eventually(lambda: len(pulses) == 1 and broker.replica._stable_ticks >= 5,
+                     "five health ticks after the first pulse")
+    assert pulses == [0] and len(broker.streams) == 2  # the ticks pulsed nothing
+
+    # Peer 1's stream ends while the journal is idle: the next tick pulses, which fails on
+    # it, and the pulse that follows builds a new pipeline.
+    broker.streams[0].fail_writes = ConnectionResetError("peer went away")
+    await eventually(lambda: len(broker.streams) == 4, "a new pipeline dialled by a pulse")
+    rebuilt = len(pulses)
+    assert rebuilt >= 2 and pulses[1] >= 5
+
+    await eventually(lambda: broker.replica._stable_ticks > replica_mod.FULL_PULSE_TICKS,
+                     "the full-pulse tick passed")
+    assert pulses[rebuilt:] == [replica_mod.FULL_PULSE_TICKS]  # re-verified end to end then
