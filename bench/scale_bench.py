@@ -18,7 +18,8 @@ in steps (each step adds to the previous). Per step, one table row:
 * ``RSS KiB/rep``: the brokers' summed RSS above the empty brokers', per journal replica
   (2 per journal);
 * ``idle CPU %``: each broker's user+system CPU (``/proc/PID/stat``) over ``--idle`` seconds of
-  doing nothing, in % of one core, and the sum (etcd's beside it);
+  doing nothing, in % of one core, and the sum (etcd's beside it); ``idle pulses/s``: Append
+  RPCs the brokers answered meanwhile (``gazette_appends_total``), which are their pulses;
 * ``list s``: ``gazctl journals list`` of every journal (the user's path: process start,
   List RPC, table output), beside ``gazctl start s`` (``--help``: the start alone) and
   ``List RPC s``, the RPC alone in this process;
@@ -219,6 +220,18 @@ def etcd_metric(url: str, name: str) -> float:
     return float("nan")
 
 
+def appends_served(brokers: Sequence[BrokerProcess]) -> float:
+    """Append RPCs the brokers answered, summed over statuses (``gazette_appends_total``):
+    over an idle window these are the primaries' pulses."""
+    total = 0.0
+    for b in brokers:
+        with urllib.request.urlopen(b.url("/debug/metrics"), timeout=10) as resp:  # noqa: S310 - loopback
+            for line in resp.read().decode().splitlines():
+                if line.startswith("gazette_appends_total{"):
+                    total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 # -- journals --------------------------------------------------------------------------------
 
 
@@ -395,7 +408,9 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
                 progress(f"  waiting {a.idle_delay:.0f}s (--idle-delay)")
                 await asyncio.sleep(a.idle_delay)  # the bench's own schedule, not synchronisation
             progress(f"  quiet {quiet_after:.1f}s after assignment; idle CPU over {a.idle:.0f}s")
+            appends0 = appends_served(cluster.brokers)
             cpu = await idle_cpu([*bpids, etcd.pid or 0], a.idle)
+            pulses = (appends_served(cluster.brokers) - appends0) / a.idle
             rss = sum(rss_bytes(p) for p in bpids)
             progress("  listing and probing")
             start_s = gazctl_time(cluster, "journals", "list", "--help")
@@ -415,7 +430,7 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
                 "RSS MiB": rss / 2**20,
                 "RSS KiB/rep": (rss - base_rss) / 1024 / (2 * step),
                 **{f"idle b{i + 1} %": c for i, c in enumerate(cpu[:-1])},
-                "idle brokers %": sum(cpu[:-1]), "idle etcd %": cpu[-1],
+                "idle brokers %": sum(cpu[:-1]), "idle etcd %": cpu[-1], "idle pulses/s": pulses,
                 "gazctl start s": start_s, "list s": list_s, "List RPC s": rpc_s,
                 "p50 ms": p50 * 1e3, "p99 ms": p99 * 1e3, "worst p50 ms": worst * 1e3,
                 "probe errors": probe_errors,

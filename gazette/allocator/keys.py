@@ -136,10 +136,16 @@ def assignment_key(root: str, item: str, zone: str, suffix: str, slot: int) -> s
     )
 
 
+_KIND_OF = {kind.value: kind for kind in KeyKind}  # a dict: this runs per watched key
+
+
 def key_kind(root: str, key: str) -> KeyKind:
     """Which part of the layout `key` (under `root`) belongs to."""
-    for kind in KeyKind:
-        if key.startswith(f"{root}/{kind.value}/"):
+    n = len(root) + 1
+    if key.startswith(root) and key.startswith("/", len(root)):
+        slash = key.find("/", n)
+        kind = _KIND_OF.get(key[n:slash]) if slash > 0 else None
+        if kind is not None:
             return kind
     raise KeyLayoutError(f"key {key!r} is not under {root}/items/, /members/ or /assign/")
 

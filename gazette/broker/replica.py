@@ -21,15 +21,14 @@ Invariants:
   RPCs which wait for the spool or the pipeline under a resolution that is now stale.
 * While primary, a *pulse* (a zero-byte append) runs on becoming primary, on each route
   change, when the spool's flush interval passes, after a pipeline broke, and at health
-  interval ticks (``HEALTH_INTERVAL``, jittered by a quarter so that journals assigned
-  together do not pulse together): it builds and synchronises the pipeline and advertises the
+  ticks (every ``HEALTH_INTERVAL``, jittered, from the broker's one ``HealthTicker``, which
+  a primary registers with; no replica has a timer of its own): it builds and synchronises the pipeline and advertises the
   route's consistency, without waiting for a client's append. A tick pulses only if the
   pipeline is missing or no longer whole (a peer's stream ended: keepalive pings on the peer
   connections end its streams when the peer stops answering), an auto-suspension is due, or
   ``FULL_PULSE_TICKS`` ticks passed since the last: an idle journal with a whole pipeline
-  costs a timer wake per interval, not an append through its peers (at 20,000 journals the
-  periodic pulses were 29 % of a core across three idle brokers). A replica that is not
-  primary has no pulse timer. With auto-suspension, a pulse after ``AUTO_SUSPEND_TICKS`` periodic
+  costs a counter increment per interval, not an append through its peers (at 20,000
+  journals periodic pulses were 29 % of a core across three idle brokers). With auto-suspension, a pulse after ``AUTO_SUSPEND_TICKS`` periodic
   ones without a route change asks to suspend the journal if it is flushed: a fully
   suspended journal has no replicas at all until an append resumes it.
 * An idle replica costs no CPU between its due times: its maintenance sleeps until the next
@@ -44,12 +43,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from gazette.broker.flow import AppendFlowControl
+from gazette.broker.health import HealthTicker
 from gazette.broker.index import Index
 from gazette.broker.persister import Persister
 from gazette.broker.spool import Spool, SpoolSnapshot
@@ -148,7 +147,7 @@ class Replica:
         pulse: PulseFn | None = None,
         *,
         auto_suspend: bool = False,
-        health_interval: float = HEALTH_INTERVAL,
+        ticker: HealthTicker | None = None,
     ) -> None:
         self.journal = journal
         self.spec = spec
@@ -168,7 +167,7 @@ class Replica:
         self.retired: asyncio.Task[None] | None = None
         self._pulse_fn = pulse
         self._auto_suspend = auto_suspend
-        self._health_interval = health_interval
+        self._ticker = ticker  # health ticks while primary; None: on-demand pulses only
         self._stable_ticks = 0  # periodic pulses since the route last changed
         self._pulse_now = LeanEvent()
         # Set by a refresh that began after this replica last became primary.
@@ -220,8 +219,12 @@ class Replica:
             self._primary_refreshed.clear()
             self._request_refresh()
             self.request_pulse()
+            if self._ticker is not None:
+                self._ticker.add(self)
         elif self.primary and not primary:
             self.spawn(self._drop_pipeline(), "demoted")
+            if self._ticker is not None:
+                self._ticker.discard(self)
         self.primary = primary
 
     def signal_route_change(self) -> None:
@@ -248,11 +251,15 @@ class Replica:
     def request_pulse(self) -> None:
         self._pulse_now.set()
 
-    def _tick_due(self) -> bool:
-        """Whether a health tick (no auto-suspension due) must pulse: see the module docstring."""
+    def health_tick(self) -> None:
+        """A health interval passed (the broker's ``HealthTicker`` calls this while we are
+        primary): pulse if the pipeline is missing or not whole, an auto-suspension is due,
+        or every ``FULL_PULSE_TICKS`` ticks (see the module docstring)."""
+        self._stable_ticks += 1
         pln = self.pln
-        return (pln is None or not pln.idle_healthy()
-                or self._stable_ticks % FULL_PULSE_TICKS == 0)
+        if (pln is None or not pln.idle_healthy() or self._stable_ticks % FULL_PULSE_TICKS == 0
+                or (self._auto_suspend and self._stable_ticks >= AUTO_SUSPEND_TICKS)):
+            self._pulse_now.set()
 
     @property
     def primary_refreshed(self) -> asyncio.Event:
@@ -296,6 +303,8 @@ class Replica:
         self.cancelled = True
         self._task.cancel()
         self._pulse_task.cancel()
+        if self._ticker is not None:
+            self._ticker.discard(self)
         self.primary = False
         self.index.close()
         self.signal_route_change()
@@ -383,29 +392,14 @@ class Replica:
     async def _pulse_loop(self) -> None:
         failures = 0  # consecutive failed pulses
         while True:
-            tick = False
-            if self.primary:
-                # Jittered (0.75-1.25 of the interval): journals assigned together (a large
-                # apply, a broker's start) would otherwise pulse together every interval, a
-                # burst of thousands of appends at once instead of a steady trickle.
-                interval = self._health_interval * (0.75 + 0.5 * random.random())  # noqa: S311
-                try:
-                    async with asyncio.timeout(interval):
-                        await self._pulse_now.wait()
-                except TimeoutError:
-                    self._stable_ticks += 1
-                    tick = True
-            else:
-                # Only a primary pulses, and becoming primary asks for a pulse: a replica
-                # sleeps without a timer (10,000 of them waking each minute cost CPU).
-                await self._pulse_now.wait()
+            # No timer here: becoming primary, route changes, flushes and broken pipelines
+            # ask for pulses, and the broker's HealthTicker asks for the periodic ones.
+            await self._pulse_now.wait()
             self._pulse_now.clear()
             if not self.primary or self._pulse_fn is None:
                 failures = 0
                 continue
             suspend = self._auto_suspend and self._stable_ticks >= AUTO_SUSPEND_TICKS
-            if tick and not suspend and not self._tick_due():
-                continue
             try:
                 async with asyncio.timeout(PULSE_TIMEOUT):
                     await self._pulse_fn(self, suspend)

@@ -31,6 +31,7 @@ from gazette.auth import NO_AUTH, Claims, KeyedAuth, Verifier
 from gazette.broker import append as append_mod
 from gazette.broker import wire
 from gazette.broker.config import BrokerConfig
+from gazette.broker.health import HealthTicker
 from gazette.broker.http_gateway import Gateway
 from gazette.broker.keys import broker_decoder
 from gazette.broker.persister import Persister
@@ -88,6 +89,7 @@ class Broker(MemberProcess):
         self.stores = Stores(file_root=config.file_root)
         self.persister = Persister(self.stores, self._spec_for, on_persisted=self._on_persisted)
         self.store_health = StoreHealth(self.stores)
+        self.health = HealthTicker(config.health_interval)
         self.resolver = Resolver(self.keyspace, self.local_id, self._new_replica)
         # Peers' calls carry tokens this broker signs for the capability they need.
         self.peers = ChannelPool(_PEER_CHANNEL_OPTIONS, insecure_channel, config.peer_tls, self.auth)
@@ -97,7 +99,7 @@ class Broker(MemberProcess):
 
     def _new_replica(self, journal: str, spec: pb.JournalSpec) -> Replica:
         return Replica(journal, spec, self.scratch_dir, self.stores, self.persister, self.tasks, pulse=self._pulse,
-                       auto_suspend=self.config.auto_suspend, health_interval=self.config.health_interval)
+                       auto_suspend=self.config.auto_suspend, ticker=self.health)
 
     async def _pulse(self, replica: Replica, suspend_if_flushed: bool) -> None:
         await append_mod.pulse(self, replica, suspend_if_flushed)
@@ -157,6 +159,7 @@ class Broker(MemberProcess):
     def start_tasks(self, tg: asyncio.TaskGroup) -> None:
         tg.create_task(self.persister.run(), name="persister")
         tg.create_task(self.store_health.run(), name="store-health")
+        tg.create_task(self.health.run(), name="health-ticker")
 
     async def drain(self) -> None:
         """Journals still held (no other broker could take them) are released here: their

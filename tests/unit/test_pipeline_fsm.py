@@ -262,8 +262,9 @@ async def test_a_peer_lost_before_its_ack_fails_the_append_but_keeps_the_offset(
 async def test_health_ticks_pulse_only_a_pipeline_that_is_not_whole(broker: FSMBroker) -> None:
     """A primary's health tick pulses (a zero-byte append through every peer) only when its
     pipeline is missing or a peer's stream ended, and every FULL_PULSE_TICKS ticks regardless:
-    an idle journal with a whole pipeline costs a timer, not a round trip to its peers."""
+    an idle journal with a whole pipeline costs a counter, not a round trip to its peers."""
     from gazette.broker import replica as replica_mod
+    from gazette.broker.health import HealthTicker
     from gazette.testing.eventually import eventually
 
     pulses: list[int] = []  # the tick count at each pulse
@@ -276,21 +277,35 @@ async def test_health_ticks_pulse_only_a_pipeline_that_is_not_whole(broker: FSMB
     old.cancel()
     assert old.retired is not None
     await asyncio.wait_for(old.retired, 5)
-    # Ticks every 10-15 ms, on the test's loop: the test waits on tick counts, not on time.
-    broker.replica = Replica(JOURNAL, broker.spec, str(broker.tmp), broker.stores, broker.persister,
-                             broker.tg, pulse, health_interval=0.0125)
-    broker.replica.set_primary(True)  # becoming primary pulses at once: the pipeline is built
-    await eventually(lambda: len(pulses) == 1 and broker.replica._stable_ticks >= 5,
-                     "five health ticks after the first pulse")
-    assert pulses == [0] and len(broker.streams) == 2  # the ticks pulsed nothing
+    now = [0.0]
+    ticker = HealthTicker(1.0, clock=lambda: now[0], rand=lambda: 0.5)  # a tick every 1.0
+    r = broker.replica = Replica(JOURNAL, broker.spec, str(broker.tmp), broker.stores, broker.persister,
+                                 broker.tg, pulse, ticker=ticker)
+
+    def tick() -> bool:
+        """One health interval passes: whether the tick asked for a pulse."""
+        now[0] += 1.0
+        assert ticker.tick() == 1
+        return r._pulse_now.is_set()
+
+    r.set_primary(True)  # becoming primary pulses at once: the pipeline is built
+    await eventually(lambda: pulses == [0] and r.pln is not None and not r.send_lock.locked(),
+                     "the first pulse's pipeline")
+    assert [tick() for _ in range(5)] == [False] * 5  # whole: nothing to verify
+    assert len(broker.streams) == 2
 
     # Peer 1's stream ends while the journal is idle: the next tick pulses, which fails on
     # it, and the pulse that follows builds a new pipeline.
     broker.streams[0].fail_writes = ConnectionResetError("peer went away")
-    await eventually(lambda: len(broker.streams) == 4, "a new pipeline dialled by a pulse")
+    assert tick()
+    await eventually(lambda: len(broker.streams) == 4 and not r._pulse_now.is_set()
+                     and not r.send_lock.locked(), "a new pipeline dialled by a pulse")
     rebuilt = len(pulses)
-    assert rebuilt >= 2 and pulses[1] >= 5
+    assert rebuilt >= 2 and pulses[1] == 6
 
-    await eventually(lambda: broker.replica._stable_ticks > replica_mod.FULL_PULSE_TICKS,
-                     "the full-pulse tick passed")
-    assert pulses[rebuilt:] == [replica_mod.FULL_PULSE_TICKS]  # re-verified end to end then
+    due = [tick() for _ in range(r._stable_ticks, replica_mod.FULL_PULSE_TICKS)]
+    assert due == [False] * (len(due) - 1) + [True]  # re-verified end to end at the 15th
+    await eventually(lambda: len(pulses) == rebuilt + 1, "the 15th tick's pulse")
+    r.set_primary(False)
+    now[0] += 10.0
+    assert ticker.tick() == 0 and len(ticker) == 0  # a demoted replica is not ticked
