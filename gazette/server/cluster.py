@@ -125,14 +125,18 @@ def list_items(ks: KeySpace, spec_type: type[Any], selector: labels.LabelSelecto
             for kv in (ks.range(base + start, base + end) if end is not None else ks.prefixed(base + start)):
                 seen[kv.key] = kv
         candidates = [seen[k] for k in sorted(seen)]
+    # An empty selector and no (or unrestricted) claims match every item: no labels to build.
+    everything = (not selector.include and not selector.exclude
+                  and (claims is None or claims.unrestricted))
     for kv in candidates:
         spec = kv.value
         if not isinstance(spec, spec_type):
             continue
         name = parse_item_key(root, kv.key)
-        ext = labels_of(labels.LabelSet.from_proto(spec.labels), name)
-        if not selector.matches(ext) or (claims is not None and not claims.permits(ext)):
-            continue
+        if not everything:
+            ext = labels_of(labels.LabelSet.from_proto(spec.labels), name)
+            if not selector.matches(ext) or (claims is not None and not claims.permits(ext)):
+                continue
         route, assignments = item_route(ks, name)
         yield Listed(kv, route, assignments)
 
