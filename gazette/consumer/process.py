@@ -8,8 +8,8 @@ It announces a ConsumerSpec under its lease, runs the shared allocator over Shar
 
 Invariants:
 
-* Local shards follow the keyspace: a reconcile runs after every applied keyspace update;
-  a primary assignment starts its shard, a lost one cancels it (its store destroyed). A
+* Local shards follow the keyspace: a reconcile runs after every applied keyspace update,
+  and again at once if the keyspace moved while it ran (it awaits its status writes); a primary assignment starts its shard, a lost one cancels it (its store destroyed). A
   non-primary assignment of a shard with a recovery log runs a hot standby (``standby``),
   which a promotion hands to the new primary; without a log it is reported STANDBY at once.
 * A shard's failure is written FAILED on its assignment and ends that shard alone; the process
@@ -170,10 +170,15 @@ class ConsumerProcess(MemberProcess):
 
     async def _follow(self) -> None:
         while True:
+            seen = self.keyspace.revision
             await self._reconcile()
             signal, self._reconciled = self._reconciled, asyncio.Event()
             signal.set()
-            await self.keyspace.wait_for_update()
+            # A reconcile awaits etcd (status writes): updates applied meanwhile are not seen
+            # by it, and waiting for the next would leave them unreconciled until some other
+            # change comes (at 500 shards, 185 standbys stayed IDLE for good). Go again.
+            if self.keyspace.revision == seen:
+                await self.keyspace.wait_for_update()
 
     async def wait_reconciled(self) -> None:
         await self._reconciled.wait()
@@ -200,6 +205,7 @@ class ConsumerProcess(MemberProcess):
                     log.info("shard left this process", extra={"shard": shard_id})
             if shard_id in local:
                 rt.assignment = _assignment(*local[shard_id])  # follows the keyspace
+        at_once: list[str] = []  # standbys with no recovery log: reported STANDBY together
         for shard_id, (slot, kv) in local.items():
             status = kv.value.code if isinstance(kv.value, pc.ReplicaStatus) else pc.ReplicaStatus.IDLE
             if status == pc.ReplicaStatus.FAILED or shard_id in self.shards or shard_id in self.standbys:
@@ -212,7 +218,7 @@ class ConsumerProcess(MemberProcess):
             if slot != 0:
                 if hints is None:  # nothing to follow: a standby at once
                     if status == pc.ReplicaStatus.IDLE:
-                        await self.write_status(shard_id, pc.ReplicaStatus(code=pc.ReplicaStatus.STANDBY))
+                        at_once.append(shard_id)
                     continue
                 log.info("shard assigned as standby", extra={"shard": shard_id, "slot": slot})
                 standby = StandbyReplica(spec, self.client, hints, self.write_status)
@@ -229,6 +235,14 @@ class ConsumerProcess(MemberProcess):
             self.shards[shard_id] = (rt, self._shard_tasks.spawn(shard_id, rt.run_primary()))
         for player in promoted.values():  # promoted, but not started here (a FAILED status)
             await player.aclose()
+        if at_once:
+            # Concurrently: one etcd round trip for all of them, not one after another.
+            ready = pc.ReplicaStatus(code=pc.ReplicaStatus.STANDBY)
+            results = await asyncio.gather(*(self.write_status(s, ready) for s in at_once),
+                                           return_exceptions=True)
+            for err in results:
+                if isinstance(err, BaseException):
+                    raise err
 
     def _own_status_writer(self, own: list[ShardRuntime[Any]]) -> StatusWriter:
         """A primary's status writer: on its own assignment only (see ``write_status``)."""

@@ -50,3 +50,35 @@ async def test_only_on_its_own_assignment() -> None:
     successor = _assignment(0, proc.keyspace.search(key))
     await proc.write_status("s", pc.ReplicaStatus(code=pc.ReplicaStatus.PRIMARY), successor)
     assert _status(etcd, key) == pc.ReplicaStatus.PRIMARY
+
+
+async def test_assignments_that_arrive_while_reconciling_are_reconciled() -> None:
+    """A standby assigned while a reconcile awaits its status writes is reported STANDBY too,
+    though nothing else changes afterwards (it used to stay IDLE until some other update)."""
+    import asyncio
+
+    from gazette.testing.eventually import eventually
+
+    proc, etcd, primary = _process()
+    etcd.write([(primary, None)])  # no primary here: nothing else writes to etcd
+    standby = [assignment_key(PREFIX, s, "z", "me", 1) for s in ("a", "b")]
+    etcd.write([(items_key(PREFIX, s), pc.ShardSpec(id=s).SerializeToString()) for s in ("a", "b")]
+               + [(k, b"") for k in standby[:1]])
+    txn, late = etcd.Txn, []
+
+    async def txn_then_assign(request: Any, metadata: Any = None) -> Any:
+        resp = await txn(request, metadata)
+        if not late:  # the allocator assigns another standby meanwhile
+            late.append(etcd.write([(standby[1], b"")]))
+        return resp
+
+    etcd.Txn = txn_then_assign  # type: ignore[method-assign]
+    proc._reconciled = asyncio.Event()
+    follow = asyncio.ensure_future(proc._follow())
+    try:
+        await eventually(lambda: all(k in etcd.kv and etcd.kv[k][0] and _status(etcd, k) ==
+                                     pc.ReplicaStatus.STANDBY for k in standby),
+                         "both standbys reported STANDBY", within=10)
+    finally:
+        follow.cancel()
+        await asyncio.gather(follow, return_exceptions=True)
