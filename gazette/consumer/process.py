@@ -31,7 +31,13 @@ from typing import Any
 from aiohttp import web
 
 from gazette.allocator import desired_replication, shard_is_consistent
-from gazette.allocator.keys import assignments_prefix, items_key, parse_assignment_key
+from gazette.allocator.keys import (
+    SEP,
+    assignments_prefix,
+    item_assignments_prefix,
+    items_key,
+    parse_assignment_key,
+)
 from gazette.auth import NO_AUTH, Authorizer, KeyedAuth, Verifier
 from gazette.client import JournalClient
 from gazette.consumer import metrics
@@ -57,6 +63,8 @@ from gazette.tasks import Supervisor
 __all__ = ["ConsumerConfig", "ConsumerProcess"]
 
 log = logging.getLogger(__name__)
+
+STATUS_WRITES = 64  # standbys without a recovery log reported STANDBY at a time
 
 
 @dataclass
@@ -109,6 +117,8 @@ class ConsumerProcess(MemberProcess):
         self.resolver = Resolver(self)
         self.peers = ShardClient(tls=config.peer_tls, auth=self.auth)  # used only with explicit peer endpoints
         self._reconciled = asyncio.Event()
+        self._local: dict[str, tuple[int, Any]] | None = None  # see _local_assignments
+        self._local_at: tuple[KeySpace | None, int] = (None, 0)
         self._app_routes: list[web.RouteDef] = []
 
     # -- member process hooks ---------------------------------------------------------
@@ -160,13 +170,31 @@ class ConsumerProcess(MemberProcess):
     # -- shards -----------------------------------------------------------------------
 
     def _local_assignments(self) -> dict[str, tuple[int, Any]]:
-        root, me = self.keyspace.root, (self.local_id.zone, self.local_id.suffix)
+        """Shard id -> (slot, assignment key-value) of this process's assignments: built once
+        per keyspace revision (callers only read it), by splitting the keys the keyspace's
+        decoder validated."""
+        ks = self.keyspace
+        if self._local is not None and self._local_at[0] is ks and self._local_at[1] == ks.revision:
+            return self._local
+        prefix = assignments_prefix(ks.root)
+        n, me = len(prefix), (self.local_id.zone, self.local_id.suffix)
         out: dict[str, tuple[int, Any]] = {}
-        for kv in self.keyspace.prefixed(assignments_prefix(root)):
-            a = parse_assignment_key(root, kv.key)
-            if (a.zone, a.suffix) == me:
-                out[a.item] = (a.slot, kv)
+        for kv in ks.prefixed(prefix):
+            item, zone, suffix, slot = kv.key[n:].split(SEP)
+            if (zone, suffix) == me:
+                out[item] = (int(slot), kv)
+        self._local, self._local_at = out, (ks, ks.revision)
         return out
+
+    def _local_assignment(self, shard_id: str) -> tuple[int, Any] | None:
+        """This process's (slot, assignment key-value) of ``shard_id``, or None: from the
+        shard's own assignments (a status write must not cost a walk of every shard's)."""
+        root = self.keyspace.root
+        for kv in self.keyspace.prefixed(item_assignments_prefix(root, shard_id)):
+            a = parse_assignment_key(root, kv.key)
+            if (a.zone, a.suffix) == (self.local_id.zone, self.local_id.suffix):
+                return a.slot, kv
+        return None
 
     async def _follow(self) -> None:
         while True:
@@ -235,11 +263,12 @@ class ConsumerProcess(MemberProcess):
             self.shards[shard_id] = (rt, self._shard_tasks.spawn(shard_id, rt.run_primary()))
         for player in promoted.values():  # promoted, but not started here (a FAILED status)
             await player.aclose()
-        if at_once:
-            # Concurrently: one etcd round trip for all of them, not one after another.
-            ready = pc.ReplicaStatus(code=pc.ReplicaStatus.STANDBY)
-            results = await asyncio.gather(*(self.write_status(s, ready) for s in at_once),
-                                           return_exceptions=True)
+        # Concurrently, STATUS_WRITES at a time: not one etcd round trip after another.
+        ready = pc.ReplicaStatus(code=pc.ReplicaStatus.STANDBY)
+        for at in range(0, len(at_once), STATUS_WRITES):
+            results = await asyncio.gather(
+                *(self.write_status(s, ready) for s in at_once[at:at + STATUS_WRITES]),
+                return_exceptions=True)
             for err in results:
                 if isinstance(err, BaseException):
                     raise err
@@ -257,7 +286,7 @@ class ConsumerProcess(MemberProcess):
         ``expect`` (the assignment a primary runs under), only on that same assignment: a
         primary replaced in this process (demoted, then promoted again: a new assignment) must
         not mark its successor's assignment, e.g. FAILED by the fence its successor wrote."""
-        local = self._local_assignments().get(shard_id)
+        local = self._local_assignment(shard_id)
         if local is None:
             return
         kv = local[1]
