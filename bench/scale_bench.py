@@ -6,6 +6,10 @@ in steps (each step adds to the previous). Per step, one table row:
 
 * ``apply ms/j``: the step's new journals applied through one broker with the client's
   ``apply`` in transactions of gazctl's default ``--max-txn-size``, wall time per journal;
+  ``CPU ms/j``: the CPU the brokers and etcd spent from the start of that apply until etcd
+  stood still (applied, assigned, replicas started and routes advertised), per journal: the
+  cluster's whole cost of a journal, which the wall time of a large apply includes in part
+  (the apply shares the cores with the allocation of the journals it applied first);
 * ``assigned s``: from the end of the apply until every journal of the cluster is listed with a
   primary and two members (polled with List through one broker: the figure includes up to one
   List's duration);
@@ -389,6 +393,7 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
             new = [f"{PREFIX}j-{i:06d}" for i in range(have, step)]
             progress(f"step {n}/{len(a.steps)}: applying {len(new):,} journals ({step:,} in all)")
             events0 = etcd_metric(etcd.url, "etcd_debugging_mvcc_events_total")
+            cpu0 = sum(cpu_seconds(p) for p in [*bpids, etcd.pid or 0])
             t0 = time.monotonic()
             await client.apply(apply_request(journals_yaml(new)), DEFAULT_MAX_TXN_SIZE)
             applied = time.monotonic() - t0
@@ -401,7 +406,9 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
                      f"to be quiet for {a.settle:.0f}s")
             quiet_after = await settle(logs, a.settle, a.timeout)
             still_after = await etcd_still(ec, a.settle, a.timeout)
-            progress(f"  etcd still {still_after:.1f}s after the logs went quiet")
+            step_cpu = sum(cpu_seconds(p) for p in [*bpids, etcd.pid or 0]) - cpu0
+            progress(f"  etcd still {still_after:.1f}s after the logs went quiet; the step took "
+                     f"{step_cpu:.1f} s of CPU ({1e3 * step_cpu / len(new):.2f} ms per journal)")
             nsolves2, solve_s2 = solves(logs.read_seen)
             nsolves, solve_s = nsolves + nsolves2, solve_s + solve_s2
             if a.idle_delay:
@@ -425,6 +432,7 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
             p50, p99, worst, probe_errors = await probe(brokers, a.probes)
             row = Row(step, {
                 "apply ms/j": 1e3 * applied / len(new),
+                "CPU ms/j": 1e3 * step_cpu / len(new),
                 "assigned s": assigned, "quiet s": quiet_after, "still s": still_after,
                 "solves": nsolves, "solve s": solve_s,
                 "RSS MiB": rss / 2**20,
@@ -596,7 +604,7 @@ def plot(path: Path, curves: Sequence[tuple[str, Sequence[Row], Sequence[str]]])
     return f"plot written to {path}"
 
 
-JOURNAL_RATIOS = ["apply ms/j", "assigned s", "RSS KiB/rep", "idle brokers %", "list s", "List RPC s",
+JOURNAL_RATIOS = ["apply ms/j", "CPU ms/j", "assigned s", "RSS KiB/rep", "idle brokers %", "list s", "List RPC s",
                   "p50 ms", "p99 ms"]
 JOURNAL_PLOT = ["apply ms/j", "assigned s", "solve s", "RSS KiB/rep", "idle brokers %", "list s",
                 "p50 ms", "etcd db MiB", "watch ev/s"]
