@@ -57,10 +57,11 @@ class BrokerContext(Protocol):
         """Revision-checked update of a journal's suspension; the revision to read through."""
         ...
 
-    def list_journals(self, selector: labels.LabelSelector,
-                      claims: Claims | None = None) -> tuple[pb.ListResponse, tuple[int, int]]:
-        """The journals matching ``selector`` (and in ``claims``' scope), with a key that
-        changes when they do."""
+    def list_journals(self, selector: labels.LabelSelector, claims: Claims | None = None,
+                      page_size: int = 1 << 62) -> tuple[list[pb.ListResponse], tuple[int, int]]:
+        """The journals matching ``selector`` (and in ``claims``' scope), in responses of
+        ``page_size`` at most (the first with status and header), with a key that changes
+        when they do."""
         ...
 
     async def apply_journals(self, req: pb.ApplyRequest,

@@ -221,19 +221,26 @@ class Broker(MemberProcess):
 
     # -- journal specs -----------------------------------------------------------------
 
-    def list_journals(self, selector: labels.LabelSelector,
-                      claims: Claims | None = None) -> tuple[pb.ListResponse, tuple[int, int]]:
-        resp = pb.ListResponse(status=pb.OK)
-        resp.header.CopyFrom(self.resolver.header())
-        resp.header.ClearField("process_id")
-        max_mod = -1
+    def list_journals(self, selector: labels.LabelSelector, claims: Claims | None = None,
+                      page_size: int = 1 << 62) -> tuple[list[pb.ListResponse], tuple[int, int]]:
+        """The journals ``selector`` and ``claims`` match, as responses of ``page_size``
+        journals at most (the first carries the status and header), and a key of the answer
+        (count, greatest mod revision) that changes when it does."""
+        first = resp = pb.ListResponse(status=pb.OK)
+        first.header.CopyFrom(self.resolver.header())
+        first.header.ClearField("process_id")
+        pages, max_mod, n = [first], -1, 0
         for item in cluster.list_items(self.keyspace, pb.JournalSpec, selector, claims, labels.with_meta_labels):
+            if len(resp.journals) == page_size:
+                resp = pb.ListResponse()
+                pages.append(resp)
             kv = item.kv
             j = resp.journals.add(mod_revision=kv.mod_revision, create_revision=kv.create_revision)
             j.spec.CopyFrom(kv.value)
             j.route.CopyFrom(item.route)
             max_mod = max(max_mod, kv.mod_revision)
-        return resp, (len(resp.journals), max_mod)
+            n += 1
+        return pages, (n, max_mod)
 
     async def apply_journals(self, req: pb.ApplyRequest,
                              unchanged: list[tuple[str, int]] | None = None) -> pb.ApplyResponse:

@@ -108,23 +108,13 @@ class JournalService(pb_grpc.JournalServicer):
             if min_rev > ks.revision:
                 await ks.wait_for_revision(min_rev)
             min_rev = ks.revision + 1
-            resp, key = self.broker.list_journals(selector, claims)
+            pages, key = self.broker.list_journals(selector, claims, MAX_JOURNALS_PER_LIST_RESPONSE)
             if key == last and request.watch:
                 await ks.wait_for_revision(min_rev)
                 continue
             last = key
-            journals = list(resp.journals)
-            while len(journals) > MAX_JOURNALS_PER_LIST_RESPONSE:
-                head, journals = journals[:MAX_JOURNALS_PER_LIST_RESPONSE], journals[MAX_JOURNALS_PER_LIST_RESPONSE:]
-                part = pb.ListResponse()
-                part.CopyFrom(resp)
-                del part.journals[:]
-                part.journals.extend(head)
-                yield part
-                resp = pb.ListResponse()
-            del resp.journals[:]
-            resp.journals.extend(journals)
-            yield resp
+            for page in pages:
+                yield page
             if not request.watch:
                 return
             yield pb.ListResponse()  # end of this snapshot
