@@ -32,6 +32,8 @@ _NUMERIC = re.compile(r"^-?(?:\d{1,3}(?:,\d{3})*|\d+)(?:\.\d+)?$")
 
 
 def _width(s: str) -> int:
+    if s.isascii():  # every ASCII character is one column: no per-character lookups
+        return len(s)
     return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in s)
 
 
