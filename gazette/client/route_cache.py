@@ -32,6 +32,11 @@ class RouteCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def size(self) -> int:
+        """The most journals the cache holds."""
+        return self._size
+
     def update(self, journal: str, route: pb.Route | None) -> None:
         """Cache ``route`` for ``journal``, or forget the journal if the route is empty."""
         if route is None or len(route.members) == 0:

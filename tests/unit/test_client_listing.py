@@ -45,6 +45,16 @@ async def test_list_joins_streamed_pages(broker: FakeBroker) -> None:
         assert j.mod_revision == broker.cluster.journals["topic/part-1"].mod_revision
 
 
+async def test_a_listing_leaves_the_route_cache_with_its_last_routes(broker: FakeBroker) -> None:
+    """The cache keeps the last ``size`` routes it is given: a listing gives it only those."""
+    from gazette.client.route_cache import RouteCache
+
+    async with JournalClient(broker.endpoint, route_cache=RouteCache(size=2)) as client:
+        await list_journals(client, "topic=t")
+        cached = [f"topic/part-{i}" for i in range(5) if client.routes.route(f"topic/part-{i}")]
+        assert cached == ["topic/part-3", "topic/part-4"]
+
+
 async def test_apply_checks_revisions(broker: FakeBroker) -> None:
     async with JournalClient(broker.endpoint) as client:
         spec = pb.JournalSpec(name="topic/part-9", replication=1)
