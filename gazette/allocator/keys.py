@@ -186,6 +186,14 @@ def parse_assignment_key(root: str, key: str) -> AssignmentKey:
     )
 
 
+def split_assignment_key(key: str, prefix_len: int) -> AssignmentKey:
+    """The parts of an assignment key that a keyspace's decoder has already validated (with
+    ``parse_assignment_key``), split without checking again: ``prefix_len`` is the length of
+    the root's ``assignments_prefix``. For loops over every assignment of a keyspace."""
+    item, zone, suffix, slot = key[prefix_len:].split(SEP)
+    return AssignmentKey(item, zone, suffix, int(slot))
+
+
 def parse_message(message_type: Any, key: str, raw: bytes) -> Any:
     """``raw`` decoded as ``message_type``, or a DecodeError naming the key."""
     try:

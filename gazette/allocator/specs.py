@@ -38,6 +38,7 @@ from gazette.allocator.keys import (
     parse_assignment_key,
     parse_item_key,
     parse_member_key,
+    split_assignment_key,
 )
 from gazette.etcd.keyspace import KeySpace, KeyValue
 from gazette.protocol import consumer_pb2
@@ -153,16 +154,13 @@ class _RouteCache:
     def route(self, ks: KeySpace, item: str, assignments: Sequence[KeyValue]) -> pb.Route:
         route = self._routes.get(item)
         if route is None:
-            # The keyspace's decoder validated these keys (``layout_decoder``): split them.
+            # The keyspace's decoder validated these keys (``layout_decoder``): split them,
+            # and look members up by keys built from them (``attach_endpoints`` checks both).
             n, members = len(self._assign), self._members
-            route = pb.Route(primary=-1)
-            for i, kv in enumerate(assignments):
-                _, zone, suffix, slot = kv.key[n:].split(SEP)
-                if int(slot) == 0:
-                    route.primary = i
-                route.members.add(zone=zone, suffix=suffix)
-                m = ks.search(f"{members}{zone}{SEP}{suffix}")
-                route.endpoints.append(m.value.process_spec.endpoint if m is not None and m.value is not None else "")
+            route = init_route(split_assignment_key(kv.key, n) for kv in assignments)
+            for m in route.members:
+                kv = ks.search(f"{members}{m.zone}{SEP}{m.suffix}")
+                route.endpoints.append(kv.value.process_spec.endpoint if kv is not None and kv.value is not None else "")
             self._routes[item] = route
         out = pb.Route()
         out.CopyFrom(route)  # callers own what they get

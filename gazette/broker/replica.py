@@ -21,15 +21,16 @@ Invariants:
   RPCs which wait for the spool or the pipeline under a resolution that is now stale.
 * While primary, a *pulse* (a zero-byte append) runs on becoming primary, on each route
   change, when the spool's flush interval passes, after a pipeline broke, and at health
-  ticks (every ``HEALTH_INTERVAL``, jittered, from the broker's one ``HealthTicker``, which
-  a primary registers with; no replica has a timer of its own): it builds and synchronises the pipeline and advertises the
-  route's consistency, without waiting for a client's append. A tick pulses only if the
-  pipeline is missing or no longer whole (a peer's stream ended: keepalive pings on the peer
-  connections end its streams when the peer stops answering), an auto-suspension is due, or
-  ``FULL_PULSE_TICKS`` ticks passed since the last: an idle journal with a whole pipeline
-  costs a counter increment per interval, not an append through its peers (at 20,000
-  journals periodic pulses were 29 % of a core across three idle brokers). With auto-suspension, a pulse after ``AUTO_SUSPEND_TICKS`` periodic
-  ones without a route change asks to suspend the journal if it is flushed: a fully
+  ticks (every ``--broker.health-interval``, jittered, from the broker's one
+  ``HealthTicker``, which a primary registers with; no replica has a timer of its own): it
+  builds and synchronises the pipeline and advertises the route's consistency, without
+  waiting for a client's append. A tick pulses only if the pipeline is missing or no longer
+  whole (a peer's stream ended: keepalive pings on the peer connections end its streams
+  when the peer stops answering), an auto-suspension is due, or every ``FULL_PULSE_TICKS``
+  ticks: an idle journal with a whole pipeline costs a counter increment per interval, not
+  an append through its peers (at 20,000 journals periodic pulses were 29 % of a core
+  across three idle brokers). With auto-suspension, a pulse after ``AUTO_SUSPEND_TICKS`` ticks
+  without a route change asks to suspend the journal if it is flushed: a fully
   suspended journal has no replicas at all until an append resumes it.
 * An idle replica costs no CPU between its due times: its maintenance sleeps until the next
   refresh or the spool's next flush boundary (Gazette's ``flush_interval``), woken early only
@@ -66,9 +67,6 @@ log = logging.getLogger(__name__)
 DEFAULT_REFRESH = 300.0
 MAINTAIN_TICK = 1.0
 """Seconds between re-checks while a flush is due but its pulse has not rolled the spool yet."""
-HEALTH_INTERVAL = 60.0
-"""Seconds between periodic pulses of a primary (Gazette's health-check interval; the
-broker's ``--broker.health-interval``)."""
 AUTO_SUSPEND_TICKS = 15
 """Periodic pulses without a route change before an auto-suspending broker's pulse asks to
 suspend the journal (Gazette's: the start-up race with resuming clients, a new primary not yet

@@ -9,7 +9,8 @@ It announces a ConsumerSpec under its lease, runs the shared allocator over Shar
 Invariants:
 
 * Local shards follow the keyspace: a reconcile runs after every applied keyspace update,
-  and again at once if the keyspace moved while it ran (it awaits its status writes); a primary assignment starts its shard, a lost one cancels it (its store destroyed). A
+  and again at once if the keyspace moved while it ran (it awaits its status writes); a
+  primary assignment starts its shard, a lost one cancels it (its store destroyed). A
   non-primary assignment of a shard with a recovery log runs a hot standby (``standby``),
   which a promotion hands to the new primary; without a log it is reported STANDBY at once.
 * A shard's failure is written FAILED on its assignment and ends that shard alone; the process
@@ -32,11 +33,11 @@ from aiohttp import web
 
 from gazette.allocator import desired_replication, shard_is_consistent
 from gazette.allocator.keys import (
-    SEP,
     assignments_prefix,
     item_assignments_prefix,
     items_key,
     parse_assignment_key,
+    split_assignment_key,
 )
 from gazette.auth import NO_AUTH, Authorizer, KeyedAuth, Verifier
 from gazette.client import JournalClient
@@ -180,9 +181,9 @@ class ConsumerProcess(MemberProcess):
         n, me = len(prefix), (self.local_id.zone, self.local_id.suffix)
         out: dict[str, tuple[int, Any]] = {}
         for kv in ks.prefixed(prefix):
-            item, zone, suffix, slot = kv.key[n:].split(SEP)
-            if (zone, suffix) == me:
-                out[item] = (int(slot), kv)
+            a = split_assignment_key(kv.key, n)
+            if (a.zone, a.suffix) == me:
+                out[a.item] = (a.slot, kv)
         self._local, self._local_at = out, (ks, ks.revision)
         return out
 
