@@ -475,7 +475,7 @@ class _Sender:
     __slots__ = ("_i", "_loop", "_pln", "_queue", "_queued", "_space", "_stream", "_task", "_wake")
 
     def __init__(self, pln: Pipeline, i: int, stream: PeerStream) -> None:
-        self._pln = pln
+        self._pln: Pipeline | None = pln
         self._i = i
         self._stream = stream
         self._queue: deque[bytes | None] = deque()  # None: half-close
@@ -531,10 +531,18 @@ class _Sender:
                 if self._queued <= MAX_QUEUED:
                     self._space.set()
         except asyncio.CancelledError:
-            self._pln._fail_send(self._i, ReplicationError("stream was aborted"))  # noqa: SLF001
+            self._fail(ReplicationError("stream was aborted"))
         except Exception as err:  # noqa: BLE001 - kept as the peer's send error
-            self._pln._fail_send(self._i, err)  # noqa: SLF001
+            self._fail(err)
         finally:
             queue.clear()
             self._queued = 0
             self._space.set()
+            # Break the pipeline <-> sender cycle: a released pipeline is then freed at once
+            # by reference counting, not by a full collection (rare in a large heap, where
+            # idle brokers' released pipelines piled up by the thousand).
+            self._pln = None
+
+    def _fail(self, err: BaseException) -> None:
+        if self._pln is not None:
+            self._pln._fail_send(self._i, err)  # noqa: SLF001

@@ -29,9 +29,17 @@ Invariants:
   when the peer stops answering), an auto-suspension is due, or every ``FULL_PULSE_TICKS``
   ticks: an idle journal with a whole pipeline costs a counter increment per interval, not
   an append through its peers (at 20,000 journals periodic pulses were 29 % of a core
-  across three idle brokers). With auto-suspension, a pulse after ``AUTO_SUSPEND_TICKS`` ticks
-  without a route change asks to suspend the journal if it is flushed: a fully
+  across three idle brokers). With auto-suspension, a pulse after ``AUTO_SUSPEND_TICKS``
+  ticks without a route change asks to suspend the journal if it is flushed: a fully
   suspended journal has no replicas at all until an append resumes it.
+* A pipeline a pulse built is released once the pulses asked for are done, unless an
+  append committed through it or waits for it; a pipeline that carried appends is released
+  after ``RELEASE_TICKS`` ticks without a commit. An idle journal then holds no Replicate
+  stream, sender or peer handler. A released pipeline is not rebuilt by a tick (only by an
+  append, or a pulse asked for by anything else, a full tick's included); any request for a
+  pulse clears the release, so a pulse that fails before building a pipeline is retried at
+  the next tick. Nothing outlives a released pipeline's shutdown that refers to it (its
+  senders drop their back-reference), so it is freed at once, not by a full collection.
 * An idle replica costs no CPU between its due times: its maintenance sleeps until the next
   refresh or the spool's next flush boundary (Gazette's ``flush_interval``), woken early only
   by what changes them (becoming primary, a route change, the first commit to an empty
@@ -74,6 +82,10 @@ refreshed, and topologies in churn all settle well within it)."""
 FULL_PULSE_TICKS = 15
 """Every this many health ticks a primary pulses even with a whole pipeline (the route is
 re-verified end to end, as Gazette does every tick)."""
+RELEASE_TICKS = 2
+"""Health ticks without an append after which a primary releases its idle pipeline (the
+Replicate streams to its peers, and what both ends of each hold); the next append or pulse
+builds it again."""
 PULSE_TIMEOUT = 60.0
 """A pulse still unfinished after this long is abandoned (and retried)."""
 
@@ -167,6 +179,10 @@ class Replica:
         self._auto_suspend = auto_suspend
         self._ticker = ticker  # health ticks while primary; None: on-demand pulses only
         self._stable_ticks = 0  # periodic pulses since the route last changed
+        self._commits = 0  # content commits to the spool (a pulse commits none)
+        self._idle_ticks = 0  # health ticks without a commit
+        self._tick_commits = -1  # commits at the last health tick
+        self._released = False  # the pipeline was released idle, and no pulse asked since
         self._pulse_now = LeanEvent()
         # Set by a refresh that began after this replica last became primary.
         self._primary_refreshed = LeanEvent()
@@ -194,6 +210,7 @@ class Replica:
         self.spool.must_apply(pb.ReplicateRequest(proposal=nxt, registers=self.spool.registers), True)
 
     def _spool_committed(self, fragment: Fragment) -> None:
+        self._commits += 1
         self.index.spool_commit(fragment)
         # Only where a flush interval is set: without one, nothing is due, and waking the
         # maintenance loop on every append would be work on the append path for nothing.
@@ -247,17 +264,42 @@ class Replica:
         return not found
 
     def request_pulse(self) -> None:
+        self._released = False
         self._pulse_now.set()
 
     def health_tick(self) -> None:
         """A health interval passed (the broker's ``HealthTicker`` calls this while we are
-        primary): pulse if the pipeline is missing or not whole, an auto-suspension is due,
-        or every ``FULL_PULSE_TICKS`` ticks (see the module docstring)."""
+        primary): pulse if the pipeline is missing (and was not released idle) or not whole,
+        an auto-suspension is due, or every ``FULL_PULSE_TICKS`` ticks; else release a
+        pipeline idle for ``RELEASE_TICKS`` ticks (see the module docstring)."""
         self._stable_ticks += 1
+        commits = self._commits
+        if commits == self._tick_commits:
+            self._idle_ticks += 1
+        else:
+            self._tick_commits, self._idle_ticks = commits, 0
         pln = self.pln
-        if (pln is None or not pln.idle_healthy() or self._stable_ticks % FULL_PULSE_TICKS == 0
+        if (self._stable_ticks % FULL_PULSE_TICKS == 0
                 or (self._auto_suspend and self._stable_ticks >= AUTO_SUSPEND_TICKS)):
-            self._pulse_now.set()
+            self.request_pulse()
+        elif pln is None:
+            if not self._released:
+                self.request_pulse()
+        elif not pln.idle_healthy():
+            self.request_pulse()
+        elif self._idle_ticks >= RELEASE_TICKS and not self.send_lock.locked():
+            self.spawn(self._release_idle(pln, commits), "idle pipeline release")
+
+    async def _release_idle(self, pln: Pipeline, commits: int) -> None:
+        """Releases ``pln`` if it is still current and whole, no append committed since
+        ``commits`` were counted, and no pulse is asked for."""
+        async with self.send_lock:
+            if (self.pln is not pln or not pln.idle_healthy() or self._commits != commits
+                    or self._pulse_now.is_set() or not self.primary):
+                return
+            self.pln = None
+            self._released = True
+            await pln.shutdown(False)
 
     @property
     def primary_refreshed(self) -> asyncio.Event:
@@ -389,6 +431,7 @@ class Replica:
 
     async def _pulse_loop(self) -> None:
         failures = 0  # consecutive failed pulses
+        built_at: int | None = None  # commits when a pulse last built the pipeline
         while True:
             # No timer here: becoming primary, route changes, flushes and broken pipelines
             # ask for pulses, and the broker's HealthTicker asks for the periodic ones.
@@ -398,10 +441,19 @@ class Replica:
                 failures = 0
                 continue
             suspend = self._auto_suspend and self._stable_ticks >= AUTO_SUSPEND_TICKS
+            if self.pln is None and built_at is None:
+                built_at = self._commits  # this pulse builds the pipeline
             try:
                 async with asyncio.timeout(PULSE_TIMEOUT):
                     await self._pulse_fn(self, suspend)
                 failures = 0
+                if built_at is not None and not self._pulse_now.is_set():
+                    # The pulses asked for are done: release what they built unless an
+                    # append used it or waits for it (see the module docstring). No local
+                    # names the pipeline: this frame outlives it.
+                    commits, built_at = built_at, None
+                    if self.pln is not None and not self.send_lock.locked():
+                        await self._release_idle(self.pln, commits)
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - retried at the next pulse

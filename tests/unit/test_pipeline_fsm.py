@@ -13,7 +13,9 @@ client cancelled mid-append leaves nothing behind anywhere.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -288,20 +290,25 @@ async def test_health_ticks_pulse_only_a_pipeline_that_is_not_whole(broker: FSMB
         assert ticker.tick() == 1
         return r._pulse_now.is_set()
 
-    r.set_primary(True)  # becoming primary pulses at once: the pipeline is built
-    await eventually(lambda: pulses == [0] and r.pln is not None and not r.send_lock.locked(),
-                     "the first pulse's pipeline")
-    assert [tick() for _ in range(5)] == [False] * 5  # whole: nothing to verify
-    assert len(broker.streams) == 2
+    # Becoming primary pulses at once: a pipeline is built, synchronised, and released
+    # (no append used it); an append builds the next.
+    r.set_primary(True)
+    await eventually(lambda: pulses == [0] and r.pln is None and not r.send_lock.locked(),
+                     "the first pulse's pipeline, released")
+    assert (await do_append(broker, b"hello\n")).status == pb.OK
+    assert len(broker.streams) == 4 and r.pln is not None
+    # Whole: nothing to verify (and not yet idle long enough to be released).
+    assert [tick() for _ in range(replica_mod.RELEASE_TICKS)] == [False] * replica_mod.RELEASE_TICKS
+    assert len(broker.streams) == 4 and r.pln is not None
 
     # Peer 1's stream ends while the journal is idle: the next tick pulses, which fails on
     # it, and the pulse that follows builds a new pipeline.
-    broker.streams[0].fail_writes = ConnectionResetError("peer went away")
+    broker.streams[2].fail_writes = ConnectionResetError("peer went away")
     assert tick()
-    await eventually(lambda: len(broker.streams) == 4 and not r._pulse_now.is_set()
+    await eventually(lambda: len(broker.streams) == 6 and not r._pulse_now.is_set()
                      and not r.send_lock.locked(), "a new pipeline dialled by a pulse")
     rebuilt = len(pulses)
-    assert rebuilt >= 2 and pulses[1] == 6
+    assert rebuilt >= 2 and pulses[1] == replica_mod.RELEASE_TICKS + 1
 
     due = [tick() for _ in range(r._stable_ticks, replica_mod.FULL_PULSE_TICKS)]
     assert due == [False] * (len(due) - 1) + [True]  # re-verified end to end at the 15th
@@ -309,3 +316,69 @@ async def test_health_ticks_pulse_only_a_pipeline_that_is_not_whole(broker: FSMB
     r.set_primary(False)
     now[0] += 10.0
     assert ticker.tick() == 0 and len(ticker) == 0  # a demoted replica is not ticked
+
+
+async def test_an_idle_pipeline_is_released_and_rebuilt_by_the_next_append(broker: FSMBroker) -> None:
+    """A pipeline only a pulse used is released when the pulse ends; one that carried an
+    append is released after RELEASE_TICKS health ticks without one: its peers' Replicate
+    streams end, later ticks do not rebuild it (that would undo the saving), the next append
+    builds a new one and lands after everything before, and a full tick's pulse builds (and
+    releases) one too."""
+    from gazette.broker import replica as replica_mod
+    from gazette.broker.health import HealthTicker
+    from gazette.testing.eventually import eventually
+
+    pulses: list[int] = []
+
+    async def pulse(replica: Replica, suspend: bool) -> None:
+        pulses.append(replica._stable_ticks)
+        await append_mod.pulse(broker, replica, suspend)  # type: ignore[arg-type]
+
+    old = broker.replica
+    old.cancel()
+    assert old.retired is not None
+    await asyncio.wait_for(old.retired, 5)
+    now = [0.0]
+    ticker = HealthTicker(1.0, clock=lambda: now[0], rand=lambda: 0.5)
+    r = broker.replica = Replica(JOURNAL, broker.spec, str(broker.tmp), broker.stores, broker.persister,
+                                 broker.tg, pulse, ticker=ticker)
+
+    def tick() -> bool:
+        now[0] += 1.0
+        assert ticker.tick() == 1
+        return r._pulse_now.is_set()
+
+    r.set_primary(True)  # the first pulse's pipeline is released: no append used it
+    await eventually(lambda: pulses == [0] and r.pln is None and not r.send_lock.locked(),
+                     "the first pulse's pipeline, released")
+    assert all(s.task.done() for s in broker.streams) and len(broker.streams) == 2
+    assert (await do_append(broker, b"hello\n")).status == pb.OK
+    assert r.pln is not None and len(broker.streams) == 4
+    first = weakref.ref(r.pln)
+
+    assert not tick()  # the spool grew since the last tick: not idle
+    gc.disable()  # a released pipeline is freed by reference counting, not left to a collection
+    try:
+        assert [tick() for _ in range(replica_mod.RELEASE_TICKS)] == [False] * replica_mod.RELEASE_TICKS
+        await eventually(lambda: r.pln is None and not r.send_lock.locked(), "the idle pipeline released")
+        await eventually(lambda: first() is None, "the released pipeline freed")
+    finally:
+        gc.enable()
+    await eventually(lambda: all(s.task.done() for s in broker.streams), "the peers' streams ended")
+    assert not r.spool_lock.locked()
+    assert [tick() for _ in range(3)] == [False] * 3  # released: ticks leave it so
+    assert r.pln is None and len(broker.streams) == 4 and pulses == [0]
+
+    resp = await do_append(broker, b"again\n")  # the next append builds a new pipeline
+    assert resp.status == pb.OK and resp.commit.begin == 6 and resp.commit.end == 12
+    assert r.pln is not None and len(broker.streams) == 6
+    assert all(s.fragment.end == 12 for s in [r.spool, *broker.peer_spools()])
+
+    # Released again once idle; the full tick's pulse builds one regardless, and releases it.
+    while r._stable_ticks % replica_mod.FULL_PULSE_TICKS != replica_mod.FULL_PULSE_TICKS - 1:
+        assert not tick()
+    await eventually(lambda: r.pln is None and not r.send_lock.locked(), "released again")
+    assert tick()
+    await eventually(lambda: len(pulses) == 2 and len(broker.streams) == 8 and r.pln is None
+                     and not r.send_lock.locked(), "the full tick's pulse, released")
+    assert all(s.task.done() for s in broker.streams)
