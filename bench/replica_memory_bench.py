@@ -3,8 +3,9 @@ where they go, beside the same replicas built with ``asyncio.Event`` (the baseli
 
 A broker holds one `Replica` per assigned journal: its spool, index, flow control, events,
 locks and two tasks (maintenance and pulse). This bench builds N of them on one event loop
-(no etcd, no peers: what every replica costs before it holds any content), lets their tasks
-reach their first wait, and reads tracemalloc's growth per replica. It then builds them again
+(no etcd, no peers: what every replica costs before it holds any content), waits until each
+finished its first refresh (an idle replica then runs no task), and reads tracemalloc's growth
+per replica and glibc's (``mallinfo2``: protobuf arenas, hash contexts). It then builds them again
 with ``asyncio.Event`` in place of ``LeanEvent`` and prints the ratio, and the top allocation
 sites of the first run.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import gc
 import tempfile
 import tracemalloc
@@ -27,6 +29,22 @@ from gazette.broker.persister import Persister
 from gazette.broker.replica import Replica
 from gazette.fragment.stores import Stores
 from gazette.protocol import protocol_pb2 as pb
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+        "keepcost")]
+
+
+def c_heap() -> int:
+    """Bytes in use in glibc's heap (``mallinfo2().uordblks``), 0 where unavailable."""
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return 0
+    fn.restype = _MallInfo2
+    return int(fn().uordblks)
 
 
 def spec() -> pb.JournalSpec:
@@ -48,15 +66,22 @@ async def measure(n: int, top: int) -> float:
             gc.collect()
             tracemalloc.start(1)
             before = tracemalloc.take_snapshot()
+            c_before = c_heap()
             for i in range(n):
                 replicas.append(Replica(f"bench/{i:07d}", js, d, stores, persister, tg))
-            for _ in range(3):
-                await asyncio.sleep(0)  # every task reaches its first wait
+            # Idle: every first refresh done and its task ended (no replica runs a task then).
+            await asyncio.gather(*(r.wait_first_refresh() for r in replicas))
+            # A turn of the loop at a time, until the refresh tasks ended.
+            while any(r._refreshing is not None for r in replicas):  # noqa: SLF001, ASYNC110
+                await asyncio.sleep(0)
             gc.collect()
             after = tracemalloc.take_snapshot()
+            c_after = c_heap()
             tracemalloc.stop()
             diff = after.compare_to(before, "lineno")
             per = sum(st.size_diff for st in diff) / n
+            print(f"  Python objects {per:.0f} B per replica (tracemalloc), C heap "
+                  f"{(c_after - c_before) / n:.0f} B (glibc mallinfo2: protobuf arenas, hash contexts)")
             if top:
                 for st in diff[:top]:
                     frame = st.traceback[0]

@@ -128,10 +128,13 @@ class _RouteCache:
     """Routes of one keyspace's items, built since their assignments or the members last
     changed (see the module docstring)."""
 
-    __slots__ = ("_routes", "_ks", "_assign", "_members")
+    __slots__ = ("_routes", "_shared", "_ks", "_assign", "_members")
 
     def __init__(self, ks: KeySpace) -> None:
         self._routes: dict[str, pb.Route] = {}
+        # Items with the same members, primary and endpoints share one Route: a cluster has
+        # few distinct routes, and each Route costs about a kilobyte (its protobuf arena).
+        self._shared: dict[bytes, pb.Route] = {}
         self._ks = weakref.ref(ks)  # the keyspace holds us (as an observer), not the reverse
         self._assign = assignments_prefix(ks.root)
         self._members = members_prefix(ks.root)
@@ -142,6 +145,7 @@ class _RouteCache:
         routes = self._routes
         if changed is None or not routes:
             routes.clear()
+            self._shared.clear()
             return
         assign, members, n = self._assign, self._members, len(self._assign)
         for key in changed:
@@ -149,6 +153,7 @@ class _RouteCache:
                 routes.pop(key[n:key.find(SEP, n)], None)
             elif key.startswith(members):
                 routes.clear()  # endpoints of any route may have changed
+                self._shared.clear()
                 return
 
     def route(self, ks: KeySpace, item: str, assignments: Sequence[KeyValue]) -> pb.Route:
@@ -161,6 +166,8 @@ class _RouteCache:
             for m in route.members:
                 kv = ks.search(f"{members}{m.zone}{SEP}{m.suffix}")
                 route.endpoints.append(kv.value.process_spec.endpoint if kv is not None and kv.value is not None else "")
+            raw = route.SerializeToString(deterministic=True)
+            route = self._shared.setdefault(raw, route)
             self._routes[item] = route
         out = pb.Route()
         out.CopyFrom(route)  # callers own what they get

@@ -40,10 +40,13 @@ Invariants:
   pulse clears the release, so a pulse that fails before building a pipeline is retried at
   the next tick. Nothing outlives a released pipeline's shutdown that refers to it (its
   senders drop their back-reference), so it is freed at once, not by a full collection.
-* An idle replica costs no CPU between its due times: its maintenance sleeps until the next
-  refresh or the spool's next flush boundary (Gazette's ``flush_interval``), woken early only
-  by what changes them (becoming primary, a route change, the first commit to an empty
-  spool). 10,000 replicas ticking once a second were most of an idle broker's core.
+* An idle replica runs no task and costs no CPU between its due times: one timer on the
+  event loop stands for its maintenance, set for the next refresh or the spool's next flush
+  boundary (Gazette's ``flush_interval``) and re-armed early only by what changes them
+  (becoming primary, a route change, the first commit to an empty spool); a refresh runs in
+  a task of its own, as does a run of pulses (started by ``request_pulse``, ended when none
+  is asked for). 10,000 replicas ticking once a second were most of an idle broker's core,
+  and two tasks per replica (a maintenance loop and a pulse loop) a fifth of its memory.
 * ``cancel()`` stops the replica's tasks, wakes blocked reads and RPCs, and retires it in
   the background: the pipeline is torn down, then the spool is completed (and so persisted).
 """
@@ -184,16 +187,24 @@ class Replica:
         self._tick_commits = -1  # commits at the last health tick
         self._released = False  # the pipeline was released idle, and no pulse asked since
         self._pulse_now = LeanEvent()
+        self._pulse_failures = 0  # consecutive failed pulses
+        self._built_at: int | None = None  # commits when a pulse last built the pipeline
         # Set by a refresh that began after this replica last became primary.
         self._primary_refreshed = LeanEvent()
-        self._refresh_now = LeanEvent()
-        self._wake = LeanEvent()  # maintenance: something changed its next due time
-        self._flush_armed = False  # maintenance is sleeping towards a flush boundary
+        self._tg = tg
+        self._loop = asyncio.get_running_loop()
+        self._next_refresh = 0.0  # loop time: the first refresh is due at once
+        self._refresh_failures = 0
+        self._refresh_now = False
+        self._flush_armed = False  # the maintenance timer is set towards a flush boundary
+        # Tasks only while there is work (see the module docstring).
+        self._maint_timer: asyncio.TimerHandle | None = None
+        self._refreshing: asyncio.Task[None] | None = None
+        self._pulse_task: asyncio.Task[None] | None = None
         # Pipeline shutdowns, demotions and the retirement: owned, failures logged (one
         # journal's background step failing is its own), never raised.
         self._background = Supervisor(f"replica {journal}", "log")
-        self._task = tg.create_task(self._maintain(), name=f"replica:{journal}")
-        self._pulse_task = tg.create_task(self._pulse_loop(), name=f"pulse:{journal}")
+        self._schedule()
 
     def _sign(self, fragment: Fragment, ttl: float) -> str | None:
         try:
@@ -215,11 +226,11 @@ class Replica:
         # Only where a flush interval is set: without one, nothing is due, and waking the
         # maintenance loop on every append would be work on the append path for nothing.
         if self.primary and not self._flush_armed and self.spec.fragment.flush_interval.seconds > 0:
-            self._wake.set()  # the spool may have just begun a flush window
+            self._schedule()  # the spool may have just begun a flush window
 
     def _request_refresh(self) -> None:
-        self._refresh_now.set()
-        self._wake.set()
+        self._refresh_now = True
+        self._schedule()
 
     def _on_complete(self, snap: SpoolSnapshot) -> None:
         if self.spec.fragment.stores:
@@ -266,6 +277,8 @@ class Replica:
     def request_pulse(self) -> None:
         self._released = False
         self._pulse_now.set()
+        if self._pulse_task is None and self._pulse_fn is not None and not self.cancelled:
+            self._pulse_task = self._start(self._pulse_loop(), "pulse")
 
     def health_tick(self) -> None:
         """A health interval passed (the broker's ``HealthTicker`` calls this while we are
@@ -341,8 +354,9 @@ class Replica:
         if self.cancelled:
             return
         self.cancelled = True
-        self._task.cancel()
-        self._pulse_task.cancel()
+        for task in (self._maint_timer, self._refreshing, self._pulse_task):
+            if task is not None:
+                task.cancel()
         if self._ticker is not None:
             self._ticker.discard(self)
         self.primary = False
@@ -378,41 +392,61 @@ class Replica:
         cover = await walk_all_stores(self.journal, list(self.spec.fragment.stores), self.stores)
         self.index.replace_remote(cover)
 
-    async def _maintain(self) -> None:
-        """Refreshes the index from the stores, and pulses once the flush interval passed."""
-        next_refresh = 0.0
-        attempt = 0
-        while True:
-            now = time.monotonic()
-            if now >= next_refresh or self._refresh_now.is_set():
-                self._refresh_now.clear()
-                primary_at_start = self.primary
-                try:
-                    await self._refresh()
-                    if primary_at_start:
-                        self._primary_refreshed.set()
-                    attempt = 0
-                    interval = self.spec.fragment.refresh_interval.ToTimedelta().total_seconds() or DEFAULT_REFRESH
-                    next_refresh = time.monotonic() + interval
-                except Exception as err:  # noqa: BLE001 - retried; appends wait meanwhile
-                    attempt += 1
-                    log.warning("refreshing fragment index failed", extra={"journal": self.journal, "err": str(err) or type(err).__name__})
-                    next_refresh = time.monotonic() + min(30.0, 0.5 * 2**attempt)
-            self._maybe_flush()
-            timeout = max(0.0, next_refresh - time.monotonic())
-            flush_in = self._flush_delay()
-            self._flush_armed = flush_in is not None
-            if flush_in is not None:
-                # Past the boundary its pulse is pending: look again each tick until it rolls.
-                timeout = min(timeout, flush_in + 0.01 if flush_in > 0 else MAINTAIN_TICK)
-            self._wake.clear()
-            if self._refresh_now.is_set():
-                continue
-            try:
-                async with asyncio.timeout(timeout):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+    def _start(self, coro: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None] | None:
+        """A task of the broker's group for ``coro``; None once the group is finished."""
+        try:
+            return self._tg.create_task(coro, name=f"{what}:{self.journal}")
+        except RuntimeError:  # the broker is stopping: there is nothing left to maintain
+            coro.close()
+            return None
+
+    def _schedule(self) -> None:
+        """Arms the maintenance timer for the next due time: the refresh, or the spool's flush
+        boundary. A refresh in flight arms it as it ends."""
+        if self.cancelled or self._refreshing is not None:
+            return
+        if self._maint_timer is not None:
+            self._maint_timer.cancel()
+        now = self._loop.time()
+        due = now if self._refresh_now else self._next_refresh
+        flush_in = self._flush_delay()
+        self._flush_armed = flush_in is not None
+        if flush_in is not None:
+            # Past the boundary its pulse is pending: look again each tick until it rolls.
+            due = min(due, now + (flush_in + 0.01 if flush_in > 0 else MAINTAIN_TICK))
+        self._maint_timer = self._loop.call_at(due, self._on_due)
+
+    def _on_due(self) -> None:
+        """The maintenance timer fired: refresh (in a task of its own) if due, else pulse if
+        the flush interval passed, and arm the timer again."""
+        self._maint_timer = None
+        if self.cancelled:
+            return
+        if self._refresh_now or self._loop.time() >= self._next_refresh:
+            self._refreshing = self._start(self._refresh_step(), "refresh")
+            return
+        self._maybe_flush()
+        self._schedule()
+
+    async def _refresh_step(self) -> None:
+        """Refreshes the index from the stores (retried with a back-off), then re-arms."""
+        self._refresh_now = False
+        primary_at_start = self.primary
+        try:
+            await self._refresh()
+            if primary_at_start:
+                self._primary_refreshed.set()
+            self._refresh_failures = 0
+            interval = self.spec.fragment.refresh_interval.ToTimedelta().total_seconds() or DEFAULT_REFRESH
+            self._next_refresh = self._loop.time() + interval
+        except Exception as err:  # noqa: BLE001 - retried; appends wait meanwhile
+            self._refresh_failures += 1
+            log.warning("refreshing fragment index failed", extra={"journal": self.journal, "err": str(err) or type(err).__name__})
+            self._next_refresh = self._loop.time() + min(30.0, 0.5 * 2**self._refresh_failures)
+        finally:
+            self._refreshing = None
+        self._maybe_flush()
+        self._schedule()
 
     def _flush_delay(self) -> float | None:
         if not self.primary or self.spool.fragment.content_length == 0:
@@ -430,35 +464,36 @@ class Replica:
             self.request_pulse()
 
     async def _pulse_loop(self) -> None:
-        failures = 0  # consecutive failed pulses
-        built_at: int | None = None  # commits when a pulse last built the pipeline
-        while True:
-            # No timer here: becoming primary, route changes, flushes and broken pipelines
-            # ask for pulses, and the broker's HealthTicker asks for the periodic ones.
-            await self._pulse_now.wait()
-            self._pulse_now.clear()
-            if not self.primary or self._pulse_fn is None:
-                failures = 0
-                continue
-            suspend = self._auto_suspend and self._stable_ticks >= AUTO_SUSPEND_TICKS
-            if self.pln is None and built_at is None:
-                built_at = self._commits  # this pulse builds the pipeline
-            try:
-                async with asyncio.timeout(PULSE_TIMEOUT):
-                    await self._pulse_fn(self, suspend)
-                failures = 0
-                if built_at is not None and not self._pulse_now.is_set():
-                    # The pulses asked for are done: release what they built unless an
-                    # append used it or waits for it (see the module docstring). No local
-                    # names the pipeline: this frame outlives it.
-                    commits, built_at = built_at, None
-                    if self.pln is not None and not self.send_lock.locked():
-                        await self._release_idle(self.pln, commits)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:  # noqa: BLE001 - retried at the next pulse
-                log.warning("journal pulse failed (will retry)", extra={"journal": self.journal, "err": str(err) or type(err).__name__})
-                # A failed pulse asks for the next at once (its broken pipeline does): back off,
-                # or a peer that stays unreachable until its lease lapses is hammered in a loop.
-                await asyncio.sleep(min(PULSE_BACKOFF_MAX, 0.05 * 2 ** failures))
-                failures += 1
+        """Pulses while pulses are asked for, then ends: becoming primary, route changes,
+        flushes and broken pipelines ask for pulses, and the broker's HealthTicker for the
+        periodic ones (``request_pulse`` starts this task when none runs)."""
+        try:
+            while self._pulse_now.is_set():
+                self._pulse_now.clear()
+                if not self.primary or self._pulse_fn is None:
+                    self._pulse_failures = 0
+                    continue
+                suspend = self._auto_suspend and self._stable_ticks >= AUTO_SUSPEND_TICKS
+                if self.pln is None and self._built_at is None:
+                    self._built_at = self._commits  # this pulse builds the pipeline
+                try:
+                    async with asyncio.timeout(PULSE_TIMEOUT):
+                        await self._pulse_fn(self, suspend)
+                    self._pulse_failures = 0
+                    if self._built_at is not None and not self._pulse_now.is_set():
+                        # The pulses asked for are done: release what they built unless an
+                        # append used it or waits for it (see the module docstring). No
+                        # local names the pipeline: this frame may outlive it.
+                        commits, self._built_at = self._built_at, None
+                        if self.pln is not None and not self.send_lock.locked():
+                            await self._release_idle(self.pln, commits)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:  # noqa: BLE001 - retried at the next pulse
+                    log.warning("journal pulse failed (will retry)", extra={"journal": self.journal, "err": str(err) or type(err).__name__})
+                    # A failed pulse asks for the next at once (its broken pipeline does): back
+                    # off, or a peer that stays unreachable until its lease lapses is hammered.
+                    await asyncio.sleep(min(PULSE_BACKOFF_MAX, 0.05 * 2 ** self._pulse_failures))
+                    self._pulse_failures += 1
+        finally:
+            self._pulse_task = None

@@ -382,3 +382,34 @@ async def test_an_idle_pipeline_is_released_and_rebuilt_by_the_next_append(broke
     await eventually(lambda: len(pulses) == 2 and len(broker.streams) == 8 and r.pln is None
                      and not r.send_lock.locked(), "the full tick's pulse, released")
     assert all(s.task.done() for s in broker.streams)
+
+
+async def test_idle_replicas_run_no_task(broker: FSMBroker) -> None:
+    """An idle replica is data and one timer: its first refresh and its pulses run in tasks
+    that end with them, and a refresh asked for later runs (and ends) again."""
+    from gazette.testing.eventually import eventually
+
+    pulses: list[str] = []
+
+    async def pulse(replica: Replica, suspend: bool) -> None:
+        pulses.append(replica.journal)
+        await append_mod.pulse(broker, replica, suspend)  # type: ignore[arg-type]
+
+    old = broker.replica
+    old.cancel()
+    assert old.retired is not None
+    await asyncio.wait_for(old.retired, 5)
+    await eventually(lambda: not old._background.tasks, "the old replica retired")  # noqa: SLF001
+    before = len(asyncio.all_tasks())
+    r = broker.replica = Replica(JOURNAL, broker.spec, str(broker.tmp), broker.stores, broker.persister,
+                                 broker.tg, pulse)
+    r.set_primary(True)
+    await eventually(lambda: r.index.first_refresh.is_set() and pulses == [JOURNAL] and r.pln is None
+                     and r._pulse_task is None and r._refreshing is None, "refreshed and pulsed")
+    await eventually(lambda: len(asyncio.all_tasks()) <= before, "no task left running")
+    assert r._maint_timer is not None  # the next refresh is due at the refresh interval
+    refreshed = r._primary_refreshed
+    refreshed.clear()
+    r._request_refresh()
+    await eventually(lambda: refreshed.is_set() and r._refreshing is None, "a refresh asked for")
+    await eventually(lambda: len(asyncio.all_tasks()) <= before, "no task left running")

@@ -90,3 +90,27 @@ def test_callers_own_their_route() -> None:
     del first.members[:]
     again, _ = item_route(feed.ks, "b")
     assert again.primary == 0 and len(again.members) == 1 and list(again.endpoints) == ["http://m1:0"]
+
+
+def test_items_with_one_route_share_it_and_equal_assignment_values_share_one_decode() -> None:
+    """A cluster's routes repeat (a few member orderings, whatever the item count): items
+    whose routes are equal share one cached Route, and assignments whose values are equal
+    bytes share one decoded Route, while every caller still gets a Route of its own."""
+    from gazette.allocator import specs
+
+    feed = Feed()
+    value = pb.Route(primary=0)
+    value.members.add(zone="z1", suffix="m1")
+    raw = value.SerializeToString()
+    feed.batch([member("z1", "m1", "http://m1:0")]
+               + [(assignment_key(ROOT, item, "z1", "m1", 0), raw) for item in ITEMS])
+    decoded = [feed.ks.prefixed(f"{ROOT}/assign/{item}#")[0].value for item in ITEMS]
+    assert all(d == value for d in decoded) and all(d is decoded[0] for d in decoded)
+    routes = [item_route(feed.ks, item)[0] for item in ITEMS]
+    assert all(r == routes[0] for r in routes) and routes[0] is not routes[1]
+    cache = specs._ROUTE_CACHES[feed.ks]
+    cached = [cache._routes[item] for item in ITEMS]
+    assert all(c is cached[0] for c in cached)
+    # A member's endpoint changes: every route is built again, with the new endpoint.
+    feed.batch([member("z1", "m1", "http://m1:1")])
+    assert [list(item_route(feed.ks, item)[0].endpoints) for item in ITEMS] == [["http://m1:1"]] * 3
