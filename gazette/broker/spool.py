@@ -272,8 +272,10 @@ class Spool:
         self._first_append_time: float | None = None
         self._delta = 0
         self._inflight: ContentWrite | None = None
-        self._summer: Any = hashlib.sha1()  # hashlib's hash type is private.
-        self._committed_summer: Any = self._summer.copy()
+        # SHA1 of the pending and of the committed content; None: of nothing yet (made by the
+        # first write: an idle spool holds no hash context, about 0.5 KiB of each replica).
+        self._summer: Any = None  # hashlib's hash type is private.
+        self._committed_summer: Any = None
 
     # -- Observation.
 
@@ -315,7 +317,7 @@ class Spool:
         if nxt is None:
             f = self._fragment
             end = f.end + self._delta
-            digest = ZERO_SUM if end == f.begin else self._summer.digest()
+            digest = ZERO_SUM if end == f.begin else self._hasher().digest()
             # With the spool file: once committed it is the fragment's view as is.
             nxt = self._next = Fragment(f.journal, f.begin, end, digest, f.codec, file=self._file)
         return nxt
@@ -382,7 +384,12 @@ class Spool:
     def _write(self, file: SpoolFile, content: bytes | memoryview, offset: int) -> None:
         # Write before hashing: if the write fails the spool is unchanged and may be retried.
         file.pwrite(content, offset)
-        self._summer.update(content)
+        self._hasher().update(content)
+
+    def _hasher(self) -> Any:
+        if self._summer is None:
+            self._summer = hashlib.sha1()
+        return self._summer
 
     def _written(self, w: ContentWrite, ok: bool) -> None:
         assert self._inflight is w
@@ -412,7 +419,8 @@ class Spool:
             if self._delta:
                 self._delta = 0
                 self._next = None
-                self._summer = self._committed_summer.copy()
+                committed = self._committed_summer
+                self._summer = committed.copy() if committed is not None else None
             return None
 
         if self._delta != 0 and end == f.end + self._delta and (
@@ -425,7 +433,7 @@ class Spool:
                 self._first_append_time = self._clock()
             self._registers.CopyFrom(registers)
             self._delta = 0
-            self._committed_summer = self._summer.copy()
+            self._committed_summer = self._summer.copy() if self._summer is not None else None
             if self._on_commit is not None:
                 self._on_commit(self.fragment)
             return None

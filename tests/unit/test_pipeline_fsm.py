@@ -399,7 +399,7 @@ async def test_idle_replicas_run_no_task(broker: FSMBroker) -> None:
     old.cancel()
     assert old.retired is not None
     await asyncio.wait_for(old.retired, 5)
-    await eventually(lambda: not old._background.tasks, "the old replica retired")  # noqa: SLF001
+    await eventually(lambda: not old.background, "the old replica retired")
     before = len(asyncio.all_tasks())
     r = broker.replica = Replica(JOURNAL, broker.spec, str(broker.tmp), broker.stores, broker.persister,
                                  broker.tg, pulse)
