@@ -34,10 +34,8 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, Protocol
-
-import jwt
-import jwt.warnings
 
 from gazette.errors import GazetteError
 from gazette.protocol.labels import Label, LabelSelector, LabelSet
@@ -228,12 +226,20 @@ def _parse_keys(text: str) -> tuple[list[bytes], bool]:
     return keys, allow_missing
 
 
-# PyJWT warns on every use of a key shorter than 32 bytes; Gazette's keys may be (its own tests'
-# are 5 bytes). KeyedAuth says so once, when it is made, instead of once per request. PyJWT
-# before 2.11 has no such warning (and does not warn), so its absence is not an error.
-_INSECURE_KEY_LENGTH: type[Warning] | None = getattr(jwt.warnings, "InsecureKeyLengthWarning", None)
-if _INSECURE_KEY_LENGTH is not None:
-    warnings.filterwarnings("ignore", category=_INSECURE_KEY_LENGTH)
+def _jwt() -> ModuleType:
+    """PyJWT, imported by the first KeyedAuth: it imports cryptography, a sixth of gazctl's
+    start, which a process without keys never needs.
+
+    PyJWT warns on every use of a key shorter than 32 bytes; Gazette's keys may be (its own
+    tests' are 5 bytes). KeyedAuth says so once, when it is made, instead of once per request.
+    PyJWT before 2.11 has no such warning (and does not warn), so its absence is not an error."""
+    import jwt  # noqa: PLC0415 - see above
+    import jwt.warnings  # noqa: PLC0415
+
+    insecure: type[Warning] | None = getattr(jwt.warnings, "InsecureKeyLengthWarning", None)
+    if insecure is not None:
+        warnings.filterwarnings("ignore", category=insecure)
+    return jwt
 
 
 class KeyedAuth:
@@ -247,12 +253,14 @@ class KeyedAuth:
                         extra={"keys": short})
         self._clock = clock
         self._verified: OrderedDict[str, Claims] = OrderedDict()
+        self._jwt = _jwt()
 
     def sign(self, claims: Claims, ttl: float) -> str:
         """A token for ``claims`` valid for ``ttl`` seconds from now."""
         now = self._clock()
         body = Claims(claims.capability, claims.selector, expires=now + ttl, issued=now).to_json()
-        return jwt.encode(body, self.keys[0], algorithm="HS256")
+        encoded: str = self._jwt.encode(body, self.keys[0], algorithm="HS256")
+        return encoded
 
     def authorization(self, claims: Claims, ttl: float) -> str:
         return f"Bearer {self.sign(claims, ttl)}"
@@ -282,13 +290,13 @@ class KeyedAuth:
         last: Exception | None = None
         for key in self.keys:
             try:
-                body = jwt.decode(token, key, algorithms=["HS256", "HS384"], leeway=LEEWAY,
+                body = self._jwt.decode(token, key, algorithms=["HS256", "HS384"], leeway=LEEWAY,
                                   options={"require": ["exp"], "verify_iat": False,
                                            "verify_exp": False})
                 break
-            except jwt.InvalidSignatureError as err:
+            except self._jwt.InvalidSignatureError as err:
                 last = err
-            except jwt.PyJWTError as err:
+            except self._jwt.PyJWTError as err:
                 raise Unauthenticated(f"verifying Authorization: {err}") from None
         else:
             raise Unauthenticated(f"verifying Authorization: {last}") from None

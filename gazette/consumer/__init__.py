@@ -19,40 +19,66 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from gazette.consumer.client import ShardClient, ShardStatusError
-from gazette.consumer.envelopes import is_ack, uuid_flags
-from gazette.consumer.errors import (
-    ConsumerError,
-    ShardStateError,
-    TransactionError,
-)
-from gazette.consumer.initialize import InitArgs
-from gazette.consumer.interfaces import (
-    Application,
-    Assignment,
-    BeginFinisher,
-    MaybeAwaitable,
-    MessageProducer,
-    OpFuture,
-    Shard,
-    ShardPublisher,
-    StatefulApplication,
-    Store,
-)
-from gazette.consumer.process import ConsumerConfig, ConsumerProcess
-from gazette.consumer.resolver import Resolution, Resolver
-from gazette.consumer.run import run_consumer
-from gazette.consumer.stores.json_file import JSONFileStore
-from gazette.consumer.stores.memory import MemoryStore
-from gazette.consumer.transaction import TransactionLoop, TxnConfig, TxnState
-from gazette.recoverylog import Recorder
-
 if TYPE_CHECKING:
+    from gazette.consumer.client import ShardClient, ShardStatusError
+    from gazette.consumer.envelopes import is_ack, uuid_flags
+    from gazette.consumer.errors import ConsumerError, ShardStateError, TransactionError
+    from gazette.consumer.initialize import InitArgs
+    from gazette.consumer.interfaces import (
+        Application,
+        Assignment,
+        BeginFinisher,
+        MaybeAwaitable,
+        MessageProducer,
+        OpFuture,
+        Shard,
+        ShardPublisher,
+        StatefulApplication,
+        Store,
+    )
+    from gazette.consumer.process import ConsumerConfig, ConsumerProcess
+    from gazette.consumer.resolver import Resolution, Resolver
+    from gazette.consumer.run import run_consumer
+    from gazette.consumer.stores.json_file import JSONFileStore
+    from gazette.consumer.stores.memory import MemoryStore
     from gazette.consumer.stores.rocksdb import RocksDBStore
     from gazette.consumer.stores.sql import PreviousCommitFailed, SQLStore, SyncSQLStore
     from gazette.consumer.stores.sqlite import SQLiteStore
+    from gazette.consumer.transaction import TransactionLoop, TxnConfig, TxnState
+    from gazette.recoverylog import Recorder
 
+# Every name is loaded on first use: a process that needs one part (gazctl's shard client)
+# does not import the whole framework (aiohttp, the allocator, the recovery log).
 _LAZY = {
+    "Application": "gazette.consumer.interfaces",
+    "Assignment": "gazette.consumer.interfaces",
+    "BeginFinisher": "gazette.consumer.interfaces",
+    "ConsumerConfig": "gazette.consumer.process",
+    "ConsumerError": "gazette.consumer.errors",
+    "ConsumerProcess": "gazette.consumer.process",
+    "InitArgs": "gazette.consumer.initialize",
+    "JSONFileStore": "gazette.consumer.stores.json_file",
+    "MaybeAwaitable": "gazette.consumer.interfaces",
+    "MemoryStore": "gazette.consumer.stores.memory",
+    "MessageProducer": "gazette.consumer.interfaces",
+    "OpFuture": "gazette.consumer.interfaces",
+    "Recorder": "gazette.recoverylog",
+    "Resolution": "gazette.consumer.resolver",
+    "Resolver": "gazette.consumer.resolver",
+    "Shard": "gazette.consumer.interfaces",
+    "ShardClient": "gazette.consumer.client",
+    "ShardPublisher": "gazette.consumer.interfaces",
+    "ShardStateError": "gazette.consumer.errors",
+    "ShardStatusError": "gazette.consumer.client",
+    "StatefulApplication": "gazette.consumer.interfaces",
+    "Store": "gazette.consumer.interfaces",
+    "TransactionError": "gazette.consumer.errors",
+    "TransactionLoop": "gazette.consumer.transaction",
+    "TxnConfig": "gazette.consumer.transaction",
+    "TxnState": "gazette.consumer.transaction",
+    "is_ack": "gazette.consumer.envelopes",
+    "run_consumer": "gazette.consumer.run",
+    "uuid_flags": "gazette.consumer.envelopes",
     "RocksDBStore": "gazette.consumer.stores.rocksdb",
     "SQLStore": "gazette.consumer.stores.sql",
     "SyncSQLStore": "gazette.consumer.stores.sql",

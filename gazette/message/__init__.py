@@ -13,89 +13,114 @@ Wire- and semantics-compatible with Gazette's ``message`` package.
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
-    DesyncError,
-    EmptyListResponseError,
-    FramingError,
-    MappingError,
-    MessageDecodeError,
-    MessageError,
-    ReplayError,
-    UnexpectedEOFError,
-    UnknownContentTypeError,
-)
-from .framing import (
-    CONTENT_TYPE,
-    CONTENT_TYPE_CSV,
-    CONTENT_TYPE_JSON_LINES,
-    CONTENT_TYPE_PROTO_FIXED,
-    FIXED_FRAME_HEADER_LENGTH,
-    FIXED_FRAME_WORD,
-    CSVFraming,
-    Decoded,
-    FixedFraming,
-    Framing,
-    JSONFraming,
-    Unpacked,
-    framing_for_content_type,
-    register_framing,
-)
-from .iterators import (
-    Chunk,
-    ChunkSource,
-    Decoder,
-    ReadCommittedIter,
-    ReadUncommittedIter,
-    ReplayOpener,
-)
-from .mapping import (
-    KeyFunc,
-    MappingFunc,
-    PartitionsFunc,
-    fnv1a_32,
-    modulo_mapping,
-    random_mapping,
-    rendezvous_mapping,
-)
-from .message import CSVRecord, Envelope, JSONMessage, Message, parse_uuid
-from .producer_state import build_checkpoint, flatten_producer_states, flatten_read_through
-from .publisher import AckIntent, AppendTarget, BufferedAppender, Publisher
-from .sequencer import ProducerState, QueueOutcome, Sequencer
-from .uuid import (
-    ACK_TXN,
-    CONTINUE_TXN,
-    OUTSIDE_TXN,
-    UUID,
-    ZERO_UUID,
-    Clock,
-    Flags,
-    ProducerID,
-    build_uuid,
-    clock_from_time,
-    get_clock,
-    get_flags,
-    get_producer_id,
-    new_producer_id,
-)
-
 if TYPE_CHECKING:
+    from .errors import (
+        DesyncError,
+        EmptyListResponseError,
+        FramingError,
+        MappingError,
+        MessageDecodeError,
+        MessageError,
+        ReplayError,
+        UnexpectedEOFError,
+        UnknownContentTypeError,
+    )
+    from .framing import (
+        CONTENT_TYPE,
+        CONTENT_TYPE_CSV,
+        CONTENT_TYPE_JSON_LINES,
+        CONTENT_TYPE_PROTO_FIXED,
+        FIXED_FRAME_HEADER_LENGTH,
+        FIXED_FRAME_WORD,
+        CSVFraming,
+        Decoded,
+        FixedFraming,
+        Framing,
+        JSONFraming,
+        Unpacked,
+        framing_for_content_type,
+        register_framing,
+    )
+    from .iterators import (
+        Chunk,
+        ChunkSource,
+        Decoder,
+        ReadCommittedIter,
+        ReadUncommittedIter,
+        ReplayOpener,
+    )
+    from .mapping import (
+        KeyFunc,
+        MappingFunc,
+        PartitionsFunc,
+        fnv1a_32,
+        modulo_mapping,
+        random_mapping,
+        rendezvous_mapping,
+    )
+    from .message import CSVRecord, Envelope, JSONMessage, Message, parse_uuid
+    from .producer_state import build_checkpoint, flatten_producer_states, flatten_read_through
+    from .publisher import AckIntent, AppendTarget, BufferedAppender, Publisher
     from .reading import read_committed, read_uncommitted
+    from .sequencer import ProducerState, QueueOutcome, Sequencer
     from .source import JournalSource, replay_opener
     from .typed import StructJSONFraming, TypedMessage
+    from .uuid import (
+        ACK_TXN,
+        CONTINUE_TXN,
+        OUTSIDE_TXN,
+        UUID,
+        ZERO_UUID,
+        Clock,
+        Flags,
+        ProducerID,
+        build_uuid,
+        clock_from_time,
+        get_clock,
+        get_flags,
+        get_producer_id,
+        new_producer_id,
+    )
 
-# Readers over journals need the client (grpc and all): loaded on first use, so that framing,
-# sequencing and publishing stay cheap to import.
-_LAZY = {"read_committed": ".reading", "read_uncommitted": ".reading",
-         "JournalSource": ".source", "replay_opener": ".source",
-         # msgspec, loaded when a typed message is first declared.
-         "TypedMessage": ".typed", "StructJSONFraming": ".typed"}
+# Every name is loaded on first use (and then kept here): importing one part (the UUIDs,
+# say) does not import the rest. Readers over journals need the client (grpc and all), and
+# typed messages msgspec.
+_LAZY = {"ACK_TXN": ".uuid", "AckIntent": ".publisher", "AppendTarget": ".publisher",
+         "BufferedAppender": ".publisher", "CONTENT_TYPE": ".framing",
+         "CONTENT_TYPE_CSV": ".framing", "CONTENT_TYPE_JSON_LINES": ".framing",
+         "CONTENT_TYPE_PROTO_FIXED": ".framing", "CONTINUE_TXN": ".uuid",
+         "CSVFraming": ".framing", "CSVRecord": ".message", "Chunk": ".iterators",
+         "ChunkSource": ".iterators", "Clock": ".uuid", "Decoded": ".framing",
+         "Decoder": ".iterators", "DesyncError": ".errors", "EmptyListResponseError": ".errors",
+         "Envelope": ".message", "FIXED_FRAME_HEADER_LENGTH": ".framing",
+         "FIXED_FRAME_WORD": ".framing", "FixedFraming": ".framing", "Flags": ".uuid",
+         "Framing": ".framing", "FramingError": ".errors", "JSONFraming": ".framing",
+         "JSONMessage": ".message", "KeyFunc": ".mapping", "MappingError": ".errors",
+         "MappingFunc": ".mapping", "Message": ".message", "MessageDecodeError": ".errors",
+         "MessageError": ".errors", "OUTSIDE_TXN": ".uuid", "PartitionsFunc": ".mapping",
+         "ProducerID": ".uuid", "ProducerState": ".sequencer", "Publisher": ".publisher",
+         "QueueOutcome": ".sequencer", "ReadCommittedIter": ".iterators",
+         "ReadUncommittedIter": ".iterators", "ReplayError": ".errors",
+         "ReplayOpener": ".iterators", "Sequencer": ".sequencer", "UUID": ".uuid",
+         "UnexpectedEOFError": ".errors", "UnknownContentTypeError": ".errors",
+         "Unpacked": ".framing", "ZERO_UUID": ".uuid", "build_checkpoint": ".producer_state",
+         "build_uuid": ".uuid", "clock_from_time": ".uuid",
+         "flatten_producer_states": ".producer_state", "flatten_read_through": ".producer_state",
+         "fnv1a_32": ".mapping", "framing_for_content_type": ".framing", "get_clock": ".uuid",
+         "get_flags": ".uuid", "get_producer_id": ".uuid", "modulo_mapping": ".mapping",
+         "new_producer_id": ".uuid", "parse_uuid": ".message", "random_mapping": ".mapping",
+         "register_framing": ".framing", "rendezvous_mapping": ".mapping",
+         "read_committed": ".reading", "read_uncommitted": ".reading", "JournalSource": ".source",
+         "replay_opener": ".source", "TypedMessage": ".typed", "StructJSONFraming": ".typed"}
 
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module, __name__), name)
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # found once
+    return value
 
 
 __all__ = [

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from gazette.cli.gazctl.common import CommandError, Context
 from gazette.cli.gazctl.journals.fragments import fragments_of
@@ -30,11 +31,11 @@ from gazette.cli.gazctl.journals.prune import remove_fragment
 from gazette.cli.gazctl.shards.list import list_shards
 from gazette.client.errors import ClientError
 from gazette.consumer.client import ShardStatusError
-from gazette.consumer.recovery import recovery_log
 from gazette.errors import GazetteError
 from gazette.protocol import protocol_pb2 as pb
-from gazette.recoverylog import FSMHints, Segment
-from gazette.recoverylog.fsm import live_log_segments
+
+if TYPE_CHECKING:
+    from gazette.recoverylog import FSMHints, Segment
 
 
 def prune_flags(p: argparse.ArgumentParser) -> None:
@@ -46,6 +47,8 @@ def prune_flags(p: argparse.ArgumentParser) -> None:
 def fold_hints(hints: FSMHints, sets: dict[str, list[Segment]]) -> None:
     """Adds the segments ``hints`` need to ``sets`` (by log), the last one open-ended: playback
     reads everything after it."""
+    from gazette.recoverylog.fsm import live_log_segments  # noqa: PLC0415 - see cmd_prune
+
     _, segments = live_log_segments(hints)
     segs = list(segments)
     segs[-1] = replace(segs[-1], last_offset=0)
@@ -60,6 +63,10 @@ def overlaps(segments: list[Segment], frag: pb.Fragment) -> bool:
 
 
 async def cmd_prune(ctx: Context) -> None:
+    # The recovery log is imported by the commands that read one, not by every gazctl start.
+    from gazette.consumer.recovery import recovery_log  # noqa: PLC0415
+    from gazette.recoverylog import FSMHints  # noqa: PLC0415
+
     a = ctx.args
     sets: dict[str, list[Segment]] = defaultdict(list)
     skip: dict[str, str] = {}

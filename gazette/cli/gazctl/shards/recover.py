@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from gazette.cli.gazctl.common import CommandError, Context
 from gazette.cli.gazctl.shards.list import list_shards
 from gazette.client.errors import ClientError
 from gazette.consumer.client import ShardStatusError
-from gazette.consumer.recovery import new_player, pick_first_hints, recovery_log
-from gazette.recoverylog import PlaybackProgress, RecoveryLogError
+
+if TYPE_CHECKING:
+    from gazette.recoverylog import PlaybackProgress
 
 
 def recover_flags(p: argparse.ArgumentParser) -> None:
@@ -30,6 +32,10 @@ def _usable(path: str) -> bool:
 
 
 async def cmd_recover(ctx: Context) -> None:
+    # The recovery log is imported by the commands that read one, not by every gazctl start.
+    from gazette.consumer.recovery import new_player, pick_first_hints, recovery_log  # noqa: PLC0415
+    from gazette.recoverylog import RecoveryLogError  # noqa: PLC0415
+
     a = ctx.args
     if not _usable(a.dir):
         raise CommandError("--dir exists and is not an empty directory (playback owns it)", dir=a.dir)
