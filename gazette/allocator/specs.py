@@ -131,10 +131,10 @@ class _RouteCache:
     __slots__ = ("_routes", "_shared", "_ks", "_assign", "_members")
 
     def __init__(self, ks: KeySpace) -> None:
-        self._routes: dict[str, pb.Route] = {}
+        self._routes: dict[str, tuple[pb.Route, bytes]] = {}  # with its serialized form
         # Items with the same members, primary and endpoints share one Route: a cluster has
         # few distinct routes, and each Route costs about a kilobyte (its protobuf arena).
-        self._shared: dict[bytes, pb.Route] = {}
+        self._shared: dict[tuple[tuple[str, str, int], ...], tuple[pb.Route, bytes]] = {}
         self._ks = weakref.ref(ks)  # the keyspace holds us (as an observer), not the reverse
         self._assign = assignments_prefix(ks.root)
         self._members = members_prefix(ks.root)
@@ -156,35 +156,59 @@ class _RouteCache:
                 self._shared.clear()
                 return
 
-    def route(self, ks: KeySpace, item: str, assignments: Sequence[KeyValue]) -> pb.Route:
-        route = self._routes.get(item)
-        if route is None:
+    def entry(self, ks: KeySpace, item: str, assignments: Sequence[KeyValue] | None) -> tuple[pb.Route, bytes]:
+        """The cached (route, serialized route) of ``item``; ``assignments`` (None: looked up)
+        build it on a miss."""
+        entry = self._routes.get(item)
+        if entry is None:
+            if assignments is None:
+                assignments = ks.prefixed(item_assignments_prefix(ks.root, item))
             # The keyspace's decoder validated these keys (``layout_decoder``): split them,
             # and look members up by keys built from them (``attach_endpoints`` checks both).
-            n, members = len(self._assign), self._members
-            route = init_route(split_assignment_key(kv.key, n) for kv in assignments)
-            for m in route.members:
-                kv = ks.search(f"{members}{m.zone}{SEP}{m.suffix}")
-                route.endpoints.append(kv.value.process_spec.endpoint if kv is not None and kv.value is not None else "")
-            raw = route.SerializeToString(deterministic=True)
-            route = self._shared.setdefault(raw, route)
-            self._routes[item] = route
+            n = len(self._assign)
+            slots = tuple((k.zone, k.suffix, k.slot) for k in (split_assignment_key(kv.key, n) for kv in assignments))
+            entry = self._shared.get(slots)
+            if entry is None:
+                entry = self._shared[slots] = self._build(ks, slots)
+            self._routes[item] = entry
+        return entry
+
+    def _build(self, ks: KeySpace, slots: tuple[tuple[str, str, int], ...]) -> tuple[pb.Route, bytes]:
+        route = pb.Route(primary=-1)
+        for i, (zone, suffix, slot) in enumerate(slots):
+            if slot == 0:
+                route.primary = i
+            route.members.add(zone=zone, suffix=suffix)
+            kv = ks.search(f"{self._members}{zone}{SEP}{suffix}")
+            route.endpoints.append(kv.value.process_spec.endpoint if kv is not None and kv.value is not None else "")
+        return route, route.SerializeToString(deterministic=True)
+
+    def route(self, ks: KeySpace, item: str, assignments: Sequence[KeyValue]) -> pb.Route:
         out = pb.Route()
-        out.CopyFrom(route)  # callers own what they get
+        out.CopyFrom(self.entry(ks, item, assignments)[0])  # callers own what they get
         return out
 
 
 _ROUTE_CACHES: weakref.WeakKeyDictionary[KeySpace, _RouteCache] = weakref.WeakKeyDictionary()
 
 
-def item_route(ks: KeySpace, item: str) -> tuple[pb.Route, Sequence[KeyValue]]:
-    """The Route of ``item`` in ``ks``, endpoints attached, and its assignments in key order."""
+def _route_cache(ks: KeySpace) -> _RouteCache:
     cache = _ROUTE_CACHES.get(ks)
     if cache is None:
         cache = _ROUTE_CACHES[ks] = _RouteCache(ks)
         ks.observers.insert(0, cache.observe)  # before any observer that asks for routes
+    return cache
+
+
+def item_route(ks: KeySpace, item: str) -> tuple[pb.Route, Sequence[KeyValue]]:
+    """The Route of ``item`` in ``ks``, endpoints attached, and its assignments in key order."""
     assignments = ks.prefixed(item_assignments_prefix(ks.root, item))
-    return cache.route(ks, item, assignments), assignments
+    return _route_cache(ks).route(ks, item, assignments), assignments
+
+
+def item_route_bytes(ks: KeySpace, item: str) -> bytes:
+    """``item_route``'s Route, serialized (shared: the caller must not change it)."""
+    return _route_cache(ks).entry(ks, item, None)[1]
 
 
 def route_of(assignments: Sequence[Entry[Assignment]]) -> pb.Route:

@@ -58,10 +58,10 @@ class BrokerContext(Protocol):
         ...
 
     def list_journals(self, selector: labels.LabelSelector, claims: Claims | None = None,
-                      page_size: int = 1 << 62) -> tuple[list[pb.ListResponse], tuple[int, int]]:
-        """The journals matching ``selector`` (and in ``claims``' scope), in responses of
-        ``page_size`` at most (the first with status and header), with a key that changes
-        when they do."""
+                      page_size: int = 1 << 62) -> tuple[list[bytes], tuple[int, int]]:
+        """The journals matching ``selector`` (and in ``claims``' scope), in serialized
+        ListResponses of ``page_size`` at most (the first with status and header), with a key
+        that changes when they do."""
         ...
 
     async def apply_journals(self, req: pb.ApplyRequest,

@@ -43,6 +43,7 @@ import grpc
 
 from gazette.allocator import routes_equivalent
 from gazette.broker.spool import Spool
+from gazette.broker.wire import encode_varint
 from gazette.errors import GazetteError
 from gazette.fragment import Fragment
 from gazette.protocol import protocol_pb2 as pb
@@ -83,15 +84,6 @@ class ReplicationError(GazetteError):
     grpc_code = "UNAVAILABLE"
 
 
-def _varint(n: int) -> bytes:
-    if n < 0x80:
-        return bytes((n,))
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def encode_content(content: bytes | memoryview, delta: int) -> bytes:
@@ -100,8 +92,8 @@ def encode_content(content: bytes | memoryview, delta: int) -> bytes:
     Fields in number order, as protobuf encoders write them: ``content`` (4), then
     ``content_delta`` (5) when non-zero.
     """
-    tail = b"\x28" + _varint(delta) if delta else b""
-    return b"".join((b"\x22", _varint(len(content)), content, tail))
+    tail = b"\x28" + encode_varint(delta) if delta else b""
+    return b"".join((b"\x22", encode_varint(len(content)), content, tail))
 
 
 def _boxed(req: pb.ReplicateRequest, member: pb.ProcessSpec.ID) -> bytes:

@@ -26,7 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gazette.allocator import journal_is_consistent, keys
+from gazette.allocator import item_route_bytes, journal_is_consistent, keys
 from gazette.auth import NO_AUTH, Claims, KeyedAuth, Verifier
 from gazette.broker import append as append_mod
 from gazette.broker import wire
@@ -222,24 +222,31 @@ class Broker(MemberProcess):
     # -- journal specs -----------------------------------------------------------------
 
     def list_journals(self, selector: labels.LabelSelector, claims: Claims | None = None,
-                      page_size: int = 1 << 62) -> tuple[list[pb.ListResponse], tuple[int, int]]:
-        """The journals ``selector`` and ``claims`` match, as responses of ``page_size``
-        journals at most (the first carries the status and header), and a key of the answer
-        (count, greatest mod revision) that changes when it does."""
-        first = resp = pb.ListResponse(status=pb.OK)
+                      page_size: int = 1 << 62) -> tuple[list[bytes], tuple[int, int]]:
+        """The journals ``selector`` and ``claims`` match, as serialized ListResponses of
+        ``page_size`` journals at most (the first carries the status and header), and a key
+        of the answer (count, greatest mod revision) that changes when it does.
+
+        Pages are built from bytes (``wire.list_journal``: the spec as etcd holds it, the
+        route as the route cache serialized it), not by copying protobuf messages: at 50,000
+        journals that was most of a List's time."""
+        first = pb.ListResponse(status=pb.OK)
         first.header.CopyFrom(self.resolver.header())
         first.header.ClearField("process_id")
-        pages, max_mod, n = [first], -1, 0
-        for item in cluster.list_items(self.keyspace, pb.JournalSpec, selector, claims, labels.with_meta_labels):
-            if len(resp.journals) == page_size:
-                resp = pb.ListResponse()
-                pages.append(resp)
-            kv = item.kv
-            j = resp.journals.add(mod_revision=kv.mod_revision, create_revision=kv.create_revision)
-            j.spec.CopyFrom(kv.value)
-            j.route.CopyFrom(item.route)
-            max_mod = max(max_mod, kv.mod_revision)
+        ks = self.keyspace
+        pages: list[bytes] = []
+        page = [first.SerializeToString()]
+        max_mod, n, in_page = -1, 0, 0
+        for kv, name in cluster.matching_items(ks, pb.JournalSpec, selector, claims, labels.with_meta_labels):
+            if in_page == page_size:
+                pages.append(b"".join(page))
+                page, in_page = [], 0
+            mod = kv.mod_revision
+            page.append(wire.list_journal(kv.raw, mod, item_route_bytes(ks, name), kv.create_revision))
+            max_mod = mod if mod > max_mod else max_mod
             n += 1
+            in_page += 1
+        pages.append(b"".join(page))
         return pages, (n, max_mod)
 
     async def apply_journals(self, req: pb.ApplyRequest,

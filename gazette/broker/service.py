@@ -92,7 +92,7 @@ class JournalService(pb_grpc.JournalServicer):
         return self.broker.verifier.verify(token_of(context.invocation_metadata()), require)
 
     @grpc_edge
-    async def List(self, request: pb.ListRequest, context: Any) -> AsyncIterator[pb.ListResponse]:
+    async def List(self, request: pb.ListRequest, context: Any) -> AsyncIterator[pb.ListResponse | bytes]:
         claims = self._verify(context, auth.LIST)
         validate.validate_list_request(request)
         try:

@@ -1,4 +1,5 @@
-"""The broker's zero-copy wire decoding of its hot streams (Append and Replicate requests).
+"""The broker's own wire encoding and decoding: zero-copy decoding of its hot streams (Append
+and Replicate requests), and List pages built from the keyspace's raw specs.
 
 Content is nearly every request of an append or a replication stream. Decoding it with
 protobuf would copy the content to parse it and again on each access, so the servers register
@@ -11,6 +12,8 @@ Invariants:
   optionally ``content_delta``, field 5); any other shape is parsed by protobuf, so every valid
   encoding is accepted and decodes to the same request.
 * Views are never copied here; they stay valid as long as the received buffer does.
+* A List page built here decodes to the ListResponse protobuf would build from the same specs
+  and routes (fields in number order; a zero revision omitted, as proto3 does).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ __all__ = [
     "ContentChunk",
     "decode_append_request",
     "decode_request",
+    "encode_varint",
+    "list_journal",
     "raw_request",
     "varint",
 ]
@@ -44,6 +49,32 @@ def varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
         if b < 0x80:
             return result, pos
         shift += 7
+
+
+def encode_varint(n: int) -> bytes:
+    """``n`` (non-negative) as a protobuf varint."""
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def list_journal(spec: bytes, mod_revision: int, route: bytes, create_revision: int) -> bytes:
+    """One ``ListResponse.journals`` entry (field 3, length-delimited), from the serialized
+    JournalSpec and Route: 50,000 journals build in a fraction of the time protobuf takes to
+    copy each spec and route into a page."""
+    parts = [b"\x0a", encode_varint(len(spec)), spec]
+    if mod_revision:
+        parts += (b"\x10", encode_varint(mod_revision))
+    parts += (b"\x1a", encode_varint(len(route)), route)
+    if create_revision:
+        parts += (b"\x20", encode_varint(create_revision))
+    entry = b"".join(parts)
+    return b"".join((b"\x1a", encode_varint(len(entry)), entry))
 
 
 def decode_request(data: bytes | memoryview | pb.ReplicateRequest) -> pb.ReplicateRequest | Content:

@@ -46,6 +46,7 @@ __all__ = [
     "check_changes_permitted",
     "check_proxy_header",
     "list_items",
+    "matching_items",
     "response_header",
 ]
 
@@ -109,7 +110,18 @@ class Listed:
 def list_items(ks: KeySpace, spec_type: type[Any], selector: labels.LabelSelector,
                claims: Claims | None, labels_of: LabelsOf) -> Iterator[Listed]:
     """The items of ``spec_type`` (a JournalSpec or ShardSpec class) whose labels with
-    meta-labels match ``selector`` and ``claims`` (None: any), in key order.
+    meta-labels match ``selector`` and ``claims`` (None: any), in key order (see
+    ``matching_items``), each with its route and assignments."""
+    for kv, name in matching_items(ks, spec_type, selector, claims, labels_of):
+        route, assignments = item_route(ks, name)
+        yield Listed(kv, route, assignments)
+
+
+def matching_items(ks: KeySpace, spec_type: type[Any], selector: labels.LabelSelector,
+                   claims: Claims | None, labels_of: LabelsOf) -> Iterator[tuple[KeyValue, str]]:
+    """The spec key-values (and names) of the items of ``spec_type`` (a JournalSpec or
+    ShardSpec class) whose labels with meta-labels match ``selector`` and ``claims`` (None:
+    any), in key order.
 
     A selector that includes an item's name (``name`` or ``id``) or a journal ``prefix`` is
     answered from those keys' ranges alone (`selected_ranges`), not by a scan of every item:
@@ -137,8 +149,7 @@ def list_items(ks: KeySpace, spec_type: type[Any], selector: labels.LabelSelecto
             ext = labels_of(labels.LabelSet.from_proto(spec.labels), name)
             if not selector.matches(ext) or (claims is not None and not claims.permits(ext)):
                 continue
-        route, assignments = item_route(ks, name)
-        yield Listed(kv, route, assignments)
+        yield kv, name
 
 
 def selected_ranges(selector: labels.LabelSelector, *, journals: bool) -> list[tuple[str, str | None]] | None:

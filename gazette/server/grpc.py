@@ -9,7 +9,9 @@ Invariants:
 
 * ``add_service`` registers every method of a service descriptor, with the servicer's method
   of the same name, the request deserializer given for it (e.g. raw bytes or zero-copy views
-  for hot streams) or the message's ``FromString``, and the response's ``SerializeToString``.
+  for hot streams) or the message's ``FromString``, and the response's ``SerializeToString``
+  (a handler may also answer with the response already serialized, as ``bytes``: List builds
+  its pages from the keyspace's raw specs).
 * Server options match the peers': unlimited message sizes (flow control bounds memory), and
   client keepalive pings every 4 s or more are permitted.
 """
@@ -68,6 +70,15 @@ def add_service(server: GrpcServer, service: ServiceDescriptor, servicer: Any,
             (True, True): grpc.stream_stream_rpc_method_handler,
         }[(m.client_streaming, m.server_streaming)]
         handlers[m.name] = kind(getattr(servicer, m.name), request_deserializer=deserializer,
-                                response_serializer=resp_cls.SerializeToString)
+                                response_serializer=_serializer(resp_cls))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
     server.add_registered_method_handlers(service.full_name, handlers)
+
+
+def _serializer(resp_cls: Any) -> Callable[[Any], bytes]:
+    serialize: Callable[[Any], bytes] = resp_cls.SerializeToString
+
+    def serializer(response: Any) -> bytes:
+        return response if type(response) is bytes else serialize(response)
+
+    return serializer
