@@ -28,6 +28,7 @@ from gazette.client.errors import (
 )
 from gazette.client.journal_client import JournalClient
 from gazette.client.listing import PolledList
+from gazette.client.reader import backoff
 from gazette.message.errors import MappingError
 from gazette.protocol import protocol_pb2 as pb
 
@@ -47,6 +48,8 @@ def append_flags(p: argparse.ArgumentParser) -> None:
 
 
 _READ_BLOCK = 1 << 20
+PRIMARY_WAIT = 30.0
+"""Seconds an append waits for a journal without a primary broker to be assigned one."""
 
 
 async def cmd_append(ctx: Context) -> None:
@@ -89,6 +92,7 @@ async def cmd_append(ctx: Context) -> None:
                     except MappingError as err:
                         raise CommandError("mapping to journal", err=str(err),
                                            selector=a.selector) from None
+                    await _await_primary(ctx, polled, journal)
                     await _append_all(ctx, client, journal, block)
                 else:
                     await _append_records(ctx, client, partitions, block)
@@ -97,6 +101,30 @@ async def cmd_append(ctx: Context) -> None:
     finally:
         if fin is not ctx.stdin:
             fin.close()
+
+
+async def _await_primary(ctx: Context, polled: PolledList, journal: str) -> None:
+    """Waits (up to ``PRIMARY_WAIT``) until ``journal`` has a primary. A journal applied a
+    moment ago has none until the allocator assigns it, and a streamed append cannot be
+    replayed once its content was read, so it waits before it starts (Gazette's append
+    service retries instead). Past the wait the append goes ahead and fails with the
+    broker's status."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + PRIMARY_WAIT
+    attempt = 0
+    while True:
+        assert polled.list is not None  # Set by start().
+        listed = next((j for j in polled.list.journals if j.spec.name == journal), None)
+        if listed is None or listed.route.primary >= 0 or loop.time() >= deadline:
+            return
+        if attempt == 0:
+            ctx.log.info("waiting for the journal to be assigned a primary broker", journal=journal)
+        await asyncio.sleep(backoff(attempt))  # a retry's pause, not a synchronisation
+        attempt += 1
+        try:
+            await polled.refresh()
+        except ClientError as err:
+            ctx.log.warn("listing journals failed (will retry)", err=str(err))
 
 
 async def _append_all(ctx: Context, client: JournalClient, journal: str,
