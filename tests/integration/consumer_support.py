@@ -18,7 +18,7 @@ import aetcd
 
 from gazette.allocator.keys import assignments_prefix
 from gazette.client import JournalClient, write_head
-from gazette.consumer.client import ShardClient
+from gazette.consumer.client import ShardClient, ShardStatusError
 from gazette.consumer.stores.memory import MemoryStore
 from gazette.etcd import connect
 from gazette.message import Envelope, JSONMessage
@@ -245,7 +245,17 @@ async def read_through_sources(client: JournalClient, endpoint: str, sources: di
     heads = {j: await write_head(client, j) for j in sources.values()}
     async with ShardClient(endpoint) as sc:
         for shard, journal in sources.items():
-            await asyncio.wait_for(sc.stat(shard, read_through={journal: heads[journal]}), 120)
+            async def stat(shard: str = shard, journal: str = journal) -> bool:
+                # A shard applied a moment ago has no primary until it is assigned one.
+                try:
+                    await asyncio.wait_for(sc.stat(shard, read_through={journal: heads[journal]}), 120)
+                except ShardStatusError as err:
+                    if err.status != pc.Status.NO_SHARD_PRIMARY:
+                        raise
+                    return False
+                return True
+
+            await eventually(stat, f"shard {shard} read through {journal}", 120)
     return heads
 
 
