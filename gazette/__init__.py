@@ -21,8 +21,9 @@ it must stay cheap (``import gazette.errors`` does not load the client).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gazette.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from gazette.client import (
@@ -80,15 +81,4 @@ _HOMES = {
     "read_uncommitted": "gazette.message", "rendezvous_mapping": "gazette.message",
 }
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'gazette' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # found once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES, __all__)

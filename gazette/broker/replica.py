@@ -484,9 +484,11 @@ class Replica:
         flushes and broken pipelines ask for pulses, and the broker's HealthTicker for the
         periodic ones (``request_pulse`` starts this task when none runs)."""
         try:
+            pulse_fn = self._pulse_fn
+            assert pulse_fn is not None  # request_pulse starts this task only with one
             while self._pulse_now.is_set():
                 self._pulse_now.clear()
-                if not self.primary or self._pulse_fn is None:
+                if not self.primary:
                     self._pulse_failures = 0
                     continue
                 suspend = self._auto_suspend and self._stable_ticks >= AUTO_SUSPEND_TICKS
@@ -494,7 +496,7 @@ class Replica:
                     self._built_at = self._commits  # this pulse builds the pipeline
                 try:
                     async with asyncio.timeout(PULSE_TIMEOUT):
-                        await self._pulse_fn(self, suspend)
+                        await pulse_fn(self, suspend)
                     self._pulse_failures = 0
                     if self._built_at is not None and not self._pulse_now.is_set():
                         # The pulses asked for are done: release what they built unless an

@@ -10,8 +10,9 @@ The async API (grpc.aio) is the primary one; ``SyncJournalClient`` wraps it for 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gazette.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from gazette.client.append_service import (
@@ -122,15 +123,4 @@ __all__ = [
     "parse_selector",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    home = _LAZY.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # found once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -16,8 +16,9 @@ rocksdict) and envelope helpers (``is_ack``, ``uuid_flags``).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gazette.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from gazette.consumer.client import ShardClient, ShardStatusError
@@ -123,15 +124,4 @@ __all__ = [
     "uuid_flags",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    home = _LAZY.get(name)
-    if home is None:
-        raise AttributeError(f"module 'gazette.consumer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # found once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

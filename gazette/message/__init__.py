@@ -10,8 +10,9 @@ checkpoints keep the sequencer's producer states (:mod:`.producer_state`).
 Wire- and semantics-compatible with Gazette's ``message`` package.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gazette.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from .errors import (
@@ -114,14 +115,6 @@ _LAZY = {"ACK_TXN": ".uuid", "AckIntent": ".publisher", "AppendTarget": ".publis
          "replay_opener": ".source", "TypedMessage": ".typed", "StructJSONFraming": ".typed"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value  # found once
-    return value
-
 
 __all__ = [
     "ACK_TXN",
@@ -196,3 +189,5 @@ __all__ = [
     "replay_opener",
     "rendezvous_mapping",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

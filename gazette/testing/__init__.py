@@ -17,8 +17,9 @@ this package must not load etcd's client, gRPC or the consumer stack into them.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gazette.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from gazette.testing.etcd import EtcdFixture, etcd_context, start_test_etcd, unique_prefix
@@ -47,15 +48,4 @@ __all__ = [
     "s3_client",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'gazette.testing' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # found once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES, __all__)

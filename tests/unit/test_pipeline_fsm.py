@@ -16,7 +16,7 @@ import asyncio
 import gc
 import hashlib
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,6 +27,7 @@ from test_pipeline import JOURNAL, MEMBERS, FakeBroker, FakePeer, header, route
 from gazette.allocator import keys
 from gazette.broker import append as append_mod
 from gazette.broker.flow import READ_AHEAD
+from gazette.broker.health import HealthTicker
 from gazette.broker.persister import Persister
 from gazette.broker.pipeline import PeerStream, ReplicationError
 from gazette.broker.replica import Replica
@@ -261,15 +262,15 @@ async def test_a_peer_lost_before_its_ack_fails_the_append_but_keeps_the_offset(
     assert {f[:2] for f in fragments(broker)} == {(0, 28)}
 
 
-async def test_health_ticks_pulse_only_a_pipeline_that_is_not_whole(broker: FSMBroker) -> None:
-    """A primary's health tick pulses (a zero-byte append through every peer) only when its
-    pipeline is missing or a peer's stream ended, and every FULL_PULSE_TICKS ticks regardless:
-    an idle journal with a whole pipeline costs a counter, not a round trip to its peers."""
-    from gazette.broker import replica as replica_mod
-    from gazette.broker.health import HealthTicker
-    from gazette.testing.eventually import eventually
-
-    pulses: list[int] = []  # the tick count at each pulse
+async def replica_with_ticker(
+    broker: FSMBroker,
+) -> tuple[Replica, list[int], Callable[..., bool], HealthTicker]:
+    """The fixture's replica replaced by one ticked by an injected-clock HealthTicker (a tick
+    every 1.0) whose pulses are recorded: ``(replica, pulses, tick, ticker)``. ``pulses``
+    holds the replica's stable-tick count at each pulse; ``tick()`` moves one health interval
+    on (``tick(seconds, due)``: that long, expecting ``due`` replicas ticked) and says whether
+    the tick asked for a pulse."""
+    pulses: list[int] = []
 
     async def pulse(replica: Replica, suspend: bool) -> None:
         pulses.append(replica._stable_ticks)
@@ -280,15 +281,26 @@ async def test_health_ticks_pulse_only_a_pipeline_that_is_not_whole(broker: FSMB
     assert old.retired is not None
     await asyncio.wait_for(old.retired, 5)
     now = [0.0]
-    ticker = HealthTicker(1.0, clock=lambda: now[0], rand=lambda: 0.5)  # a tick every 1.0
+    ticker = HealthTicker(1.0, clock=lambda: now[0], rand=lambda: 0.5)
     r = broker.replica = Replica(JOURNAL, broker.spec, str(broker.tmp), broker.stores, broker.persister,
                                  broker.tg, pulse, ticker=ticker)
 
-    def tick() -> bool:
-        """One health interval passes: whether the tick asked for a pulse."""
-        now[0] += 1.0
-        assert ticker.tick() == 1
+    def tick(seconds: float = 1.0, due: int = 1) -> bool:
+        now[0] += seconds
+        assert ticker.tick() == due
         return r._pulse_now.is_set()
+
+    return r, pulses, tick, ticker
+
+
+async def test_health_ticks_pulse_only_a_pipeline_that_is_not_whole(broker: FSMBroker) -> None:
+    """A primary's health tick pulses (a zero-byte append through every peer) only when its
+    pipeline is missing or a peer's stream ended, and every FULL_PULSE_TICKS ticks regardless:
+    an idle journal with a whole pipeline costs a counter, not a round trip to its peers."""
+    from gazette.broker import replica as replica_mod
+    from gazette.testing.eventually import eventually
+
+    r, pulses, tick, ticker = await replica_with_ticker(broker)
 
     # Becoming primary pulses at once: a pipeline is built, synchronised, and released
     # (no append used it); an append builds the next.
@@ -314,8 +326,7 @@ async def test_health_ticks_pulse_only_a_pipeline_that_is_not_whole(broker: FSMB
     assert due == [False] * (len(due) - 1) + [True]  # re-verified end to end at the 15th
     await eventually(lambda: len(pulses) == rebuilt + 1, "the 15th tick's pulse")
     r.set_primary(False)
-    now[0] += 10.0
-    assert ticker.tick() == 0 and len(ticker) == 0  # a demoted replica is not ticked
+    assert not tick(10.0, due=0) and len(ticker) == 0  # a demoted replica is not ticked
 
 
 async def test_an_idle_pipeline_is_released_and_rebuilt_by_the_next_append(broker: FSMBroker) -> None:
@@ -325,28 +336,9 @@ async def test_an_idle_pipeline_is_released_and_rebuilt_by_the_next_append(broke
     builds a new one and lands after everything before, and a full tick's pulse builds (and
     releases) one too."""
     from gazette.broker import replica as replica_mod
-    from gazette.broker.health import HealthTicker
     from gazette.testing.eventually import eventually
 
-    pulses: list[int] = []
-
-    async def pulse(replica: Replica, suspend: bool) -> None:
-        pulses.append(replica._stable_ticks)
-        await append_mod.pulse(broker, replica, suspend)  # type: ignore[arg-type]
-
-    old = broker.replica
-    old.cancel()
-    assert old.retired is not None
-    await asyncio.wait_for(old.retired, 5)
-    now = [0.0]
-    ticker = HealthTicker(1.0, clock=lambda: now[0], rand=lambda: 0.5)
-    r = broker.replica = Replica(JOURNAL, broker.spec, str(broker.tmp), broker.stores, broker.persister,
-                                 broker.tg, pulse, ticker=ticker)
-
-    def tick() -> bool:
-        now[0] += 1.0
-        assert ticker.tick() == 1
-        return r._pulse_now.is_set()
+    r, pulses, tick, _ = await replica_with_ticker(broker)
 
     r.set_primary(True)  # the first pulse's pipeline is released: no append used it
     await eventually(lambda: pulses == [0] and r.pln is None and not r.send_lock.locked(),
