@@ -33,6 +33,8 @@ else:  # mypy_extensions is mypy's, not a dependency of gazette
 COMPILED_MODULES: tuple[str, ...] = (
     "gazette.message.uuid",
     "gazette.message.sequencer",
+    "gazette.allocator._flow",
+    "gazette.allocator.solver",
 )
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The compiled build as users get it: builds the wheel with its mypyc-compiled modules (the list
 # in gazette/_compiled.py) from the files git knows, installs it into a fresh virtualenv, and
-# runs the unit tests of the compiled layers (rpc, message, the transport's mux) against it from
+# runs the unit tests of the compiled layers (rpc, message, the transport's mux, the allocator) against it from
 # a directory with no checkout on sys.path, test_compiled_build.py first (it fails if any listed
 # module imports from its .py: a silent fallback). Prints its duration.
 # COMPILED_TESTS overrides the test files (paths relative to the checkout, space-separated).
@@ -51,7 +51,7 @@ INI
 cd "$T/run"  # nothing of the checkout on sys.path from here on
 unset PYTHONPATH
 "$V/bin/gazette" --version
-TESTS=${COMPILED_TESTS:-"tests/unit/test_compiled_build.py tests/unit/test_rpc_*.py tests/unit/test_message_*.py tests/unit/test_mux.py"}
+TESTS=${COMPILED_TESTS:-"tests/unit/test_compiled_build.py tests/unit/test_rpc_*.py tests/unit/test_message_*.py tests/unit/test_mux.py tests/unit/test_flow.py tests/unit/test_allocator_*.py"}
 step "compiled: pytest $TESTS"
 # shellcheck disable=SC2086  # the test list is globbed and split on purpose
 GAZETTE_EXPECT_COMPILED=1 "$V/bin/python" -m pytest -q $TESTS

@@ -14,12 +14,14 @@ Invariants:
   which for the allocator's few cost tiers is small.
 * The result is deterministic: arcs are examined in insertion order and heap ties break on
   node id.
+* Written for mypyc (the compiled build compiles this module): every local is an `int` or a
+  `list[int]`, "unreached" is -1 rather than None, and a heap entry is one int,
+  ``dist * n + node``, which orders exactly as the tuple ``(dist, node)`` would.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import deque
 
 
 class FlowNetwork:
@@ -56,11 +58,11 @@ class FlowNetwork:
         total_flow = total_cost = 0
 
         while True:
-            dist: list[int | None] = [None] * n
+            dist = [-1] * n  # reduced-cost distances are >= 0: -1 is "not reached"
             dist[source] = 0
-            heap = [(0, source)]
+            heap = [source]  # entries d * n + u (see the module docstring)
             while heap:
-                d, u = heapq.heappop(heap)
+                d, u = divmod(heapq.heappop(heap), n)
                 if d != dist[u]:
                     continue
                 hu = h[u]
@@ -69,37 +71,37 @@ class FlowNetwork:
                         v = to[e]
                         nd = d + cost[e] + hu - h[v]
                         dv = dist[v]
-                        if dv is None or nd < dv:
+                        if dv < 0 or nd < dv:
                             dist[v] = nd
-                            heapq.heappush(heap, (nd, v))
+                            heapq.heappush(heap, nd * n + v)
             dt = dist[sink]
-            if dt is None:
+            if dt < 0:
                 return total_flow, total_cost
             for v in range(n):
                 dv = dist[v]
-                h[v] += dt if dv is None or dv > dt else dv
+                h[v] += dt if dv < 0 or dv > dt else dv
 
             pushed = self._blocking_flows(source, sink, h)
             total_flow += pushed
             total_cost += pushed * (h[sink] - h[source])
 
-    def _admissible(self, e: int, u: int, h: list[int]) -> bool:
-        return self._cap[e] > 0 and self._cost[e] + h[u] - h[self._to[e]] == 0
-
     def _blocking_flows(self, source: int, sink: int, h: list[int]) -> int:
         """Saturates the zero reduced-cost sub-network with Dinic phases."""
-        n, adj, to, cap = self.n, self._adj, self._to, self._cap
+        n, adj, to, cap, cost = self.n, self._adj, self._to, self._cap, self._cost
         pushed = 0
         while True:
             level = [-1] * n
             level[source] = 0
-            queue = deque([source])
-            while queue:
-                u = queue.popleft()
+            queue = [source]
+            head = 0
+            while head < len(queue):
+                u = queue[head]
+                head += 1
+                hu, next_level = h[u], level[u] + 1
                 for e in adj[u]:
                     v = to[e]
-                    if level[v] < 0 and self._admissible(e, u, h):
-                        level[v] = level[u] + 1
+                    if level[v] < 0 and cap[e] > 0 and cost[e] + hu - h[v] == 0:
+                        level[v] = next_level
                         queue.append(v)
             if level[sink] < 0:
                 return pushed
@@ -109,7 +111,10 @@ class FlowNetwork:
             u = source
             while True:
                 if u == sink:
-                    f = min(cap[e] for e in path)
+                    f = cap[path[0]]
+                    for e in path:
+                        if cap[e] < f:
+                            f = cap[e]
                     for e in path:
                         cap[e] -= f
                         cap[e ^ 1] += f
@@ -119,10 +124,11 @@ class FlowNetwork:
                     continue
                 arcs = adj[u]
                 i = cursor[u]
+                hu, next_level = h[u], level[u] + 1
                 while i < len(arcs):
                     e = arcs[i]
                     v = to[e]
-                    if level[v] == level[u] + 1 and self._admissible(e, u, h):
+                    if level[v] == next_level and cap[e] > 0 and cost[e] + hu - h[v] == 0:
                         break
                     i += 1
                 cursor[u] = i

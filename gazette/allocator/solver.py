@@ -71,6 +71,12 @@ class Problem:
     item_slots: int
     member_slots: int
 
+    def __reduce__(self) -> tuple[type[Problem], tuple[object, ...]]:
+        # Pickled by its fields: compiled (mypyc), a frozen dataclass is unpickled through
+        # setattr, which its frozenness refuses.
+        return (Problem, (self.names, self.replication, self.members, self.current,
+                          self.item_slots, self.member_slots))
+
     @classmethod
     def of(cls, state: State) -> Problem:
         index = {(m.decoded.zone, m.decoded.suffix): j for j, m in enumerate(state.members)}
