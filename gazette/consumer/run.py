@@ -23,6 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from gazette import gctune
 from gazette.consumer.initialize import FlagsAdder
 from gazette.consumer.interfaces import Application
 from gazette.consumer.process import ConsumerConfig, ConsumerProcess
@@ -113,6 +114,7 @@ def _process_id(flags: Flags) -> tuple[str, str]:
 
 
 async def _consume(config: ConsumerConfig, app: Application[Any, Any, Any]) -> None:
+    gctune.tune()  # the consumer's and the app's modules are loaded: freeze them, collect less
     await run_until_drained(ConsumerProcess(config, app))
 
 
