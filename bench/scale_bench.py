@@ -129,6 +129,45 @@ def cpu_seconds(pid: int) -> float:
     return (int(rest[11]) + int(rest[12])) / TICK
 
 
+def children(pid: int) -> list[int]:
+    """``pid``'s descendants (a broker's solver process)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids = [int(k) for k in f.read().split()]
+        except FileNotFoundError:
+            continue
+        for k in kids:
+            out += [k, *children(k)]
+    return out
+
+
+def cpu_by_process(bpids: Sequence[int], etcd_pid: int) -> dict[str, float]:
+    """CPU seconds so far of the bench itself, etcd, each broker and each broker's
+    descendants (its solver), by name; a descendant that exits meanwhile is not counted."""
+    t = os.times()
+    out = {"bench": t.user + t.system, "etcd": cpu_seconds(etcd_pid)}
+    for i, pid in enumerate(bpids, 1):
+        out[f"b{i}"] = cpu_seconds(pid)
+        kids = 0.0
+        for k in children(pid):
+            try:
+                kids += cpu_seconds(k)
+            except FileNotFoundError:
+                pass
+        out[f"b{i} solver"] = kids
+    return out
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> str:
+    return ", ".join(f"{k} {after[k] - before.get(k, 0.0):.1f}" for k in after)
+
+
 def rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -394,10 +433,12 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
             progress(f"step {n}/{len(a.steps)}: applying {len(new):,} journals ({step:,} in all)")
             events0 = etcd_metric(etcd.url, "etcd_debugging_mvcc_events_total")
             cpu0 = sum(cpu_seconds(p) for p in [*bpids, etcd.pid or 0])
+            by0 = cpu_by_process(bpids, etcd.pid or 0)
             t0 = time.monotonic()
             await client.apply(apply_request(journals_yaml(new)), DEFAULT_MAX_TXN_SIZE)
             applied = time.monotonic() - t0
-            progress(f"  applied in {applied:.1f}s; waiting for assignment")
+            by1 = cpu_by_process(bpids, etcd.pid or 0)
+            progress(f"  applied in {applied:.1f}s (CPU s meanwhile: {cpu_delta(by0, by1)}); waiting for assignment")
             assigned = await fully_assigned(ec, BROKERS_ROOT, PREFIX, step, a.timeout)
             events = etcd_metric(etcd.url, "etcd_debugging_mvcc_events_total") - events0
             busy = time.monotonic() - t0
@@ -407,6 +448,7 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
             quiet_after = await settle(logs, a.settle, a.timeout)
             still_after = await etcd_still(ec, a.settle, a.timeout)
             step_cpu = sum(cpu_seconds(p) for p in [*bpids, etcd.pid or 0]) - cpu0
+            progress(f"  CPU s after the apply: {cpu_delta(by1, cpu_by_process(bpids, etcd.pid or 0))}")
             progress(f"  etcd still {still_after:.1f}s after the logs went quiet; the step took "
                      f"{step_cpu:.1f} s of CPU ({1e3 * step_cpu / len(new):.2f} ms per journal)")
             nsolves2, solve_s2 = solves(logs.read_seen)
