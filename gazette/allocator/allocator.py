@@ -13,7 +13,8 @@ Invariants:
   (`State.network_key`); otherwise rounds keep converging towards the last solution, which is
   still a valid maximum assignment. This avoids churn from re-solving mid-convergence.
 * Item changes are debounced (`SolveDebounce`): a burst of applies is solved once it pauses
-  for `solve_quiet`, or every `solve_max_delay` while it lasts; a lone change, and any
+  for `solve_quiet`, or every `solve_max_delay` while it lasts (longer if solves take more
+  than `SOLVE_MAX_DUTY` of that time); a lone change, and any
   member or limit change, is solved at once. Until then rounds converge towards the previous
   solution (new items wait; a departed member is never in a solution rounds act on).
 * Problems of `SOLVE_IN_PROCESS_ITEMS` items or more are solved in a child process
@@ -62,6 +63,8 @@ SOLVE_IN_PROCESS_ITEMS = 1000
 # Debounce of re-solves after item changes (see `SolveDebounce`), in seconds.
 SOLVE_QUIET = 0.5
 SOLVE_MAX_DELAY = 5.0
+# The largest share of a burst's time the leader spends solving (see `SolveDebounce`).
+SOLVE_MAX_DUTY = 0.25
 # After a round during which the keyspace moved on: how long it must stay unchanged (at most
 # ROUND_CATCH_UP_MAX) before the next round, so the watch's backlog is applied first.
 ROUND_QUIET = 0.05
@@ -101,7 +104,7 @@ async def allocate(
     solver = SolverProcess()
     try:
         await _allocate(client, keyspace, local_member_key, is_consistent, on_round, max_txn_ops,
-                        retry_interval, replication, SolveDebounce(solve_quiet, solve_max_delay, clock),
+                        retry_interval, replication, SolveDebounce(solve_quiet, solve_max_delay, clock, SOLVE_MAX_DUTY),
                         solver)
     finally:
         await solver.close()
@@ -176,12 +179,12 @@ async def _allocate(
             elif wait is not None:
                 started = time.monotonic()
                 desired = await _solve(state, solver)
-                debounce.solved(state.network_key)
+                took = time.monotonic() - started
+                debounce.solved(state.network_key, took)
                 solved_members = members_key
                 log.info(
                     "solved for %d of %d item slots over %d members in %.3fs (revision %d)",
-                    len(desired), state.item_slots, len(state.members),
-                    time.monotonic() - started, state.revision,
+                    len(desired), state.item_slots, len(state.members), took, state.revision,
                 )
                 if len(desired) < state.item_slots:
                     log.warning(

@@ -105,3 +105,29 @@ def test_a_change_during_a_long_solve_waits_for_quiet_after_it() -> None:
 def test_rejects_a_max_delay_below_quiet() -> None:
     with pytest.raises(ValueError):
         SolveDebounce(2.0, 1.0)
+
+
+def test_a_steady_stream_spends_at_most_max_duty_of_its_time_solving() -> None:
+    """A solve that took 4 s stretches a steady stream's pending period to 4 / 0.25 = 16 s
+    (not max_delay's 5 s); after a quick solve the stream is solved every max_delay again."""
+    clock = FakeClock()
+    d = SolveDebounce(1.0, 5.0, clock, max_duty=0.25)
+
+    def stream(first: int) -> int:
+        """A change every 0.5 s from key `first` on: the key at which a solve is due."""
+        for i in range(first, first + 100):
+            clock.now += 0.5
+            if d.observe(f"k{i}") == 0.0:
+                return i
+        raise AssertionError("never due")
+
+    d.observe("k0")
+    d.solved("k0", took=4.0)
+    assert stream(1) == 33  # pending from k1; due 16 s (32 changes) later
+    d.solved("k33", took=0.2)
+    assert stream(34) == 44  # pending from k34; due max_delay (10 changes) later
+
+
+def test_max_duty_must_be_a_share() -> None:
+    with pytest.raises(ValueError, match="max_duty"):
+        SolveDebounce(1.0, 5.0, FakeClock(), max_duty=0.0)
