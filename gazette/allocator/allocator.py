@@ -17,6 +17,11 @@ Invariants:
   than `SOLVE_MAX_DUTY` of that time); a lone change, and any
   member or limit change, is solved at once. Until then rounds converge towards the previous
   solution (new items wait; a departed member is never in a solution rounds act on).
+* While a solve waits (debounced) and the leader's last round wrote nothing, it runs no
+  rounds until the solve is due or the members change (their keys' mod revisions): such a
+  round, linear in all the items, would converge towards the solution it already reached,
+  once per revision of the burst. Progress that waits on other writes meanwhile (a route
+  advertised, a lease expired) waits for the solve, at most the debounce's delay.
 * Problems of `SOLVE_IN_PROCESS_ITEMS` items or more are solved in a child process
   (`SolverProcess`, started on the first such solve and ended when the member stops leading
   or `allocate` returns, raises or is cancelled), so the event loop serves meanwhile; if the child fails, the solve runs in a
@@ -50,6 +55,7 @@ from gazette.etcd.txn import DEFAULT_MAX_OPS, BatchedTxn, Cmp
 from .converge import Counters, converge
 from .debounce import Clock, SolveDebounce
 from .errors import MemberNotFoundError, SolverProcessError
+from .keys import members_prefix
 from .solve_process import SolverProcess
 from .solver import Desired, Problem, desired_of, solve_problem
 from .specs import desired_replication
@@ -110,6 +116,12 @@ async def allocate(
         await solver.close()
 
 
+def _members_signature(keyspace: KeySpace) -> tuple[tuple[str, int], ...]:
+    """The members' keys and mod revisions: a member joining, leaving or changing its limit
+    or exiting flag changes it (a solve for those is urgent, never waited for)."""
+    return tuple((kv.key, kv.mod_revision) for kv in keyspace.prefixed(members_prefix(keyspace.root)))
+
+
 async def _catch_up(keyspace: KeySpace, quiet: float, at_most: float) -> None:
     """Waits until the keyspace has had no update for ``quiet`` seconds, or ``at_most``."""
     deadline = asyncio.get_running_loop().time() + at_most
@@ -148,6 +160,10 @@ async def _allocate(
     solved_members: object = None  # the members half of the network key last solved
     round_number = 0
     cache = EntryCache()  # entries decoded in earlier rounds: a round decodes only what changed
+    # While a solve is pending and the last round wrote nothing: until when rounds are skipped,
+    # and the members they are skipped for (see `_members_signature`).
+    resting_until: float | None = None
+    resting_members: object = None
 
     while True:
         member, is_leader = leader_view(keyspace, local_member_key)
@@ -160,6 +176,21 @@ async def _allocate(
         timeout: float | None = None
         if not is_leader:
             await solver.close()  # a deposed leader's child would idle: a new leader starts its own
+
+        if resting_until is not None:
+            rest = resting_until - time.monotonic()
+            if (is_leader and not member.decoded.exiting and rest > 0
+                    and _members_signature(keyspace) == resting_members):
+                # A burst of item changes: a round would converge towards the solution it
+                # already reached, at a cost linear in all the items, once per revision (an
+                # apply of 40,000 journals spent over a millisecond of the leader's CPU per
+                # journal on such rounds). Wait for the solve instead.
+                try:
+                    await keyspace.wait_for_revision(next_revision, timeout=rest)
+                except TimeoutError:
+                    pass
+                continue
+            resting_until = None
 
         # Only the leader, or an exiting member deciding whether it may go, needs the full
         # (linear-time) State; other members just wait for the next update.
@@ -205,6 +236,8 @@ async def _allocate(
                     on_round(Round(round_number, state.revision, txn.revision == 0, counters,
                                    len(desired), state.item_slots))
                 round_number += 1
+                if txn.revision == 0 and wait is not None and wait > 0:
+                    resting_until, resting_members = time.monotonic() + wait, _members_signature(keyspace)
             # Read through whatever was applied, even if a later transaction failed.
             next_revision = max(next_revision, txn.revision)
 

@@ -54,8 +54,9 @@ class Broker:
     """One member: announcement, watched keyspace, allocate loop, and a stand-in for the
     broker's replication, which advertises the route of each local assignment once "synced"."""
 
-    def __init__(self, etcd: EtcdFixture, zone: str, suffix: str, limit: int) -> None:
+    def __init__(self, etcd: EtcdFixture, zone: str, suffix: str, limit: int, **allocate_args: float) -> None:
         self.etcd, self.zone, self.suffix, self.limit = etcd, zone, suffix, limit
+        self.allocate_args = allocate_args  # e.g. solve_quiet, solve_max_delay
         self.key = members_key(etcd.prefix, zone, suffix)
         self.rounds: list[Round] = []
         self.client: aetcd.Client | None = None
@@ -77,7 +78,7 @@ class Broker:
         ]
         self.allocate_task = asyncio.create_task(
             allocate(self.client, self.ks, self.key, journal_is_consistent,
-                     on_round=self.rounds.append)
+                     on_round=self.rounds.append, **self.allocate_args)  # type: ignore[arg-type]
         )
 
     async def _advertise_routes(self) -> None:
@@ -99,6 +100,11 @@ class Broker:
     async def set_exiting(self) -> None:
         assert self.announcement is not None
         await self.announcement.update(broker_spec(self.zone, self.suffix, self.limit, True))
+
+    async def set_limit(self, limit: int) -> None:
+        assert self.announcement is not None
+        self.limit = limit
+        await self.announcement.update(broker_spec(self.zone, self.suffix, limit))
 
     async def stop(self, revoke: bool = True) -> None:
         for task in [*self.tasks, *([self.allocate_task] if self.allocate_task else [])]:
@@ -221,6 +227,39 @@ async def test_converge_leave_and_drain(etcd: EtcdFixture) -> None:
             "c's journals are reassigned",
         )
         assert [m.decoded.suffix for m in state.members] == ["a", "d"]
+
+
+async def test_a_leader_waiting_for_its_solve_runs_no_rounds_until_it_is_due(etcd: EtcdFixture) -> None:
+    """While a burst of item changes waits for its debounced solve, and the leader's last round
+    wrote nothing, it runs no rounds (each linear in all the items) per revision; a member
+    change ends the rest at once, and the items are then solved and assigned."""
+    async with observer(etcd) as ks:
+        leader = Broker(etcd, "z1", "a", 100, solve_quiet=30.0, solve_max_delay=30.0)
+        try:
+            await put_journal(etcd.client, etcd.prefix, "j0", 1)
+            await leader.start()  # its first round solves at once
+            await keyspace_until(ks, converged({"j0": 1}), "j0 is assigned")
+            # j1 comes within `quiet` of that solve: it waits, and the round it causes
+            # converges towards the previous solution, writing nothing.
+            await put_journal(etcd.client, etcd.prefix, "j1", 1)
+            rev = (await etcd.client.get(items_key(etcd.prefix, "j1").encode())).mod_revision
+            async with asyncio.timeout(DEADLINE):
+                while not any(r.revision >= rev and r.idle for r in leader.rounds):
+                    await leader.ks.update_signal().wait()
+            rested = len(leader.rounds)
+            # More items, each a revision of its own, paced past the round catch-up
+            # (ROUND_QUIET) so that a leader without rest would round on each.
+            for i in range(2, 8):
+                await asyncio.sleep(0.1)  # pacing the workload, not waiting on a condition
+                await put_journal(etcd.client, etcd.prefix, f"j{i}", 1)
+            last = leader.ks.revision
+            await leader.set_limit(101)  # a member change: a solve is due at once
+            want = {f"j{i}": 1 for i in range(8)}
+            await keyspace_until(ks, converged(want), "the burst is solved and assigned")
+            during = [r for r in leader.rounds[rested:] if r.revision <= last]
+            assert during == [], f"rounds while resting: {during}"
+        finally:
+            await leader.stop()
 
 
 async def test_leader_failover(etcd: EtcdFixture) -> None:
