@@ -176,11 +176,14 @@ async def _allocate(
         timeout: float | None = None
         if not is_leader:
             await solver.close()  # a deposed leader's child would idle: a new leader starts its own
+        # Taken before the round reads the keyspace: members that change while it runs differ
+        # from it, and end the rest that follows.
+        members_sig = _members_signature(keyspace)
 
         if resting_until is not None:
             rest = resting_until - time.monotonic()
             if (is_leader and not member.decoded.exiting and rest > 0
-                    and _members_signature(keyspace) == resting_members):
+                    and members_sig == resting_members):
                 # A burst of item changes: a round would converge towards the solution it
                 # already reached, at a cost linear in all the items, once per revision (an
                 # apply of 40,000 journals spent over a millisecond of the leader's CPU per
@@ -237,7 +240,7 @@ async def _allocate(
                                    len(desired), state.item_slots))
                 round_number += 1
                 if txn.revision == 0 and wait is not None and wait > 0:
-                    resting_until, resting_members = time.monotonic() + wait, _members_signature(keyspace)
+                    resting_until, resting_members = time.monotonic() + wait, members_sig
             # Read through whatever was applied, even if a later transaction failed.
             next_revision = max(next_revision, txn.revision)
 
