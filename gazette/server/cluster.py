@@ -137,11 +137,12 @@ def matching_items(ks: KeySpace, spec_type: type[Any], selector: labels.LabelSel
             for kv in (ks.range(base + start, base + end) if end is not None else ks.prefixed(base + start)):
                 seen[kv.key] = kv
         candidates = [seen[k] for k in sorted(seen)]
-    # An empty selector, or one whose ranges are exactly what it matches, with no (or
-    # unrestricted) claims matches every candidate: no labels to build (50,000 journals' label
-    # sets took a second of a `prefix=` listing).
-    everything = ((not selector.include and not selector.exclude) or (ranges is not None and _ranged_exactly(
-        selector, journals=spec_type is pb.JournalSpec))) and (claims is None or claims.unrestricted)
+    # Every candidate matches when the selector is empty or its ranges are exactly what it
+    # matches, and the claims (if any) are unrestricted: no labels to build (50,000 journals'
+    # label sets took a second of a `prefix=` listing).
+    exact = (not selector.include and not selector.exclude) or (
+        ranges is not None and _ranged_exactly(selector, journals=spec_type is pb.JournalSpec))
+    everything = exact and (claims is None or claims.unrestricted)
     for kv in candidates:
         spec = kv.value
         if not isinstance(spec, spec_type):

@@ -37,6 +37,7 @@ from gazette.etcd.txn import Cmp, Put, commit
 from gazette.protocol import protocol_pb2 as pb
 from gazette.testing.etcd import EtcdFixture
 from gazette.testing.etcd_process import EtcdProcess
+from gazette.testing.eventually import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -137,6 +138,14 @@ async def cluster(etcd: EtcdFixture, members: list[tuple[str, str, int]]) -> Asy
 async def put_journal(client: aetcd.Client, root: str, name: str, replication: int) -> None:
     spec = pb.JournalSpec(name=name, replication=replication)
     await client.put(items_key(root, name).encode(), spec.SerializeToString())
+
+
+async def put_revision(etcd: EtcdFixture, name: str) -> int:
+    """Puts journal ``name`` (replication 1); the etcd revision of the put."""
+    await put_journal(etcd.client, etcd.prefix, name, 1)
+    got = await etcd.client.get(items_key(etcd.prefix, name).encode())
+    assert got is not None
+    return int(got.mod_revision)
 
 
 async def keyspace_until(ks: KeySpace, cond: Callable[[State], bool], what: str) -> State:
@@ -241,18 +250,16 @@ async def test_a_leader_waiting_for_its_solve_runs_no_rounds_until_it_is_due(etc
             await keyspace_until(ks, converged({"j0": 1}), "j0 is assigned")
             # j1 comes within `quiet` of that solve: it waits, and the round it causes
             # converges towards the previous solution, writing nothing.
-            await put_journal(etcd.client, etcd.prefix, "j1", 1)
-            rev = (await etcd.client.get(items_key(etcd.prefix, "j1").encode())).mod_revision
-            async with asyncio.timeout(DEADLINE):
-                while not any(r.revision >= rev and r.idle for r in leader.rounds):
-                    await leader.ks.update_signal().wait()
+            rev = await put_revision(etcd, "j1")
+            # Rounds are recorded by the allocate task, not signalled by the keyspace: polled.
+            await eventually(lambda: any(r.revision >= rev and r.idle for r in leader.rounds),
+                             "an idle round at j1's revision", DEADLINE)
             rested = len(leader.rounds)
             # More items, each a revision of its own, paced past the round catch-up
             # (ROUND_QUIET) so that a leader without rest would round on each.
             for i in range(2, 8):
                 await asyncio.sleep(0.1)  # pacing the workload, not waiting on a condition
-                await put_journal(etcd.client, etcd.prefix, f"j{i}", 1)
-            last = leader.ks.revision
+                last = await put_revision(etcd, f"j{i}")
             await leader.set_limit(101)  # a member change: a solve is due at once
             want = {f"j{i}": 1 for i in range(8)}
             await keyspace_until(ks, converged(want), "the burst is solved and assigned")
