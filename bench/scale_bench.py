@@ -15,8 +15,9 @@ in steps (each step adds to the previous). Per step, one table row:
   List's duration);
 * ``quiet s``: from then until the brokers' logs show no replica start or stop nor solve
   for ``--settle`` seconds (the replicas have started); ``still s``: from then until etcd's
-  revision has not moved for ``--settle`` seconds (every route advertised, the allocator writing nothing:
-  idle CPU is measured after it, though a broker may still be applying what it watched);
+  revision has not moved for ``--settle`` seconds (every route advertised, the allocator writing nothing);
+  idle CPU is measured once every broker's keyspace has also applied that revision (its
+  ``gazette_keyspace_revision``; the progress line says how long after);
 * ``solves`` / ``solve s``: the allocator's rounds during the step and their total solve time,
   parsed from the leader's ``solved for ...`` log lines;
 * ``RSS KiB/rep``: the brokers' summed RSS above the empty brokers', per journal replica
@@ -228,9 +229,7 @@ async def settle(logs: LogTail, quiet: float, patience: float) -> float:
 async def etcd_still(ec: aetcd.Client, quiet: float, patience: float) -> float:
     """Waits until etcd's revision has not moved for ``quiet`` seconds: every primary has
     advertised its route and the allocator writes nothing more (logs go quiet before that).
-    A broker may still be applying what it watched: at 10,000 journals the leader's keyspace
-    trailed etcd by seconds, so the idle window can still catch its last rounds. The seconds
-    it took."""
+    A broker may still be applying what it watched (see `caught_up`). The seconds it took."""
     start = last = time.monotonic()
     revision = -1
     while time.monotonic() - last < quiet:
@@ -261,6 +260,32 @@ def etcd_metric(url: str, name: str) -> float:
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 return float(line.rsplit(" ", 1)[1])
     return float("nan")
+
+
+def _keyspace_revisions(metrics_url: str) -> list[float]:
+    with urllib.request.urlopen(metrics_url, timeout=10) as resp:  # noqa: S310 - loopback
+        return [float(line.rsplit(" ", 1)[1]) for line in resp.read().decode().splitlines()
+                if line.startswith("gazette_keyspace_revision{")]
+
+
+async def caught_up(metrics_urls: Sequence[str], ec: aetcd.Client, patience: float) -> float:
+    """Waits until every member's keyspace has applied etcd's current revision (their
+    ``gazette_keyspace_revision``): etcd standing still does not mean the members have read
+    it all, and a member applying its watch's backlog (the allocator's leader, at tens of
+    thousands of journals) is not idle. The seconds it took."""
+    start = time.monotonic()
+    target = await _revision(ec)
+    while True:
+        behind = []
+        for url in metrics_urls:
+            revs = await asyncio.to_thread(_keyspace_revisions, url)
+            if not revs or min(revs) < target:
+                behind.append(url)
+        if not behind:
+            return time.monotonic() - start
+        if time.monotonic() - start > patience:
+            raise TimeoutError(f"{', '.join(behind)} still behind etcd's revision {target} after {patience:.0f}s")
+        await asyncio.sleep(0.5)  # polling the members' metrics, not synchronisation
 
 
 def appends_served(brokers: Sequence[BrokerProcess]) -> float:
@@ -447,9 +472,11 @@ async def journal_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Clie
                      f"to be quiet for {a.settle:.0f}s")
             quiet_after = await settle(logs, a.settle, a.timeout)
             still_after = await etcd_still(ec, a.settle, a.timeout)
+            behind = await caught_up([b.url("/debug/metrics") for b in cluster.brokers], ec, a.timeout)
             step_cpu = sum(cpu_seconds(p) for p in [*bpids, etcd.pid or 0]) - cpu0
             progress(f"  CPU s after the apply: {cpu_delta(by1, cpu_by_process(bpids, etcd.pid or 0))}")
-            progress(f"  etcd still {still_after:.1f}s after the logs went quiet; the step took "
+            progress(f"  etcd still {still_after:.1f}s after the logs went quiet, every broker's keyspace "
+                     f"at its revision {behind:.1f}s later; the step took "
                      f"{step_cpu:.1f} s of CPU ({1e3 * step_cpu / len(new):.2f} ms per journal)")
             nsolves2, solve_s2 = solves(logs.read_seen)
             nsolves, solve_s = nsolves + nsolves2, solve_s + solve_s2
@@ -574,6 +601,7 @@ async def shard_steps(a: argparse.Namespace, etcd: EtcdProcess, ec: aetcd.Client
                          f"quiet for {a.settle:.0f}s")
                 await settle(logs, a.settle, a.timeout)
                 await etcd_still(ec, a.settle, a.timeout)
+                await caught_up([f"{e}/debug/metrics" for e in endpoints], ec, a.timeout)
                 nsolves2, solve_s2 = solves(logs.read_seen)
                 nsolves, solve_s = nsolves + nsolves2, solve_s + solve_s2
                 if a.idle_delay:

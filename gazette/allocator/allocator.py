@@ -28,8 +28,12 @@ Invariants:
   thread instead. Extracting the State and converging yield to the loop whenever they have
   held it for `state.HOLD_AT_MOST` (25 ms).
 * A round during which the keyspace moved on is followed by a catch-up: the next round waits
-  until the keyspace stayed unchanged for `ROUND_QUIET` (at most `ROUND_CATCH_UP_MAX`), so
-  rounds follow the watch's backlog in one step instead of one round per few revisions.
+  until the keyspace stayed unchanged for `ROUND_QUIET`, at most `ROUND_CATCH_UP_MAX` or, if
+  longer, the round's own duration times (1 - `ROUND_MAX_DUTY`) / `ROUND_MAX_DUTY`. So rounds
+  follow the watch's backlog in one step instead of one round per few revisions, and while
+  the keyspace keeps moving they take at most about `ROUND_MAX_DUTY` of the leader's time: a
+  round at 40,000 journals takes about a second, and with a one-second catch-up the leader
+  trailed etcd by 30 s while the primaries advertised their routes.
 * A failed round (a revision check lost to a concurrent change, or etcd unreachable) is
   retried after the next keyspace update, or after `retry_interval` if none comes.
 * `allocate` returns once the local member is exiting and holds no assignments: the graceful
@@ -66,15 +70,22 @@ log = logging.getLogger(__name__)
 # Item count from which the solver runs in a child process rather than on the event loop
 # (below it a solve takes tens of milliseconds: less than a round trip to the child).
 SOLVE_IN_PROCESS_ITEMS = 1000
-# Debounce of re-solves after item changes (see `SolveDebounce`), in seconds.
+# Debounce of re-solves after item changes (see `SolveDebounce`), in seconds. A large apply
+# is assigned once it ends, not while it streams in: assigning its first journals starts
+# replicas, pulses and route writes on every broker, which share the cores with the apply
+# (at 50,000 journals, solving at most 5 s into the burst made a 40,000-journal apply take
+# 87 s, and every journal was assigned 20 s after it; waiting, 18 s and 49 s). A new item waits
+# at most SOLVE_MAX_DELAY while items keep changing.
 SOLVE_QUIET = 0.5
-SOLVE_MAX_DELAY = 5.0
+SOLVE_MAX_DELAY = 30.0
 # The largest share of a burst's time the leader spends solving (see `SolveDebounce`).
 SOLVE_MAX_DUTY = 0.25
 # After a round during which the keyspace moved on: how long it must stay unchanged (at most
 # ROUND_CATCH_UP_MAX) before the next round, so the watch's backlog is applied first.
 ROUND_QUIET = 0.05
 ROUND_CATCH_UP_MAX = 1.0
+# The largest share of a moving keyspace's time the leader spends in rounds (see `_catch_up`).
+ROUND_MAX_DUTY = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +131,12 @@ def _members_signature(keyspace: KeySpace) -> tuple[tuple[str, int], ...]:
     """The members' keys and mod revisions: a member joining, leaving or changing its limit
     or exiting flag changes it (a solve for those is urgent, never waited for)."""
     return tuple((kv.key, kv.mod_revision) for kv in keyspace.prefixed(members_prefix(keyspace.root)))
+
+
+def catch_up_limit(held: float) -> float:
+    """The longest catch-up after a round that held the leader for ``held`` seconds: rounds
+    take at most `ROUND_MAX_DUTY` of the time while the keyspace keeps moving."""
+    return max(ROUND_CATCH_UP_MAX, held * (1 - ROUND_MAX_DUTY) / ROUND_MAX_DUTY)
 
 
 async def _catch_up(keyspace: KeySpace, quiet: float, at_most: float) -> None:
@@ -198,6 +215,7 @@ async def _allocate(
         # Only the leader, or an exiting member deciding whether it may go, needs the full
         # (linear-time) State; other members just wait for the next update.
         state = None
+        round_started, solve_took = time.monotonic(), 0.0
         if is_leader or member.decoded.exiting:
             state = await State.from_keyspace_yielding(keyspace, local_member_key, is_consistent,
                                                        replication, cache)
@@ -213,12 +231,12 @@ async def _allocate(
             elif wait is not None:
                 started = time.monotonic()
                 desired = await _solve(state, solver)
-                took = time.monotonic() - started
-                debounce.solved(state.network_key, took)
+                solve_took = time.monotonic() - started
+                debounce.solved(state.network_key, solve_took)
                 solved_members = members_key
                 log.info(
                     "solved for %d of %d item slots over %d members in %.3fs (revision %d)",
-                    len(desired), state.item_slots, len(state.members), took, state.revision,
+                    len(desired), state.item_slots, len(state.members), solve_took, state.revision,
                 )
                 if len(desired) < state.item_slots:
                     log.warning(
@@ -251,7 +269,9 @@ async def _allocate(
             # before the next round. Each round is linear in the items, and rounds back to back
             # starve the watch: after a 5,000-journal apply at 10,000 journals the leader ran a
             # round per few watched revisions and trailed etcd by ~25 s at a full core.
-            await _catch_up(keyspace, ROUND_QUIET, ROUND_CATCH_UP_MAX)
+            # The solve is not counted: the watch is applied while the child solves.
+            held = time.monotonic() - round_started - solve_took
+            await _catch_up(keyspace, ROUND_QUIET, catch_up_limit(held))
         try:
             await keyspace.wait_for_revision(next_revision, timeout=timeout)
         except TimeoutError:

@@ -11,7 +11,11 @@ For every item the round computes assignments to add, remove and keep, then cons
 * Primary: if no kept assignment holds slot 0, one is promoted, preferring a consistent
   replica, then the member with the lowest primary load ratio.
 * Additions: never beyond a member's effective limit, counting the assignments it still
-  holds (so a full member first sheds, then takes).
+  holds (so a full member first sheds, then takes). An item with no assignments gets its
+  primary (slot 0) on the added member with the lowest primary load ratio, as a promotion
+  does: the solver's order would give every new item's primary to the same member (at
+  40,000 journals, two thirds of the primaries and their pulses and route writes went to
+  one of three brokers, and none to the only broker of the other zone).
 * Packing: when nothing is added or removed, one replica per round moves to the lowest free
   slot, keeping slots contiguous.
 
@@ -28,6 +32,7 @@ for long in one go.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -171,6 +176,10 @@ class _ItemPlan:
             assert i >= 0, f"desired assignment names an unknown member {a.zone}#{a.suffix}"
             if s.member_total[i] < s.effective_limit(i):
                 kept.append(a)
+        if not self.current and len(kept) > 1:
+            first = min(range(len(kept)), key=lambda i: (s.load_ratio(kept[i], s.member_primary), i))
+            kept.insert(0, kept.pop(first))
+            kept = [dataclasses.replace(a, slot=slot) for slot, a in enumerate(kept)]
         self.add = kept
 
     def build(self, txn: CheckpointTxn, counters: Counters) -> None:

@@ -18,6 +18,8 @@ Invariants:
 * Every long-lived task (keyspace watch, announcement keep-alive, allocator, the subclass's
   own) is owned by one task group: one failing stops the process; ``run()`` returns only after
   every task ended.
+* ``gazette_keyspace_revision{member}`` (at ``/debug/metrics``) is the etcd revision the
+  member's keyspace has applied: against etcd's revision, how far its watch trails.
 * Draining: zero capacity is announced, then the process waits until it holds no item or no
   other live member has capacity; the allocator is cancelled before the subclass's ``drain``
   hook retires what is still held. Servers stop with a grace period, then the lease is revoked.
@@ -35,12 +37,16 @@ import random
 import signal
 import socket
 import tempfile
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import aetcd
 import grpc
 from aiohttp import web
+from prometheus_client import REGISTRY
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from gazette.allocator import Announcement, allocate, announce, desired_replication
 from gazette.allocator.keys import members_key, members_prefix
@@ -104,6 +110,26 @@ def warn_if_open(kind: str, host: str, verifier: Verifier) -> bool:
     return True
 
 
+class _KeyspaceRevisions(Collector):
+    """``gazette_keyspace_revision``: each live member's applied keyspace revision, read at
+    scrape time (a member that trails etcd is still applying its watch's backlog)."""
+
+    def __init__(self) -> None:
+        self.members: weakref.WeakSet[MemberProcess] = weakref.WeakSet()
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily("gazette_keyspace_revision",
+                                  "The etcd revision this member's keyspace has applied.",
+                                  labels=["member"])
+        for m in list(self.members):
+            gauge.add_metric([f"{m.local_id.zone}#{m.local_id.suffix}"], m.keyspace.revision)
+        yield gauge
+
+
+_KEYSPACE_REVISIONS = _KeyspaceRevisions()
+REGISTRY.register(_KEYSPACE_REVISIONS)
+
+
 class MemberProcess:
     """A member of a gazette cluster (see the module docstring); subclass and fill the hooks."""
 
@@ -136,6 +162,7 @@ class MemberProcess:
         self._announcement: Announcement | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._stop = asyncio.Event()
+        _KEYSPACE_REVISIONS.members.add(self)
 
     # -- hooks ----------------------------------------------------------------------------
 

@@ -113,6 +113,10 @@ async def test_member_serves_announces_and_drains(etcd: EtcdFixture) -> None:
         assert await asyncio.to_thread(_get, f"{a.endpoint}/debug/ready") == (200, b"ready\n")
         status, body = await asyncio.to_thread(_get, f"{a.endpoint}/debug/metrics")
         assert status == 200 and b"python_info" in body
+        # The revision its keyspace has applied (how far it trails etcd), read at scrape time.
+        revision = float(next(line for line in body.decode().splitlines()
+                              if line.startswith('gazette_keyspace_revision{member="z#a"}')).split()[-1])
+        assert 0 < revision <= a.keyspace.revision
         # Announced under its lease, with the endpoint that answered.
         got = await etcd.client.get(members_key(etcd.prefix, "z", "a").encode())
         assert got is not None

@@ -352,6 +352,20 @@ async def test_converges_from_scratch() -> None:
     assert Counter(i for i, *_ in current(etcd)) == {"a": 1, "b": 2, "c": 3}
 
 
+async def test_new_items_spread_their_primaries_over_the_members() -> None:
+    """The solver lists an item's members in one order; the primaries of new items still
+    spread evenly, the only member of the other zone included (it holds a replica of every
+    item, so taking the solver's first member would have left it none)."""
+    etcd = fake_from(
+        [(f"j{i:03}", 2) for i in range(300)],
+        [("z1", "m1", 1000), ("z1", "m2", 1000), ("z2", "m3", 1000)],
+    )
+    await run_until_idle(etcd)
+    final_matches_solution(etcd)
+    primaries = Counter(f"{zone}#{suffix}" for _, zone, suffix, slot in current(etcd) if slot == 0)
+    assert primaries == {"z1#m1": 100, "z1#m2": 100, "z2#m3": 100}
+
+
 async def test_member_leaves_and_exiting_member_drains() -> None:
     etcd = fake_from(
         [(f"i{n}", 2) for n in range(6)],

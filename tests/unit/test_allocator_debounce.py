@@ -1,9 +1,13 @@
-"""The leader's re-solve debounce, driven by a fake clock (no sleeps)."""
+"""The leader's pacing: its re-solve debounce, driven by a fake clock (no sleeps), and the
+bound on the catch-up after a round."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from gazette.allocator.allocator import ROUND_CATCH_UP_MAX, ROUND_MAX_DUTY, catch_up_limit
 from gazette.allocator.debounce import SolveDebounce
 
 
@@ -131,3 +135,14 @@ def test_a_steady_stream_spends_at_most_max_duty_of_its_time_solving() -> None:
 def test_max_duty_must_be_a_share() -> None:
     with pytest.raises(ValueError, match="max_duty"):
         SolveDebounce(1.0, 5.0, FakeClock(), max_duty=0.0)
+
+
+@given(st.floats(min_value=0.0, max_value=1e4, allow_nan=False))
+def test_rounds_take_at_most_their_duty_of_a_moving_keyspace(held: float) -> None:
+    """After a round, the leader catches up with its watch for at least ROUND_CATCH_UP_MAX and
+    long enough that the round was at most ROUND_MAX_DUTY of the round and its catch-up."""
+    limit = catch_up_limit(held)
+    assert limit >= ROUND_CATCH_UP_MAX
+    assert held <= ROUND_MAX_DUTY * (held + limit) * (1 + 1e-9)
+    if held * (1 - ROUND_MAX_DUTY) / ROUND_MAX_DUTY > ROUND_CATCH_UP_MAX:
+        assert limit == pytest.approx(held * (1 - ROUND_MAX_DUTY) / ROUND_MAX_DUTY)  # no longer
