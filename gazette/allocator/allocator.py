@@ -215,6 +215,7 @@ async def _allocate(
         # Only the leader, or an exiting member deciding whether it may go, needs the full
         # (linear-time) State; other members just wait for the next update.
         state = None
+        deferred = 0  # new items this round left to the next (see `converge`)
         round_started, solve_took = time.monotonic(), 0.0
         if is_leader or member.decoded.exiting:
             state = await State.from_keyspace_yielding(keyspace, local_member_key, is_consistent,
@@ -257,6 +258,7 @@ async def _allocate(
                     on_round(Round(round_number, state.revision, txn.revision == 0, counters,
                                    len(desired), state.item_slots))
                 round_number += 1
+                deferred = counters.deferred
                 if txn.revision == 0 and wait is not None and wait > 0:
                     resting_until, resting_members = time.monotonic() + wait, members_sig
             # Read through whatever was applied, even if a later transaction failed.
@@ -270,8 +272,10 @@ async def _allocate(
             # starve the watch: after a 5,000-journal apply at 10,000 journals the leader ran a
             # round per few watched revisions and trailed etcd by ~25 s at a full core.
             # The solve is not counted: the watch is applied while the child solves.
+            # New items waiting for the next wave are not held up by the last wave's routes.
             held = time.monotonic() - round_started - solve_took
-            await _catch_up(keyspace, ROUND_QUIET, catch_up_limit(held))
+            await _catch_up(keyspace, ROUND_QUIET,
+                            ROUND_CATCH_UP_MAX if deferred else catch_up_limit(held))
         try:
             await keyspace.wait_for_revision(next_revision, timeout=timeout)
         except TimeoutError:

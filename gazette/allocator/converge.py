@@ -16,6 +16,11 @@ For every item the round computes assignments to add, remove and keep, then cons
   does: the solver's order would give every new item's primary to the same member (at
   40,000 journals, two thirds of the primaries and their pulses and route writes went to
   one of three brokers, and none to the only broker of the other zone).
+* New items: at most `NEW_ITEMS_PER_ROUND` items without assignments get theirs in one
+  round; the rest wait for the next. A large apply assigned at once starts every replica,
+  refresh and pulse of tens of thousands of journals on each broker within seconds; in waves,
+  each broker's transient objects of one wave are freed before the next, instead of
+  interleaving in its heap with the replicas that outlive them.
 * Packing: when nothing is added or removed, one replica per round moves to the lowest free
   slot, keeping slots contiguous.
 
@@ -47,6 +52,7 @@ from .solver import Desired
 from .state import State
 
 CHECK_EVERY = 100  # items between checks of how long the round has held the loop
+NEW_ITEMS_PER_ROUND = 10000  # items first assigned by one round (see the module docstring)
 
 
 class CheckpointTxn(Protocol):
@@ -69,10 +75,13 @@ class Counters:
     removed: int = 0
     promoted: int = 0
     packed: int = 0
+    deferred: int = 0  # new items left to later rounds (`NEW_ITEMS_PER_ROUND`)
 
 
-async def converge(txn: CheckpointTxn, state: State, desired: Sequence[Desired]) -> Counters:
-    """Queues one round of allowed changes into `txn`. Mutates `state`'s member counts."""
+async def converge(txn: CheckpointTxn, state: State, desired: Sequence[Desired],
+                   new_items: int = NEW_ITEMS_PER_ROUND) -> Counters:
+    """Queues one round of allowed changes into `txn`, first assigning at most `new_items`
+    items. Mutates `state`'s member counts."""
     counters = Counters()
     by_item: dict[str, list[Desired]] = {}
     for d in desired:
@@ -81,7 +90,13 @@ async def converge(txn: CheckpointTxn, state: State, desired: Sequence[Desired])
     held_since = time.perf_counter()
     for n, it in enumerate(state.items, 1):
         name = it.decoded.name
-        plan = _ItemPlan(state, it, state.assignments_of.get(name, []), by_item.get(name, []))
+        current = state.assignments_of.get(name, [])
+        if not current and name in by_item:
+            if new_items <= 0:
+                counters.deferred += 1  # assigned by a later round
+                continue
+            new_items -= 1
+        plan = _ItemPlan(state, it, current, by_item.get(name, []))
         plan.constrain()
         plan.build(txn, counters)
         await txn.checkpoint()

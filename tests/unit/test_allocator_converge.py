@@ -366,6 +366,24 @@ async def test_new_items_spread_their_primaries_over_the_members() -> None:
     assert primaries == {"z1#m1": 100, "z1#m2": 100, "z2#m3": 100}
 
 
+async def test_a_round_first_assigns_at_most_its_share_of_new_items() -> None:
+    """New items are assigned in waves of `new_items` per round; items already assigned
+    still converge in the same rounds."""
+    etcd = fake_from([(f"j{i}", 2) for i in range(5)],
+                     [("z1", "m1", 100), ("z2", "m2", 100)])
+    assigned: list[int] = []
+    deferred: list[int] = []
+    for _ in range(4):
+        state = etcd.state()
+        counters = await converge(RecordingTxn(etcd), state, solve(state), new_items=2)
+        assigned.append(len({item for item, *_ in current(etcd)}))
+        deferred.append(counters.deferred)
+    assert assigned == [2, 4, 5, 5]
+    assert deferred == [3, 1, 0, 0]
+    await run_until_idle(etcd)
+    final_matches_solution(etcd)
+
+
 async def test_member_leaves_and_exiting_member_drains() -> None:
     etcd = fake_from(
         [(f"i{n}", 2) for n in range(6)],
