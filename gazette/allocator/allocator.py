@@ -33,7 +33,9 @@ Invariants:
   follow the watch's backlog in one step instead of one round per few revisions, and while
   the keyspace keeps moving they take at most about `ROUND_MAX_DUTY` of the leader's time: a
   round at 40,000 journals takes about a second, and with a one-second catch-up the leader
-  trailed etcd by 30 s while the primaries advertised their routes.
+  trailed etcd by 30 s while the primaries advertised their routes. After a round that left
+  new items to the next (`Counters.deferred`), the catch-up is `ROUND_CATCH_UP_MAX` at most:
+  the next wave is not held up by the last one's route writes.
 * A failed round (a revision check lost to a concurrent change, or etcd unreachable) is
   retried after the next keyspace update, or after `retry_interval` if none comes.
 * `allocate` returns once the local member is exiting and holds no assignments: the graceful
@@ -74,8 +76,9 @@ SOLVE_IN_PROCESS_ITEMS = 1000
 # is assigned once it ends, not while it streams in: assigning its first journals starts
 # replicas, pulses and route writes on every broker, which share the cores with the apply
 # (at 50,000 journals, solving at most 5 s into the burst made a 40,000-journal apply take
-# 87 s, and every journal was assigned 20 s after it; waiting, 18 s and 49 s). A new item waits
-# at most SOLVE_MAX_DELAY while items keep changing.
+# 87 s, and every journal was assigned 20 s after it; waiting, 22 s and 44 s, in waves of
+# `converge.NEW_ITEMS_PER_ROUND`). A new item waits at most SOLVE_MAX_DELAY while items keep
+# changing.
 SOLVE_QUIET = 0.5
 SOLVE_MAX_DELAY = 30.0
 # The largest share of a burst's time the leader spends solving (see `SolveDebounce`).
@@ -272,7 +275,6 @@ async def _allocate(
             # starve the watch: after a 5,000-journal apply at 10,000 journals the leader ran a
             # round per few watched revisions and trailed etcd by ~25 s at a full core.
             # The solve is not counted: the watch is applied while the child solves.
-            # New items waiting for the next wave are not held up by the last wave's routes.
             held = time.monotonic() - round_started - solve_took
             await _catch_up(keyspace, ROUND_QUIET,
                             ROUND_CATCH_UP_MAX if deferred else catch_up_limit(held))

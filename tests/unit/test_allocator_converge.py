@@ -367,8 +367,8 @@ async def test_new_items_spread_their_primaries_over_the_members() -> None:
 
 
 async def test_a_round_first_assigns_at_most_its_share_of_new_items() -> None:
-    """New items are assigned in waves of `new_items` per round; items already assigned
-    still converge in the same rounds."""
+    """New items are assigned in waves of `new_items` per round, each round saying how many
+    it left to the next; the waves end where assigning them all at once would."""
     etcd = fake_from([(f"j{i}", 2) for i in range(5)],
                      [("z1", "m1", 100), ("z2", "m2", 100)])
     assigned: list[int] = []
