@@ -26,6 +26,11 @@ Every process it starts is stopped by PID on every exit path, Ctrl-C included.
     python bench/broker_bench.py --systems gazette --profile-broker broker.prof
     python bench/broker_bench.py --tls --auth      # the broker with TLS and bearer tokens
     python bench/broker_bench.py --systems gazette --event-loop asyncio   # servers on asyncio's loop
+    python bench/broker_bench.py --builds interpreted,compiled,compiled+uvloop   # see _builds.py
+
+With ``--builds`` the bench runs once per build (``_builds.py``): the broker and the null-Append
+server run under each build's python and event loop, the client stays on asyncio's (it
+drives the servers; it is not what is compared), JetStream runs in the first build's child.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _builds  # noqa: E402
 from _jetstream import JetStreamClient  # noqa: E402
 from _peers import NATS_SERVER, Peers  # noqa: E402
 
@@ -579,6 +585,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="the broker serves TLS (a trustme certificate); the client dials it")
     ap.add_argument("--auth", action="store_true",
                     help="the broker verifies bearer tokens (--auth-keys); the client signs them")
+    _builds.add_arguments(ap)
     return ap.parse_args(argv)
 
 
@@ -619,8 +626,69 @@ def _security(args: argparse.Namespace, root: Path) -> tuple[list[str], Any, Cli
     return flags, ssl_context, tls, auth
 
 
+# The issue's bars (32, native speed): gazette/JetStream appends with 16 writers, by size.
+NATIVE_BARS = {100: 0.6, 4 * KiB: 0.6, 64 * KiB: 1.0, MiB: 1.2}
+NATIVE_CEILING = 0.7  # every append workload, of the null-Append ceiling of the same build
+
+
+def figures(report: Report) -> list[_builds.Figure]:
+    """The rows for a ``--builds`` parent: MB/s (appends/s beside), JetStream's, and the
+    null-Append ceiling in MB/s."""
+    def rate(r: Result | None, is_append: bool) -> str:
+        if r is None or not is_append:
+            return ""
+        return f"{r.rate / 1000:.1f}k/s" if r.rate >= 1000 else f"{r.rate:.0f}/s"
+
+    out = []
+    for row in report.rows:
+        g, j, ceiling = row.gazette, row.jetstream, row.ceiling
+        out.append(_builds.Figure(
+            " ".join(row.workload.split()), "MB/s", g.mbps if g is not None else None,
+            rate(g, row.is_append), j.mbps if j is not None else None, rate(j, row.is_append),
+            ceiling * row.size / 1e6 if ceiling is not None and row.is_append else None))
+    return out
+
+
+def native_acceptance(c: _builds.Combined) -> list[str]:
+    """Per build: appends with 16 writers against JetStream (100 B and 4 KiB >= 0.6x, 64 KiB
+    >= 1.0x, 1 MiB >= 1.2x), and every append workload >= 0.7 of the same build's ceiling."""
+    shapes: dict[str, list[int]] = {}
+    for extra in c.extra.values():
+        shapes.update(extra.get("rows", {}))
+    lines = []
+    for b in c.builds:
+        vs, of = [], []
+        for w, (size, writers, plain) in shapes.items():
+            if not plain:  # SNAPPY and [http] rows: not the bar's workloads
+                continue
+            r = c.of_peer(w, b.name)
+            if writers == 16 and size in NATIVE_BARS and r is not None:
+                bar = NATIVE_BARS[size]
+                vs.append(f"{size_name(size)} {r:.2f}x " + ("ok" if r >= bar else f"BELOW {bar}x"))
+            f = c.of_ceiling(w, b.name)
+            if f is not None:
+                of.append((f, w))
+        lines.append(f"  {b.name:<19} x16 vs JetStream: " + ("; ".join(vs) or "not measured"))
+        if of:
+            low = [f"{w} {f:.2f}" for f, w in of if f < NATIVE_CEILING]
+            lines.append(f"  {'':<19} >= {NATIVE_CEILING} of ceiling: "
+                         + (f"all {len(of)} ok (min {min(of)[0]:.2f})" if not low
+                            else "BELOW: " + "; ".join(low)))
+        else:
+            lines.append(f"  {'':<19} >= {NATIVE_CEILING} of ceiling: not measured (--baseline)")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if _builds.is_parent(args):
+        if args.event_loop or args.profile_broker or args.profile_client:
+            raise SystemExit("--builds sets each build's event loop and runs one process per "
+                             "build: without --event-loop, --profile-broker, --profile-client")
+        return _builds.run_builds(
+            args, sys.argv[1:] if argv is None else argv, __file__, peer_name="JetStream",
+            ceiling_name="null-Append ceiling", acceptance=native_acceptance,
+            peer_note="the client runs on asyncio's loop in every child")
     _interrupt_on_signals()
     plan = Plan.quick() if args.quick else Plan.full()
     if args.sizes:
@@ -631,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
                     sizes=plan.sizes)
     codecs = args.codec or ["NONE"]
     run_gz = args.systems in ("both", "gazette")
-    run_js = args.systems in ("both", "jetstream")
+    run_js = args.systems in ("both", "jetstream") and not args.no_peer
     baseline = (not args.quick) if args.baseline is None else bool(args.baseline)
 
     if args.event_loop is not None:  # the children (broker, null-Append server) inherit it
@@ -704,6 +772,13 @@ def main(argv: list[str] | None = None) -> int:
     if baseline:
         print(acceptance(report))
     print(f"total {time.monotonic() - started:.0f} s")
+    if args.json_out:
+        # A child without the peer has no JetStream ratios to sum up.
+        notes = ([] if args.no_peer else [summary(report)]) + \
+            (acceptance(report).splitlines() if baseline else [])
+        shapes = {" ".join(row.workload.split()): [row.size, row.writers, "[" not in row.workload]
+                  for row in report.rows if row.is_append}
+        _builds.write_result(args.json_out, figures(report), notes, {"rows": shapes})
     if client_prof is not None:
         client_prof.dump_stats(args.profile_client)
         print_profile(args.profile_client, "client")
