@@ -26,6 +26,11 @@ on every exit path, Ctrl-C included.
     python bench/publish_bench.py            # about 3.5 minutes (JetStream cases dominate)
     python bench/publish_bench.py --quick    # about 40 seconds
     python bench/publish_bench.py --systems gazette --profile-client client.prof
+    python bench/publish_bench.py --quick --builds interpreted,compiled,compiled+uvloop
+
+With ``--builds`` the bench runs once per build (``_builds.py``): the client (Publisher,
+AppendService, the readers) and the broker run under each build's python and event loop;
+JetStream (its nats-py client on the first build's loop) runs in the first build's child.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _builds  # noqa: E402
 from _jetstream import JetStreamClient  # noqa: E402
 from _peers import NATS_SERVER, Peers  # noqa: E402
 
@@ -410,18 +416,56 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--profile-client", metavar="OUT", default="",
                     help="cProfile this (client) process, write OUT, print its top costs")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
+    _builds.add_arguments(ap)
     return ap.parse_args(argv)
+
+
+def figures(report: Report) -> list[_builds.Figure]:
+    """The rows for a ``--builds`` parent: k msgs/s by wall time (per client CPU-second
+    beside it), and JetStream's."""
+    def detail(r: Result | None) -> str:
+        return f"{r.cpu_rate / 1000:.1f}k/cpu-s" if r is not None else ""
+
+    return [_builds.Figure(row.workload, "k msgs/s",
+                           row.gazette.rate / 1000 if row.gazette is not None else None,
+                           detail(row.gazette),
+                           row.jetstream.rate / 1000 if row.jetstream is not None else None,
+                           detail(row.jetstream))
+            for row in report.rows]
+
+
+def targets(c: _builds.Combined) -> list[str]:
+    """Per build, the bench's own targets (wall msgs/s): publish >= 150k, read >= 200k."""
+    lines = []
+    for b in c.builds:
+        parts = []
+        for w in c.rows:
+            v = c.value(w, b.name)
+            target = (READ_TARGET if w.startswith("read") else PUBLISH_TARGET) / 1000
+            if v is not None:
+                parts.append(f"{w}: {v:.0f}k " + ("meets" if v >= target else "BELOW")
+                             + f" {target:.0f}k")
+        lines.append(f"  {b.name}:")
+        lines += [f"    {p}" for p in parts]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if _builds.is_parent(args):
+        if args.profile_client:
+            raise SystemExit("--builds runs one process per build: without --profile-client")
+        return _builds.run_builds(
+            args, sys.argv[1:] if argv is None else argv, __file__, peer_name="JetStream",
+            acceptance=targets, acceptance_title="the bench's targets (wall msgs/s)",
+            peer_note="its nats-py client on that child's loop")
     # SIGTERM ends the run as Ctrl-C does, so the peers are stopped.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
     plan = Plan.quick() if args.quick else Plan.full()
     plan = Plan(args.messages or plan.messages, args.runs or plan.runs)
     run_gz = args.systems in ("both", "gazette")
-    run_js = args.systems in ("both", "jetstream")
+    run_js = args.systems in ("both", "jetstream") and not args.no_peer
     print(machine_line())
     print(f"plan: {plan.messages} messages per case, best of {plan.runs} run(s); one client "
           "process (this one), brokers in their own processes on the same cores. Shared, noisy "
@@ -445,11 +489,14 @@ def main(argv: list[str] | None = None) -> int:
             prof.enable()
         try:
             malloc.tune()  # as the broker does: large messages reuse heap buffers
-            asyncio.run(bench(report, plan, address, nats_port))
+            # On the build's loop in a --builds child (asyncio.run otherwise).
+            _builds.run(bench(report, plan, address, nats_port))
         finally:
             if prof is not None:
                 prof.disable()
     print(f"\ntotal {time.monotonic() - started:.0f} s")
+    if args.json_out:
+        _builds.write_result(args.json_out, figures(report))
     if prof is not None:
         prof.dump_stats(args.profile_client)
         out = io.StringIO()
