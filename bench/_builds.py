@@ -256,6 +256,7 @@ def build_info() -> dict[str, str]:
         "name": os.environ.get(BUILD_ENV, ""),
         "python": sys.executable,
         "gazette": f"gazette {gazette.__version__}; {build_line()}",
+        "source": str(Path(gazette.__file__).resolve().parent),
         "servers": servers,
         "event_loop": loop_factory(os.environ.get("GAZETTE_EVENT_LOOP", "auto"))[0],
     }
@@ -495,9 +496,20 @@ def run_builds(args: argparse.Namespace, argv: Sequence[str], script: str, *,
               f"{info['python']}")
         if info["servers"] != info["gazette"]:
             print(f"  {'':<19} its brokers: {info['servers']}")
-    print(f"  peer ({peer_name}): measured once, in the {builds[0].name} child"
-          f"{'; ' + peer_note if peer_note else ''}")
-    print(f"  ceiling ({ceiling_name}): measured in each build's child, on that build\n")
+        if not build.compiled and Path(info["source"]) != ROOT / "gazette":
+            # The compiled wheel is built from this checkout: the two builds then run the
+            # same source only if the interpreted gazette is this checkout's too.
+            print(f"  {'':<19} note: its gazette is {info['source']}, not this checkout's "
+                  "(the compiled wheel's source): uncommitted changes there are not compared")
+    figs = [f for row in combined.rows.values() for f in row.values()]
+    if any(f.peer is not None for f in figs):
+        print(f"  peer ({peer_name}): measured once, in the {builds[0].name} child"
+              f"{'; ' + peer_note if peer_note else ''}")
+    elif peer_note:
+        print(f"  peer: {peer_note}")
+    if any(f.ceiling is not None for f in figs):
+        print(f"  ceiling ({ceiling_name}): measured in each build's child, on that build")
+    print()
     print(table(combined, peer_name, ceiling_name))
     for build in builds:
         if combined.notes[build.name]:
