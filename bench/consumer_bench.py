@@ -34,6 +34,12 @@ Not a test: figures are noisy, compare the ratios of one run.
 
 Requires the bench extra (``pip install -e .[bench]``, which brings Bytewax); without Bytewax
 the peer rows are skipped with a note.
+
+    python bench/consumer_bench.py --quick --builds interpreted,compiled,compiled+uvloop
+
+With ``--builds`` the bench runs once per build (``_builds.py``): the consumer, its readers and
+the broker run under each build's python and event loop; Bytewax runs in the first build's
+child.
 """
 
 from __future__ import annotations
@@ -65,6 +71,10 @@ from gazette.message.reading import batch_decoder, message_framing, read_committ
 from gazette.message.uuid import ACK_TXN, get_flags
 from gazette.testing.consumer import ConsumerHarness
 from gazette.testing.etcd import start_test_etcd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _builds  # noqa: E402
 
 JOURNALS = """\
 name: bench/
@@ -302,28 +312,71 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(p * len(xs)))] * 1000
 
 
+SHARD = "consumer, one shard (count, MemoryStore)"
+READ_COMMITTED = "read_committed alone"
+P99 = "end-to-end latency p99"
+BYTEWAX_BAR = 1.2  # the issue's bars (32, native speed)
+READ_COMMITTED_BAR = 2.0  # x the interpreted build's rate, in the same run
+P99_BAR_MS = 5.0
+
+
+def native_acceptance(c: _builds.Combined) -> list[str]:
+    """Per build: one shard >= 1.2x Bytewax with recovery on; read_committed alone >= 2x the
+    interpreted build's rate of this run; end-to-end p99 <= 5 ms (at --rate, 1k msgs/s)."""
+    rate = next(iter(c.extra.values()))["rate"]
+    lines = []
+    for b in c.builds:
+        parts = []
+        r = c.of_peer(SHARD, b.name)
+        parts.append("one shard: no Bytewax figure" if r is None else
+                     f"one shard {r:.2f}x Bytewax " + ("ok" if r >= BYTEWAX_BAR else f"BELOW {BYTEWAX_BAR}x"))
+        base = c.value(READ_COMMITTED, "interpreted")
+        v = c.value(READ_COMMITTED, b.name)
+        if b.name == "interpreted":
+            parts.append("read_committed: the reference")
+        elif base is None or v is None:
+            parts.append("read_committed: no interpreted build in this run")
+        else:
+            parts.append(f"read_committed {v / base:.2f}x interpreted "
+                         + ("ok" if v / base >= READ_COMMITTED_BAR else f"BELOW {READ_COMMITTED_BAR}x"))
+        p99 = c.value(P99, b.name)
+        if p99 is not None:
+            parts.append(f"p99 {p99:.2f} ms at {rate}/s "
+                         + ("ok" if p99 <= P99_BAR_MS else f"ABOVE {P99_BAR_MS:g} ms"))
+        lines.append(f"  {b.name:<19} " + "; ".join(parts))
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=500_000)
     ap.add_argument("--rate", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--quick", action="store_true", help="200k messages, 5 s of latency")
+    _builds.add_arguments(ap)
     a = ap.parse_args()
+    if _builds.is_parent(a):
+        return _builds.run_builds(a, sys.argv[1:], __file__, peer_name="Bytewax",
+                                  ceiling_name="read_committed", acceptance=native_acceptance,
+                                  peer_note="in-process Bytewax, one worker")
     if a.quick:
         a.messages, a.seconds = 200_000, 5.0
     etcd = start_test_etcd()
     try:
         with tempfile.TemporaryDirectory(prefix="gazette-consumer-bench-") as tmp:
             root = Path(tmp)
-            ours, ceil = asyncio.run(throughput(etcd.url, root, a.messages))
-            typed, _ = asyncio.run(throughput(etcd.url, root, a.messages, typed=True))
+            # On the build's loop in a --builds child (asyncio.run otherwise).
+            ours, ceil = _builds.run(throughput(etcd.url, root, a.messages))
+            typed, _ = _builds.run(throughput(etcd.url, root, a.messages, typed=True))
             src = root / "input.jsonl"
             with open(src, "w") as f:
                 for i in range(a.messages):
                     f.write(json.dumps({"key": f"k{i % 1000}", "n": i}) + "\n")
-            bw_rec = bytewax_count(src, a.messages, root / "bw-recovery")
-            bw_plain = bytewax_count(src, a.messages, None)
-            lat = asyncio.run(latency(etcd.url, root, a.rate, a.seconds))
+            bw_rec = bw_plain = None
+            if not a.no_peer:
+                bw_rec = bytewax_count(src, a.messages, root / "bw-recovery")
+                bw_plain = bytewax_count(src, a.messages, None)
+            lat = _builds.run(latency(etcd.url, root, a.rate, a.seconds))
             dec_json, dec_typed = decode_rates(a.messages)
     finally:
         etcd.close()
@@ -334,7 +387,9 @@ def main() -> int:
     print(f"{'gazette consumer, typed messages (msgspec)':<44} {typed:>12,.0f} {typed / ours:>8.2f}  (typed/JSONMessage)")
     print(f"{'ceiling: read_committed alone':<44} {ceil:>12,.0f} {ours / ceil:>8.2f}  (ours/ceiling)")
     for name, figure in (("bytewax, recovery on (1 s epochs)", bw_rec), ("bytewax, no recovery", bw_plain)):
-        if figure is None:
+        if a.no_peer:
+            print(f"{name:<44} {'(run in the first build only)':>12}")
+        elif figure is None:
             print(f"{name:<44} {'(bytewax not installed: pip install -e .[bench])':>12}")
         else:
             print(f"{name:<44} {figure:>12,.0f} {ours / figure:>8.2f}  (ours/bytewax)")
@@ -347,6 +402,20 @@ def main() -> int:
           f"derived message read committed:")
     print(f"  p50 {p50:.2f} ms (target <= 5: {'met' if p50 <= 5 else 'missed'}), "
           f"p99 {p99:.2f} ms (target <= 25: {'met' if p99 <= 25 else 'missed'}), max {mx:.2f} ms")
+    if a.json_out:
+        F = _builds.Figure
+        _builds.write_result(a.json_out, [
+            F(SHARD, "msgs/s", ours, peer=bw_rec, ceiling=ceil),
+            F("bytewax, no recovery (peer only)", "msgs/s", None, peer=bw_plain),
+            F("consumer, typed messages (msgspec)", "msgs/s", typed),
+            F(READ_COMMITTED, "msgs/s", ceil),
+            F("decode alone, JSONMessage", "msgs/s", dec_json),
+            F("decode alone, typed (Keyed)", "msgs/s", dec_typed),
+            F("end-to-end latency p50", "ms", p50, lower_is_better=True),
+            F(P99, "ms", p99, lower_is_better=True),
+        ], [f"target >= 150,000 msgs/s per shard: {ours / 150_000:.2f}x",
+            f"latency p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {mx:.2f} ms at {a.rate} msgs/s"],
+            {"rate": a.rate})
     return 0
 
 
