@@ -99,6 +99,7 @@ class Figure:
     peer_detail: str = ""
     ceiling: float | None = None
     lower_is_better: bool = False  # a latency: ratios read the other way
+    compare: bool = True  # gazette's work, checked for regressions (not a file copy's)
 
 
 # -- arguments -------------------------------------------------------------------------------
@@ -451,7 +452,7 @@ def regressions(c: Combined) -> list[str]:
         checked, below = 0, 0
         for w, figs in c.rows.items():
             v, ref = c.value(w, b.name), c.value(w, base.name)
-            if v is None or not ref:
+            if v is None or not ref or not figs[b.name].compare:
                 continue
             checked += 1
             r = v / ref
@@ -469,12 +470,13 @@ Acceptance = Callable[[Combined], list[str]]
 
 
 def run_builds(args: argparse.Namespace, argv: Sequence[str], script: str, *,
-               peer_name: str = "peer", ceiling_name: str = "ceiling",
+               peer_name: str | None = "peer", ceiling_name: str = "ceiling",
                acceptance: Acceptance | None = None,
                acceptance_title: str = "acceptance (issue 32, native speed)",
                peer_note: str = "") -> int:
     """The parent: provisions what the builds need, runs one child per build (the first also
-    runs the peer), and prints the combined table, the acceptance bars and regressions."""
+    runs the peer; ``peer_name`` None: the bench has none), and prints the combined table,
+    the acceptance bars and regressions."""
     # A shell starts background jobs with SIGINT ignored, which the children would inherit:
     # restore Python's handler so that they (and this process) can be interrupted.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -486,7 +488,7 @@ def run_builds(args: argparse.Namespace, argv: Sequence[str], script: str, *,
     combined = Combined(builds)
     for i, build in enumerate(builds):
         print(f"\n=== build {build.name}: {build.python}, GAZETTE_EVENT_LOOP={build.event_loop}"
-              f"{f', with the peer ({peer_name})' if i == 0 else ''}", flush=True)
+              f"{f', with the peer ({peer_name})' if i == 0 and peer_name else ''}", flush=True)
         combined.add(build, run_child(build, Path(script).resolve(), child_argv(argv), i == 0))
 
     print(f"\n=== {Path(script).name}: {len(builds)} builds, one run each, one after another")
@@ -510,7 +512,7 @@ def run_builds(args: argparse.Namespace, argv: Sequence[str], script: str, *,
     if any(f.ceiling is not None for f in figs):
         print(f"  ceiling ({ceiling_name}): measured in each build's child, on that build")
     print()
-    print(table(combined, peer_name, ceiling_name))
+    print(table(combined, peer_name or "peer", ceiling_name))
     for build in builds:
         if combined.notes[build.name]:
             print(f"\n{build.name}, the bench's own summary:")
