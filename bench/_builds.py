@@ -13,8 +13,12 @@ Invariants:
 * A build is a name, a python and an event loop. ``interpreted`` is the python running the
   parent; ``compiled`` the compiled virtualenv's (``--compiled-venv``), whose gazette is the
   wheel ``scripts/compiled_check.sh`` builds. Each child reports the build it actually loaded
-  (``gazette._compiled.build_line``) and the parent stops if that is not the build it asked
+  (``gazette._compiled.build_line``), in its own process and in the brokers it starts
+  (``python -m gazette.cli.serve``), and the parent stops if either is not the build it asked
   for: a compiled build that fell back to its ``.py`` modules would make the comparison a lie.
+  So that no checkout shadows a build's installed gazette, children run with
+  ``PYTHONSAFEPATH`` set (neither the script's nor the working directory on ``sys.path``,
+  in them or in the brokers they start) and without ``PYTHONPATH``.
 * The compiled virtualenv is (re)built when absent, on ``--rebuild``, or when its stamp (a
   hash of what the wheel is built from and of the packages installed beside it) differs from
   the one written after its last successful provisioning; the stamp is written only then.
@@ -460,7 +464,7 @@ def regressions(c: Combined) -> list[str]:
                 r = ref / v if v else float("inf")
             if r < 0.95:
                 below += 1
-                out.append(f"  {b.name} vs {base.name}: {w}: {r:.2f}x (REGRESSION: below 0.95x)")
+                out.append(f"  {b.name} vs {base.name}: {w}: {r:.3f}x (REGRESSION: below 0.95x)")
         if checked and not below:
             out.append(f"  {b.name} vs {base.name}: no workload below 0.95x ({checked} compared)")
     return out
