@@ -10,18 +10,23 @@ Invariants:
 
 * Without ``--builds`` nothing here changes a bench: it runs in its own process as before
   (``run`` is ``asyncio.run`` then).
-* A build is a name, a python and an event loop. ``interpreted`` is the python running the
-  parent; ``compiled`` the compiled virtualenv's (``--compiled-venv``), whose gazette is the
-  wheel ``scripts/compiled_check.sh`` builds. Each child reports the build it actually loaded
+* A build is a name, a python and an event loop. ``compiled`` is the compiled virtualenv's
+  python (``--compiled-venv``), whose gazette is the wheel ``scripts/compiled_check.sh``
+  builds; ``interpreted`` the interpreted virtualenv's (``--interpreted-venv``), whose gazette
+  is the pure wheel of the same checkout (``GAZETTE_PURE=1``) beside the same packages. Both
+  are installed as users install them, byte-compiled: the development virtualenv's editable
+  gazette is not a fair "interpreted" (it runs with ``PYTHONDONTWRITEBYTECODE`` here, so every
+  lazy import compiles its source inside whatever is being timed: the first publish case ran
+  at 0.55-0.6x of the installed wheel's rate for that alone). Each child reports the build it actually loaded
   (``gazette._compiled.build_line``), in its own process and in the brokers it starts
   (``python -m gazette.cli.serve``), and the parent stops if either is not the build it asked
   for: a compiled build that fell back to its ``.py`` modules would make the comparison a lie.
   So that no checkout shadows a build's installed gazette, children run with
   ``PYTHONSAFEPATH`` set (neither the script's nor the working directory on ``sys.path``,
   in them or in the brokers they start) and without ``PYTHONPATH``.
-* The compiled virtualenv is (re)built when absent, on ``--rebuild``, or when its stamp (a
-  hash of what the wheel is built from and of the packages installed beside it) differs from
-  the one written after its last successful provisioning; the stamp is written only then.
+* Each virtualenv is (re)built when absent, on ``--rebuild``, or when its stamp (a hash of
+  what the wheel is built from and of the packages installed beside it) differs from the one
+  written after its last successful provisioning; the stamp is written only then.
 * Children run one after another, never at once: they would share the cores they measure.
   Each runs in a session of its own and is stopped by its PID alone (SIGINT, a bounded wait,
   then SIGKILL) when the parent is interrupted, so its ``finally`` blocks stop its peers.
@@ -54,6 +59,7 @@ T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout the bench (and the wheel) comes from
 DEFAULT_VENV = ROOT / "var/bench/compiled-venv"
+DEFAULT_PURE_VENV = ROOT / "var/bench/interpreted-venv"
 STAMP_NAME = ".gazette-bench-stamp"
 BUILD_ENV = "GAZETTE_BENCH_BUILD"  # the build a child runs as (set by the parent)
 # (build name, compiled, event loop): the loop is explicit, never "auto", so that a build
@@ -118,8 +124,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--compiled-venv", metavar="DIR", default=str(DEFAULT_VENV),
                     help="the compiled build's virtualenv, made or refreshed as needed "
                          "(default: var/bench/compiled-venv in the checkout)")
+    ap.add_argument("--interpreted-venv", metavar="DIR", default=str(DEFAULT_PURE_VENV),
+                    help="the interpreted build's virtualenv (the pure wheel of this checkout), "
+                         "made or refreshed as needed (default: var/bench/interpreted-venv)")
     ap.add_argument("--rebuild", action="store_true",
-                    help="rebuild the compiled virtualenv's wheel even if its sources are unchanged")
+                    help="rebuild the virtualenvs' wheels even if their sources are unchanged")
     ap.add_argument("--json-out", metavar="PATH", default="", help=argparse.SUPPRESS)
     ap.add_argument("--no-peer", action="store_true", help=argparse.SUPPRESS)
 
@@ -130,7 +139,7 @@ def is_parent(args: argparse.Namespace) -> bool:
     return bool(args.builds) and not args.json_out
 
 
-def parse_builds(text: str, venv: Path) -> list[Build]:
+def parse_builds(text: str, venv: Path, pure_venv: Path) -> list[Build]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in BUILDS]
     if unknown or not names:
@@ -141,7 +150,7 @@ def parse_builds(text: str, venv: Path) -> list[Build]:
     builds = []
     for name in names:
         compiled, loop = BUILDS[name]
-        python = str(venv / "bin" / "python") if compiled else sys.executable
+        python = str((venv if compiled else pure_venv) / "bin" / "python")
         builds.append(Build(name, python, loop))
     return builds
 
@@ -199,9 +208,10 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.wait(timeout=10)
 
 
-def provision(venv: Path, rebuild: bool) -> str:
-    """Makes ``venv`` hold the compiled build of this checkout and the benches' packages;
-    returns its ``gazette --version`` line."""
+def provision(venv: Path, rebuild: bool, compiled: bool = True) -> str:
+    """Makes ``venv`` hold the compiled (else the pure) build of this checkout and the
+    benches' packages; returns its ``gazette --version`` line."""
+    kind = "compiled" if compiled else "interpreted"
     stamp_file = venv / STAMP_NAME
     stamp = source_stamp()
     python = venv / "bin" / "python"
@@ -209,27 +219,58 @@ def provision(venv: Path, rebuild: bool) -> str:
     if rebuild or not python.exists() or current != stamp:
         why = ("--rebuild" if rebuild else "absent" if not python.exists()
                else "sources changed since its last build")
-        print(f"compiled build: building the wheel into {venv} ({why}; mypyc takes 1-3 minutes)",
-              flush=True)
+        print(f"{kind} build: building the wheel into {venv} ({why}"
+              f"{'; mypyc takes 1-3 minutes' if compiled else ''})", flush=True)
         stamp_file.unlink(missing_ok=True)  # stale until this provisioning succeeds
         venv.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, COMPILED_VENV=str(venv),
-                   COMPILED_TESTS="tests/unit/test_compiled_build.py")
-        if _stream(["bash", "scripts/compiled_check.sh"], "[compiled-venv] ", env=env, cwd=ROOT):
-            raise SystemExit("compiled build: scripts/compiled_check.sh failed (output above)")
-        print(f"compiled build: installing the benches' packages: {' '.join(BENCH_PACKAGES)}",
+        if compiled:
+            env = dict(os.environ, COMPILED_VENV=str(venv),
+                       COMPILED_TESTS="tests/unit/test_compiled_build.py")
+            if _stream(["bash", "scripts/compiled_check.sh"], f"[{kind}-venv] ", env=env, cwd=ROOT):
+                raise SystemExit("compiled build: scripts/compiled_check.sh failed (output above)")
+        else:
+            _install_pure(venv)
+        print(f"{kind} build: installing the benches' packages: {' '.join(BENCH_PACKAGES)}",
               flush=True)
         if _stream([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
                     "-c", str(ROOT / "constraints/dev.txt"), *BENCH_PACKAGES],
-                   "[compiled-venv] ", cwd=ROOT):
-            raise SystemExit("compiled build: pip install of the benches' packages failed")
+                   f"[{kind}-venv] ", cwd=ROOT):
+            raise SystemExit(f"{kind} build: pip install of the benches' packages failed")
         stamp_file.write_text(stamp + "\n")
     else:
-        print(f"compiled build: {venv} is current (its sources' stamp matches)", flush=True)
+        print(f"{kind} build: {venv} is current (its sources' stamp matches)", flush=True)
     version = subprocess.run([str(venv / "bin" / "gazette"), "--version"], capture_output=True,
                              text=True, check=True, cwd=venv).stdout.strip()
-    print(f"compiled build: {version}", flush=True)
+    print(f"{kind} build: {version}", flush=True)
     return version
+
+
+def _install_pure(venv: Path) -> None:
+    """The pure wheel of this checkout (the files git lists, as compiled_check.sh packs them)
+    installed into ``venv`` with the extras compiled_check.sh gives the compiled one."""
+    with tempfile.TemporaryDirectory(prefix="gazette-pure-") as tmp:
+        src, dist = Path(tmp) / "src", Path(tmp) / "dist"
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                                 "--exclude-standard"], cwd=ROOT, capture_output=True,
+                                check=True).stdout
+        for name in filter(None, listed.split(b"\0")):
+            path = ROOT / os.fsdecode(name)
+            if path.is_file():
+                (src / os.fsdecode(name)).parent.mkdir(parents=True, exist_ok=True)
+                (src / os.fsdecode(name)).write_bytes(path.read_bytes())
+        if not (venv / "bin" / "python").exists():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "-q", "--disable-pip-version-check"]
+        env = dict(os.environ, GAZETTE_PURE="1")
+        if _stream([*pip, "wheel", "--no-deps", "-w", str(dist), str(src)], "[interpreted-venv] ",
+                   env=env, cwd=ROOT):
+            raise SystemExit("interpreted build: pip wheel failed (output above)")
+        wheel = next(dist.glob("gazette-*.whl"))
+        if _stream([*pip, "install", "--force-reinstall", "--no-deps", str(wheel)],
+                   "[interpreted-venv] ", cwd=ROOT) or \
+                _stream([*pip, "install", "-c", str(ROOT / "constraints/dev.txt"),
+                         f"{wheel}[uvloop,etcd]"], "[interpreted-venv] ", cwd=ROOT):
+            raise SystemExit("interpreted build: pip install of the wheel failed (output above)")
 
 
 # -- the child's side ------------------------------------------------------------------------
@@ -278,7 +319,8 @@ def write_result(path: str, figures: Sequence[Figure], notes: Sequence[str] = ()
 # -- the parent's side -----------------------------------------------------------------------
 
 # Options only the parent reads: not passed on to a child.
-_PARENT_OPTIONS = {"--builds": True, "--compiled-venv": True, "--rebuild": False}
+_PARENT_OPTIONS = {"--builds": True, "--compiled-venv": True, "--interpreted-venv": True,
+                   "--rebuild": False}
 
 
 def child_argv(argv: Sequence[str]) -> list[str]:
@@ -486,7 +528,10 @@ def run_builds(args: argparse.Namespace, argv: Sequence[str], script: str, *,
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
     venv = Path(args.compiled_venv).resolve()
-    builds = parse_builds(args.builds, venv)
+    pure_venv = Path(args.interpreted_venv).resolve()
+    builds = parse_builds(args.builds, venv, pure_venv)
+    if any(not b.compiled for b in builds):
+        provision(pure_venv, args.rebuild, compiled=False)
     if any(b.compiled for b in builds):
         provision(venv, args.rebuild)
     combined = Combined(builds)
@@ -502,11 +547,6 @@ def run_builds(args: argparse.Namespace, argv: Sequence[str], script: str, *,
               f"{info['python']}")
         if info["servers"] != info["gazette"]:
             print(f"  {'':<19} its brokers: {info['servers']}")
-        if not build.compiled and Path(info["source"]) != ROOT / "gazette":
-            # The compiled wheel is built from this checkout: the two builds then run the
-            # same source only if the interpreted gazette is this checkout's too.
-            print(f"  {'':<19} note: its gazette is {info['source']}, not this checkout's "
-                  "(the compiled wheel's source): uncommitted changes there are not compared")
     figs = [f for row in combined.rows.values() for f in row.values()]
     if any(f.peer is not None for f in figs):
         print(f"  peer ({peer_name}): measured once, in the {builds[0].name} child"

@@ -35,6 +35,13 @@ COMPILED_MODULES: tuple[str, ...] = (
     "gazette.message.sequencer",
     "gazette.allocator._flow",
     "gazette.allocator.solver",
+    "gazette.rpc.frames",
+    "gazette.rpc.hpack_decoder",
+    "gazette.rpc.connection",
+    "gazette.rpc.server",
+    "gazette.broker.append",
+    "gazette.broker.pipeline",
+    "gazette.broker.spool",
 )
 
 

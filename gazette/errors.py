@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from typing import ClassVar
 
 __all__ = ["GazetteError", "ValidationError", "incident"]
 
@@ -45,9 +46,9 @@ __all__ = ["GazetteError", "ValidationError", "incident"]
 class GazetteError(Exception):
     """Base class of errors raised deliberately by gazette."""
 
-    grpc_code: str = "UNKNOWN"
+    grpc_code: ClassVar[str] = "UNKNOWN"
     """Name of the ``grpc.StatusCode`` an RPC failing with this error ends with."""
-    http_status: int = 500
+    http_status: ClassVar[int] = 500
     """HTTP status the gateway answers with."""
 
 

@@ -51,7 +51,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from functools import partial
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from gazette.allocator import desired_replication
 from gazette.auth import Claims
@@ -59,7 +59,7 @@ from gazette.broker import metrics
 from gazette.broker.context import BrokerContext
 from gazette.broker.flow import AppendFlowControl, ReadAhead, flow_controlled, min_rate_policed
 from gazette.broker.pipeline import Pipeline, ReplicationError
-from gazette.broker.replica import acquire_unless, wait_unless
+from gazette.broker.replica import Replica, acquire_unless, wait_unless
 from gazette.broker.wire import AppendChunk, ContentChunk
 from gazette.errors import GazetteError
 from gazette.fragment import Fragment, set_sum
@@ -68,7 +68,6 @@ from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol.specs import may_write
 
 if TYPE_CHECKING:
-    from gazette.broker.replica import Replica
     from gazette.broker.resolver import Resolution
 
 log = logging.getLogger(__name__)
@@ -82,8 +81,8 @@ DEFAULT_FLUSH_INTERVAL = 24 * 3600
 class AppendStreamError(GazetteError):
     """The client's request stream broke the Append protocol."""
 
-    grpc_code = "INVALID_ARGUMENT"
-    http_status = 400
+    grpc_code: ClassVar[str] = "INVALID_ARGUMENT"
+    http_status: ClassVar[int] = 400
 
 
 def maybe_roll(cur: Fragment, first_append: float | None, roll_to: int,
@@ -681,10 +680,7 @@ async def pulse(broker: BrokerContext, replica: Replica, suspend_if_flushed: boo
     mode = pb.AppendRequest.SUSPEND_IF_FLUSHED if suspend_if_flushed else pb.AppendRequest.SUSPEND_NO_RESUME
     req = pb.AppendRequest(journal=replica.journal, do_not_proxy=True, suspend=mode)
 
-    async def commit() -> AsyncIterator[pb.AppendRequest]:
-        yield pb.AppendRequest()
-
-    resp = await append(broker, req, commit())
+    resp = await append(broker, req, _Requests(pb.AppendRequest(), _NO_CHUNKS))
     if resp.status not in (pb.OK, pb.NOT_JOURNAL_PRIMARY_BROKER, pb.NO_JOURNAL_PRIMARY_BROKER,
                            pb.JOURNAL_NOT_FOUND, pb.SUSPENDED):
         raise ReplicationError(f"pulse of {replica.journal} ended {pb.Status.Name(resp.status)}")
@@ -696,10 +692,44 @@ async def _proxy(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIter
     fwd.CopyFrom(first)
     fwd.header.CopyFrom(header)
 
-    async def requests() -> AsyncIterator[pb.AppendRequest]:
-        yield fwd
-        async for req in rest:
-            yield req.to_proto() if isinstance(req, ContentChunk) else req
-
-    resp: pb.AppendResponse = await stub.Append(requests())
+    resp: pb.AppendResponse = await stub.Append(_Requests(fwd, rest))
     return resp
+
+
+class _NoChunks:
+    """An empty stream of append chunks."""
+
+    def __aiter__(self) -> _NoChunks:
+        return self
+
+    async def __anext__(self) -> AppendChunk:
+        raise StopAsyncIteration
+
+
+_NO_CHUNKS = _NoChunks()
+
+
+class _Requests:
+    """``first``, then ``rest`` as AppendRequests: what a pulse (a lone commit) and a proxied
+    append send. A class, not an async generator: the compiled build's mypyc
+    does not compile async generators."""
+
+    def __init__(self, first: pb.AppendRequest, rest: AsyncIterator[AppendChunk]) -> None:
+        self._first: pb.AppendRequest | None = first
+        self._rest: AsyncIterator[AppendChunk] | None = rest
+
+    def __aiter__(self) -> _Requests:
+        return self
+
+    async def __anext__(self) -> pb.AppendRequest:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        if self._rest is not None:
+            try:
+                req = await self._rest.__anext__()
+            except StopAsyncIteration:
+                self._rest = None
+            else:
+                return req.to_proto() if isinstance(req, ContentChunk) else req
+        raise StopAsyncIteration

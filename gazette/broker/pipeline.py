@@ -37,7 +37,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import grpc
 
@@ -81,7 +81,7 @@ class ReplicationError(GazetteError):
     """A peer of the pipeline failed (send or receive), or answered unexpectedly: transient,
     the client retries."""
 
-    grpc_code = "UNAVAILABLE"
+    grpc_code: ClassVar[str] = "UNAVAILABLE"
 
 
 

@@ -59,7 +59,8 @@ class ReplicateStreamError(GazetteError):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
-        self.grpc_code = code.name
+        # Per instance, shadowing the class's (the one error class whose code varies).
+        self.grpc_code = code.name  # type: ignore[misc]
 
 
 def _validate(req: pb.ReplicateRequest) -> None:

@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
+from gazette._compiled import mypyc_attr
 from gazette.fragment.codecs import Codec, new_compressor
 from gazette.fragment.errors import SpoolError
 from gazette.fragment.fragment import ZERO_SUM, Fragment
@@ -67,6 +68,9 @@ hand-off (two thread wake-ups) costs more than the loop gains."""
 _WRITERS = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="spool-write")
 
 
+# Not native in the compiled build: a weak reference (its finalizer) needs ``__weakref__``,
+# which mypyc's classes do not have; its work is system calls anyway.
+@mypyc_attr(native_class=False)
 class SpoolFile:
     """An anonymous temporary file: unlinked as soon as it is created.
 

@@ -52,7 +52,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import cast
+from typing import ClassVar, cast
 
 from gazette._compiled import mypyc_attr
 from gazette.errors import GazetteError
@@ -142,7 +142,7 @@ class LogLimit:
     ``MAX_LINE`` characters (what came from the peer is cut short); the lines left out are
     counted in the next one written."""
 
-    MAX_LINE = 512
+    MAX_LINE: ClassVar[int] = 512  # ClassVar: read through the class, compiled too
 
     def __init__(self, burst: float, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.limit = RateLimit(burst, rate, clock)
@@ -202,6 +202,11 @@ def _gather_fd(transport: asyncio.Transport) -> int:
         return int(sock.fileno()) if sock is not None else -1
     except (AttributeError, OSError, ValueError):
         return -1
+
+
+# Read from the module at each connection, not called directly (which mypyc compiles to a
+# direct call): the seam through which tests give sockets tiny send buffers.
+gather_fd: Callable[[asyncio.Transport], int] = _gather_fd
 
 
 class _Yield(Exception):
@@ -302,7 +307,7 @@ class Connection(asyncio.Protocol):
 
     #: The client side (ClientConnection sets it in its __init__: a subclass's class attribute
     #: does not override a compiled class's).
-    is_client = False
+    is_client: bool = False
     #: Streams the peer may have open at once (advertised and enforced by the server).
     max_concurrent_streams: int | None = None
 
@@ -354,7 +359,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = t = stream_transport(transport)
-        self._fd = _gather_fd(t)
+        self._fd = gather_fd(t)
         head = f.PREFACE if self.is_client else b""
         settings = {
             f.SETTINGS_ENABLE_PUSH: 0,
@@ -388,10 +393,12 @@ class Connection(asyncio.Protocol):
                 self._backlog = frames
                 self.set_reading(_BACKLOG, False)
                 self.loop.call_soon(self._run_backlog)
+        # A name per clause: compiled, mypyc types ``err`` by its first binding and would
+        # check an HpackError bound to it against ProtocolError (a TypeError instead).
         except f.ProtocolError as err:
             self.connection_error(str(err), err.code)
-        except HpackError as err:
-            self.connection_error(f"bad header block: {err}", f.COMPRESSION_ERROR)
+        except HpackError as hpack_err:
+            self.connection_error(f"bad header block: {hpack_err}", f.COMPRESSION_ERROR)
 
     def _run_backlog(self) -> None:
         frames, self._backlog = self._backlog, None
@@ -704,12 +711,13 @@ class Connection(asyncio.Protocol):
             stream.on_data(content, bool(flags & f.END_STREAM))
             if len(content) != n:
                 stream.credit(n - len(content))
-        except f.MessageRefused as err:
-            self.message_refused(stream, err)
-        except f.ProtocolError as err:
-            self.reset_stream(stream, f.PROTOCOL_ERROR, err)
-        except StreamReset as err:
-            self.reset_stream(stream, err.code, err)
+        # A name per clause: mypyc types a name by its first binding (see _run).
+        except f.MessageRefused as refused:
+            self.message_refused(stream, refused)
+        except f.ProtocolError as bad:
+            self.reset_stream(stream, f.PROTOCOL_ERROR, bad)
+        except StreamReset as reset:
+            self.reset_stream(stream, reset.code, reset)
         else:
             if stream.remote_closed:
                 self.on_remote_closed(stream)

@@ -27,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any
+import socket
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar, cast
 
 import grpc
 import grpc.aio
@@ -64,10 +65,6 @@ MAX_BUFFERED = 256 << 20
 IDLE_TIMEOUT = 300.0
 
 
-class _Abort(grpc.aio.AbortError):  # type: ignore[misc]
-    """Raised by ``context.abort`` (a ``grpc.aio.AbortError``, as servicers expect)."""
-
-
 class _CallDetails(grpc.HandlerCallDetails):  # type: ignore[misc]
     def __init__(self, method: str, metadata: tuple[tuple[str, str], ...]) -> None:
         self.method = method
@@ -90,7 +87,9 @@ class ServicerContext:
         if code is grpc.StatusCode.OK:
             raise ValueError("abort with OK")
         self.code, self.details = code, details
-        raise _Abort()
+        # grpc's own class, not a subclass defined here: compiled by mypyc, a subclass of
+        # this Cython-defined exception crashed the process (SIGSEGV) once raised.
+        raise grpc.aio.AbortError()
 
     def set_code(self, code: grpc.StatusCode) -> None:
         self.code = code
@@ -150,8 +149,6 @@ class _Requests:
 class ServerStream(Stream):
     __slots__ = ("handler", "task", "headers_sent", "deserialize", "serialize", "deadline_handle", "expired",
                  "received")
-
-    conn: ServerConnection
 
     def __init__(self, conn: ServerConnection, stream_id: int, handler: grpc.RpcMethodHandler) -> None:
         super().__init__(conn, stream_id)
@@ -225,8 +222,8 @@ class UnaryServerStream(ServerStream):
 class BadRequest(GazetteError):
     """A request message that does not decode: the call ends INVALID_ARGUMENT."""
 
-    grpc_code = "INVALID_ARGUMENT"
-    http_status = 400
+    grpc_code: ClassVar[str] = "INVALID_ARGUMENT"
+    http_status: ClassVar[int] = 400
 
 
 class ServerConnection(Connection):
@@ -540,7 +537,10 @@ class RpcServer:
         """Listens on ``host:port`` (0 picks a port); returns the bound port."""
         srv = await asyncio.get_running_loop().create_server(self.protocol, host, port)
         self._servers.append(srv)
-        return int(srv.sockets[0].getsockname()[1])
+        # Read untyped: typeshed says a tuple, uvloop's server gives a list (and compiled,
+        # mypyc would check the declared type).
+        sockets: Sequence[socket.socket] = cast(Any, srv).sockets
+        return int(sockets[0].getsockname()[1])
 
     async def stop(self, grace: float | None = None) -> None:
         """Stops listening, lets running RPCs finish within ``grace`` seconds, then cancels
@@ -596,8 +596,8 @@ class RpcServer:
             code, details = ctx.code or grpc.StatusCode.OK, ctx.details
         except grpc.aio.AbortError:
             code, details = ctx.code or grpc.StatusCode.UNKNOWN, ctx.details
-        except BadRequest as err:
-            code, details = grpc.StatusCode.INVALID_ARGUMENT, str(err)
+        except BadRequest as bad:  # a name per clause: mypyc types one by its first binding
+            code, details = grpc.StatusCode.INVALID_ARGUMENT, str(bad)
         except asyncio.CancelledError:
             # This task is the top of its own call and only this server cancels it (a reset, a
             # deadline, a stop): the cancellation ends the call with a status, and nothing

@@ -4,6 +4,7 @@ runs these tests), that every listed module really is an extension module."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import os
@@ -87,3 +88,51 @@ def test_pure_python_when_forced_or_without_a_compiler(
     else:
         assert got is not None and got.startswith(why)
         assert setup._ext_modules() == []
+
+
+# -- what mypyc compiles differently: checked in the source of every listed module -------------
+
+_ENUM_BASES = ("Enum", "IntEnum", "Flag", "IntFlag", "StrEnum")
+
+
+def _listed_sources() -> list[tuple[str, ast.Module]]:
+    return [(name, ast.parse((ROOT / (name.replace(".", "/") + ".py")).read_text()))
+            for name in _compiled.COMPILED_MODULES]
+
+
+@pytest.mark.skipif(EXPECT_COMPILED, reason="a compiled install: no checkout")
+def test_no_try_binds_one_name_to_two_exception_types() -> None:
+    # mypyc types a name by its first binding: ``except A as err: ... except B as err:`` then
+    # checks a B against A and raises TypeError in place of the handler (it ended garbage
+    # requests UNKNOWN instead of INVALID_ARGUMENT, and HPACK errors without their GOAWAY).
+    found = []
+    for name, tree in _listed_sources():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Try):
+                continue
+            bound: dict[str, set[str]] = {}
+            for handler in node.handlers:
+                if handler.name and handler.type is not None:
+                    bound.setdefault(handler.name, set()).add(ast.unparse(handler.type))
+            found += [f"{name}:{node.lineno} {n}: {sorted(t)}" for n, t in bound.items() if len(t) > 1]
+    assert not found, f"a name per except clause, please: {found}"
+
+
+@pytest.mark.skipif(EXPECT_COMPILED, reason="a compiled install: no checkout")
+def test_class_attributes_of_listed_modules_are_class_vars() -> None:
+    # A plain class-level assignment in a compiled class does not override its base's
+    # attribute (an error class's ``grpc_code`` read through the class stayed its root's:
+    # INVALID_ARGUMENT became UNKNOWN); ``ClassVar`` does. Enum members are exempt.
+    found = []
+    for name, tree in _listed_sources():
+        for cls in ast.walk(tree):
+            if not isinstance(cls, ast.ClassDef):
+                continue
+            if any(ast.unparse(b).split(".")[-1] in _ENUM_BASES for b in cls.bases):
+                continue
+            for st in cls.body:
+                if isinstance(st, ast.Assign):
+                    targets = [ast.unparse(t) for t in st.targets]
+                    if targets not in (["__slots__"], ["__match_args__"]):
+                        found.append(f"{name}:{st.lineno} {cls.name}.{targets[0]}")
+    assert not found, f"annotate these ClassVar (or set them in __init__): {found}"

@@ -147,7 +147,7 @@ async def test_consumer_member_bounds_header_blocks_and_answers_garbage(
         t0 = time.perf_counter()
         assert await _hostile_blocks_beside_a_ping(port) < PING_BOUND
         assert time.perf_counter() - t0 < 60
-        assert max(stalls) < STALL_BOUND  # in this process: measured, not inferred
+        assert max(stalls, default=0.0) < STALL_BOUND  # in this process: measured, not inferred
         raw = await Raw.connect(port)
         garbage = b"\xff\xff\xff"
         request(raw, 1, "/consumer.Shard/List", f.message_prefix(len(garbage)) + garbage)

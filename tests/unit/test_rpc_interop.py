@@ -345,7 +345,7 @@ async def test_gathered_writes_that_overflow_the_socket_arrive_whole(
     # Messages both ways must arrive whole and in order.
     if served.kind == client_kind == "grpcio":
         pytest.skip("neither end is ours")
-    real = rpc_connection._gather_fd
+    real = rpc_connection.gather_fd
     gathered: list[int] = []
 
     def tiny_buffers(transport: asyncio.Transport) -> int:
@@ -355,7 +355,7 @@ async def test_gathered_writes_that_overflow_the_socket_arrive_whole(
         gathered.append(fd)
         return fd
 
-    monkeypatch.setattr(rpc_connection, "_gather_fd", tiny_buffers)
+    monkeypatch.setattr(rpc_connection, "gather_fd", tiny_buffers)
     channel = dial(client_kind, served.target)
     try:
         stub = pb_grpc.JournalStub(channel)
