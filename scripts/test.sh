@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The project's test command: installs what it needs, then lints, type-checks
-# and runs the test suite. SOAK=1 runs the long soak/fault tests instead.
+# The project's test command: installs what it needs, then lints, type-checks and runs the test
+# suite: the compiled modules' tests on their sources, then the whole suite against the
+# compiled wheel (.venv-compiled). SOAK=1 runs the long soak/fault tests instead (on the
+# sources). A developer's quick loop is `.venv/bin/pytest` on the editable sources.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh dev
@@ -17,4 +19,12 @@ if [ "${SOAK:-0}" = "1" ]; then
   [ "$rc" = 5 ] && rc=0
   exit "$rc"
 fi
-exec .venv/bin/pytest "$@"
+# The compiled modules' unit and property tests on their .py sources (the interpreted build,
+# as GAZETTE_PURE=1 installs it and as development runs it)...
+.venv/bin/pytest tests/unit/test_compiled_build.py tests/unit/test_rpc_*.py \
+  tests/unit/test_message_*.py tests/unit/test_mux.py tests/unit/test_flow.py \
+  tests/unit/test_allocator_*.py tests/unit/test_pipeline*.py tests/unit/test_spool*.py \
+  tests/unit/test_append_service.py "$@"
+# ...then the whole suite against the build users install: the wheel, compiled where a C
+# compiler works (scripts/compiled_check.sh; pure Python where none does, saying so).
+exec bash scripts/compiled_check.sh "$@"

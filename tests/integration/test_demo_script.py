@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,8 @@ def test_demo_script_oneshot(tmp_path: Path) -> None:
            if k not in ("BROKER_ADDRESS", "ETCD_ADDRESS", "ETCD_PREFIX", "BROKER_ID")}
     env.update(DEMO_ONESHOT="1", DEMO_DIR=str(tmp_path / "demo"),
                ETCD_PORT=str(free_port()), BROKER_PORT=str(broker_port), CONSUMER_PORT=str(free_port_pair()),
-               DEMO_BIKES="60", DEMO_DATABASE="bike_share_demo_test")  # --fresh: dropped each run
+               DEMO_BIKES="60", DEMO_DATABASE="bike_share_demo_test",  # --fresh: dropped each run
+               DEMO_VENV=sys.prefix)  # the build under test: no wheel built or installed here
     proc = subprocess.run(["bash", "scripts/demo.sh"], cwd=REPO, env=env, capture_output=True,
                           timeout=420, check=False)
     out, err = proc.stdout.decode(), proc.stderr.decode()

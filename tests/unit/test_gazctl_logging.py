@@ -85,7 +85,8 @@ def test_a_records_extra_fields_and_exception_become_fields() -> None:
 
 
 def test_version_and_python_dash_m() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # The gazette under test (the checkout's, or an installed build's) is the children's too.
+    env = {**os.environ, "PYTHONPATH": str(Path(gazette.__file__).resolve().parents[1])}
     out = subprocess.run([sys.executable, "-m", "gazette.cli.gazctl", "--version"], env=env,
                          capture_output=True, text=True, timeout=60, check=True).stdout
     assert out == f"gazctl {gazette.__version__}; {build_line()}\n"
