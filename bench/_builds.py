@@ -13,11 +13,12 @@ Invariants:
 * A build is a name, a python and an event loop. ``compiled`` is the compiled virtualenv's
   python (``--compiled-venv``), whose gazette is the wheel ``scripts/compiled_check.sh``
   builds; ``interpreted`` the interpreted virtualenv's (``--interpreted-venv``), whose gazette
-  is the pure wheel of the same checkout (``GAZETTE_PURE=1``) beside the same packages. Both
-  are installed as users install them, byte-compiled: the development virtualenv's editable
-  gazette is not a fair "interpreted" (it runs with ``PYTHONDONTWRITEBYTECODE`` here, so every
-  lazy import compiles its source inside whatever is being timed: the first publish case ran
-  at 0.55-0.6x of the installed wheel's rate for that alone). Each child reports the build it actually loaded
+  is the pure wheel of the same checkout (the same script with ``GAZETTE_PURE=1``) beside the
+  same packages. Both are installed as users install them, byte-compiled: the development
+  virtualenv's editable gazette is not a fair "interpreted" (it runs with
+  ``PYTHONDONTWRITEBYTECODE`` here, so every lazy import compiles its source inside whatever
+  is being timed: the first publish case ran at 0.55-0.6x of the installed wheel's rate for
+  that alone). Each child reports the build it actually loaded
   (``gazette._compiled.build_line``), in its own process and in the brokers it starts
   (``python -m gazette.cli.serve``), and the parent stops if either is not the build it asked
   for: a compiled build that fell back to its ``.py`` modules would make the comparison a lie.
@@ -223,12 +224,12 @@ def provision(venv: Path, rebuild: bool, compiled: bool = True) -> str:
               f"{'; mypyc takes 1-3 minutes' if compiled else ''})", flush=True)
         stamp_file.unlink(missing_ok=True)  # stale until this provisioning succeeds
         venv.parent.mkdir(parents=True, exist_ok=True)
-        if compiled:
-            env = dict(os.environ, COMPILED_VENV=str(venv), COMPILED_ONLY_INSTALL="1")
-            if _stream(["bash", "scripts/compiled_check.sh"], f"[{kind}-venv] ", env=env, cwd=ROOT):
-                raise SystemExit("compiled build: scripts/compiled_check.sh failed (output above)")
-        else:
-            _install_pure(venv)
+        # One script builds both: the wheel of this checkout, compiled or (GAZETTE_PURE=1)
+        # pure, installed with the suite's extras.
+        env = dict(os.environ, COMPILED_VENV=str(venv), COMPILED_ONLY_INSTALL="1",
+                   GAZETTE_PURE="0" if compiled else "1")
+        if _stream(["bash", "scripts/compiled_check.sh"], f"[{kind}-venv] ", env=env, cwd=ROOT):
+            raise SystemExit(f"{kind} build: scripts/compiled_check.sh failed (output above)")
         print(f"{kind} build: installing the benches' packages: {' '.join(BENCH_PACKAGES)}",
               flush=True)
         if _stream([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
@@ -242,34 +243,6 @@ def provision(venv: Path, rebuild: bool, compiled: bool = True) -> str:
                              text=True, check=True, cwd=venv).stdout.strip()
     print(f"{kind} build: {version}", flush=True)
     return version
-
-
-def _install_pure(venv: Path) -> None:
-    """The pure wheel of this checkout (the files git lists, as compiled_check.sh packs them)
-    installed into ``venv`` with the extras compiled_check.sh gives the compiled one."""
-    with tempfile.TemporaryDirectory(prefix="gazette-pure-") as tmp:
-        src, dist = Path(tmp) / "src", Path(tmp) / "dist"
-        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                                 "--exclude-standard"], cwd=ROOT, capture_output=True,
-                                check=True).stdout
-        for name in filter(None, listed.split(b"\0")):
-            path = ROOT / os.fsdecode(name)
-            if path.is_file():
-                (src / os.fsdecode(name)).parent.mkdir(parents=True, exist_ok=True)
-                (src / os.fsdecode(name)).write_bytes(path.read_bytes())
-        if not (venv / "bin" / "python").exists():
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        pip = [str(venv / "bin" / "python"), "-m", "pip", "-q", "--disable-pip-version-check"]
-        env = dict(os.environ, GAZETTE_PURE="1")
-        if _stream([*pip, "wheel", "--no-deps", "-w", str(dist), str(src)], "[interpreted-venv] ",
-                   env=env, cwd=ROOT):
-            raise SystemExit("interpreted build: pip wheel failed (output above)")
-        wheel = next(dist.glob("gazette-*.whl"))
-        if _stream([*pip, "install", "--force-reinstall", "--no-deps", str(wheel)],
-                   "[interpreted-venv] ", cwd=ROOT) or \
-                _stream([*pip, "install", "-c", str(ROOT / "constraints/dev.txt"),
-                         f"{wheel}[uvloop,etcd]"], "[interpreted-venv] ", cwd=ROOT):
-            raise SystemExit("interpreted build: pip install of the wheel failed (output above)")
 
 
 # -- the child's side ------------------------------------------------------------------------
