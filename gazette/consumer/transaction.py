@@ -122,6 +122,10 @@ class MessageSource(Protocol):
         """Whether a transaction of some producer began but is not yet acknowledged."""
         ...
 
+    # Optional: ``sequence_without_acks(item)``, as ``sequence`` less the acknowledgements
+    # (ACK_TXN), for an application with ``receive_acks = False``; a source that knows its
+    # batches' UUID flags skips the per-message check the loop otherwise makes (``is_ack``).
+
     def sequenced_through(self) -> Mapping[str, int]:
         """Read-through offsets of everything sequenced so far (no side effect): what the
         loop reports as progress when sequenced input made no message ready."""
@@ -209,6 +213,8 @@ class TransactionLoop:
         self._closed = False  # the source ended
         self._async_consume = inspect.iscoroutinefunction(app.consume_message)
         self._receive_acks = bool(getattr(app, "receive_acks", True))
+        self._sequence_without_acks: Callable[[Any], Awaitable[Sequence[Envelope]]] | None = getattr(
+            source, "sequence_without_acks", None)
         self._begin_finisher: BeginFinisher[Any, Any] | None = app if isinstance(app, BeginFinisher) else None
 
     async def run(self, recovered: pc.Checkpoint | None = None) -> None:
@@ -339,11 +345,14 @@ class TransactionLoop:
 
     async def _consume(self, txn: Txn, item: Any) -> None:
         app, shard, store, pub = self.app, self.shard, self.store, self.publisher
-        batch = await self.source.sequence(item)
-        if not self._receive_acks:
+        if self._receive_acks:
+            batch = await self.source.sequence(item)
+        elif self._sequence_without_acks is not None:
+            batch = await self._sequence_without_acks(item)
+        else:
             # Acknowledgements are sequenced (they commit their producer's messages) but not
             # handed over; alone, they begin no transaction (read-through still passes them).
-            batch = [env for env in batch if not is_ack(env)]
+            batch = [env for env in await self.source.sequence(item) if not is_ack(env)]
         if not batch:
             return
         if txn.consumed == 0:
