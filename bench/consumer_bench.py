@@ -67,8 +67,12 @@ from gazette.message import (
     TypedMessage,
     build_uuid,
 )
-from gazette.message.reading import batch_decoder, message_framing, read_committed
-from gazette.message.uuid import ACK_TXN, get_flags
+from gazette.message.reading import (
+    batch_decoder,
+    message_framing,
+    read_committed,
+    read_committed_batches,
+)
 from gazette.testing.consumer import ConsumerHarness
 from gazette.testing.etcd import start_test_etcd
 
@@ -204,16 +208,23 @@ def decode_rates(n: int) -> tuple[float, float]:
     return decode_rate(JSONMessage, contents[0], n), decode_rate(Keyed, contents[1], n)
 
 
-async def ceiling(client: JournalClient, n: int) -> float:
+async def ceiling(client: JournalClient, n: int) -> tuple[float, float]:
+    """read_committed alone, message by message and a batch at a time (acknowledgements left
+    out by the reader, from the batches' UUID flags: ``acks=False``)."""
     t0, seen = time.perf_counter(), 0
-    async for env in read_committed(client, "bench/in", block=False):
-        if get_flags(env.message.get_uuid()) != ACK_TXN:
-            seen += 1
+    async for _ in read_committed(client, "bench/in", block=False, acks=False):
+        seen += 1
     assert seen == n, (seen, n)
-    return n / (time.perf_counter() - t0)
+    per_message = n / (time.perf_counter() - t0)
+    t0, seen = time.perf_counter(), 0
+    async for batch in read_committed_batches(client, "bench/in", block=False, acks=False):
+        seen += len(batch)
+    assert seen == n, (seen, n)
+    return per_message, n / (time.perf_counter() - t0)
 
 
-async def throughput(etcd_url: str, root: Path, n: int, typed: bool = False) -> tuple[float, float]:
+async def throughput(etcd_url: str, root: Path, n: int,
+                     typed: bool = False) -> tuple[float, tuple[float, float]]:
     app = CountApp(expect=n, typed=typed)
     harness = ConsumerHarness(app, journals=JOURNALS, shards="shards: []\n", etcd_url=etcd_url,
                               root=root / ("tp-typed" if typed else "tp"))
@@ -244,9 +255,7 @@ async def latency(etcd_url: str, root: Path, rate: int, seconds: float) -> list[
 
         async def reader() -> None:
             assert h.client is not None
-            async for env in read_committed(h.client, "bench/out", block=True):
-                if get_flags(env.message.get_uuid()) == ACK_TXN:
-                    continue
+            async for env in read_committed(h.client, "bench/out", block=True, acks=False):
                 lat.append(time.perf_counter() - env.message.doc["t"])
                 if len(lat) >= total:
                     return
@@ -314,6 +323,7 @@ def pct(xs: list[float], p: float) -> float:
 
 SHARD = "consumer, one shard (count, MemoryStore)"
 READ_COMMITTED = "read_committed alone"
+READ_COMMITTED_BATCHES = "read_committed_batches alone"
 P99 = "end-to-end latency p99"
 BYTEWAX_BAR = 1.2  # the issue's bars (32, native speed)
 READ_COMMITTED_BAR = 2.0  # x the interpreted build's rate, in the same run
@@ -366,7 +376,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="gazette-consumer-bench-") as tmp:
             root = Path(tmp)
             # On the build's loop in a --builds child (asyncio.run otherwise).
-            ours, ceil = _builds.run(throughput(etcd.url, root, a.messages))
+            ours, (ceil, ceil_batches) = _builds.run(throughput(etcd.url, root, a.messages))
             typed, _ = _builds.run(throughput(etcd.url, root, a.messages, typed=True))
             src = root / "input.jsonl"
             with open(src, "w") as f:
@@ -386,6 +396,8 @@ def main() -> int:
     print(f"{'gazette consumer (count, MemoryStore)':<44} {ours:>12,.0f} {'1.00':>8}")
     print(f"{'gazette consumer, typed messages (msgspec)':<44} {typed:>12,.0f} {typed / ours:>8.2f}  (typed/JSONMessage)")
     print(f"{'ceiling: read_committed alone':<44} {ceil:>12,.0f} {ours / ceil:>8.2f}  (ours/ceiling)")
+    print(f"{'read_committed_batches alone':<44} {ceil_batches:>12,.0f} {ceil_batches / ceil:>8.2f}  "
+          "(batches/read_committed)")
     for name, figure in (("bytewax, recovery on (1 s epochs)", bw_rec), ("bytewax, no recovery", bw_plain)):
         if a.no_peer:
             print(f"{name:<44} {'(run in the first build only)':>12}")
@@ -409,6 +421,7 @@ def main() -> int:
             F("bytewax, no recovery (peer only)", "msgs/s", None, peer=bw_plain),
             F("consumer, typed messages (msgspec)", "msgs/s", typed),
             F(READ_COMMITTED, "msgs/s", ceil),
+            F(READ_COMMITTED_BATCHES, "msgs/s", ceil_batches),
             F("decode alone, JSONMessage", "msgs/s", dec_json),
             F("decode alone, typed (Keyed)", "msgs/s", dec_typed),
             F("end-to-end latency p50", "ms", p50, lower_is_better=True),

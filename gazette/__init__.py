@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         Publisher,
         modulo_mapping,
         read_committed,
+        read_committed_batches,
         read_uncommitted,
         rendezvous_mapping,
     )
@@ -66,6 +67,7 @@ __all__ = [
     "list_journals",
     "modulo_mapping",
     "read_committed",
+    "read_committed_batches",
     "read_uncommitted",
     "rendezvous_mapping",
 ]
@@ -78,6 +80,7 @@ _HOMES = {
     "Envelope": "gazette.message", "JSONMessage": "gazette.message", "Message": "gazette.message",
     "MessageError": "gazette.message", "Publisher": "gazette.message",
     "modulo_mapping": "gazette.message", "read_committed": "gazette.message",
+    "read_committed_batches": "gazette.message",
     "read_uncommitted": "gazette.message", "rendezvous_mapping": "gazette.message",
 }
 

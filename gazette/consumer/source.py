@@ -24,11 +24,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress
-from typing import Any, Final
+from typing import Any
 
 from gazette.client import JournalClient
-from gazette.consumer.envelopes import is_ack
 from gazette.consumer.interfaces import maybe_await
 from gazette.message import Envelope, ProducerState, Sequencer, flatten_producer_states
 from gazette.message.fanin import FanIn
@@ -36,13 +34,11 @@ from gazette.message.framing import Framing
 from gazette.message.iterators import Decoder, ReadUncommittedIter, read_replay, sequence_committed
 from gazette.message.reading import batch_decoder, framing_of_spec, message_framing
 from gazette.message.source import JournalSource, replay_opener
-from gazette.message.uuid import ACK_TXN, UUIDColumns
+from gazette.message.uuid import UUIDColumns
 from gazette.protocol import consumer_pb2 as pc
 from gazette.protocol import protocol_pb2 as pb
 
 __all__ = ["ShardSource"]
-
-_ACK: Final = int(ACK_TXN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +75,6 @@ class ShardSource:
         self._producer = producer  # an async iterator of envelope batches, replacing the readers
         self._replay_range = replay  # (journal, begin, end) -> envelopes, with a producer
         self.write_heads: dict[str, int] = {}  # last write head seen per source journal
-        self._replayed = False  # a replay ran since the last sequence_without_acks
 
     def start(self) -> None:
         """Starts one reader task per source journal (or one over the app's producer)."""
@@ -112,7 +107,6 @@ class ShardSource:
                 yield _Batch(envs[0].journal, envs, None)
 
     async def _replay(self, journal: str, begin: int, end: int) -> Sequence[Envelope]:
-        self._replayed = True
         if self._replay_range is not None:  # the app's producer replays its own ranges
             replayed: Sequence[Envelope] = await maybe_await(self._replay_range(journal, begin, end))
             return replayed
@@ -128,21 +122,9 @@ class ShardSource:
         return await sequence_committed(self.sequencer, item.envelopes, item.uuids, self._replay)
 
     async def sequence_without_acks(self, item: _Batch) -> Sequence[Envelope]:
-        """``sequence`` less the acknowledgements (ACK_TXN), found from the batch's UUID flags:
-        an acknowledgement is released only as it is queued, so those released are the
-        batch's own; with no flags known, or after a replay, each message is checked."""
-        self._replayed = False
-        out = await self.sequence(item)
-        if not out:
-            return out
-        uuids = item.uuids
-        if uuids is None or self._replayed:
-            return [env for env in out if not is_ack(env)]
-        # Over the batch's distinct flag values: no per-message loop when it holds no ACK.
-        if not any(f & _ACK for f in set(uuids.flags)):
-            return out
-        acks = {id(env) for env in compress(item.envelopes, [f & _ACK for f in uuids.flags])}
-        return [env for env in out if id(env) not in acks]
+        """``sequence`` less the acknowledgements (ACK_TXN), found from the batch's UUID flags
+        (``drop_acks``) rather than message by message."""
+        return await sequence_committed(self.sequencer, item.envelopes, item.uuids, self._replay, acks=False)
 
     def has_pending(self) -> bool:
         return self.sequencer.has_pending()

@@ -59,10 +59,10 @@ if TYPE_CHECKING:
         random_mapping,
         rendezvous_mapping,
     )
-    from .message import CSVRecord, Envelope, JSONMessage, Message, parse_uuid
+    from .message import CSVRecord, Envelope, JSONMessage, Message, is_ack, parse_uuid
     from .producer_state import build_checkpoint, flatten_producer_states, flatten_read_through
     from .publisher import AckIntent, AppendTarget, BufferedAppender, Publisher
-    from .reading import read_committed, read_uncommitted
+    from .reading import read_committed, read_committed_batches, read_uncommitted
     from .sequencer import ProducerState, QueueOutcome, Sequencer
     from .source import JournalSource, replay_opener
     from .typed import StructJSONFraming, TypedMessage
@@ -108,10 +108,11 @@ _LAZY = {"ACK_TXN": ".uuid", "AckIntent": ".publisher", "AppendTarget": ".publis
          "build_uuid": ".uuid", "clock_from_time": ".uuid",
          "flatten_producer_states": ".producer_state", "flatten_read_through": ".producer_state",
          "fnv1a_32": ".mapping", "framing_for_content_type": ".framing", "get_clock": ".uuid",
-         "get_flags": ".uuid", "get_producer_id": ".uuid", "modulo_mapping": ".mapping",
+         "get_flags": ".uuid", "is_ack": ".message", "get_producer_id": ".uuid", "modulo_mapping": ".mapping",
          "new_producer_id": ".uuid", "parse_uuid": ".message", "random_mapping": ".mapping",
          "register_framing": ".framing", "rendezvous_mapping": ".mapping",
-         "read_committed": ".reading", "read_uncommitted": ".reading", "JournalSource": ".source",
+         "read_committed": ".reading", "read_committed_batches": ".reading",
+         "read_uncommitted": ".reading", "JournalSource": ".source",
          "replay_opener": ".source", "TypedMessage": ".typed", "StructJSONFraming": ".typed"}
 
 
@@ -179,11 +180,13 @@ __all__ = [
     "get_clock",
     "get_flags",
     "get_producer_id",
+    "is_ack",
     "modulo_mapping",
     "new_producer_id",
     "parse_uuid",
     "random_mapping",
     "read_committed",
+    "read_committed_batches",
     "read_uncommitted",
     "register_framing",
     "replay_opener",

@@ -35,13 +35,14 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from itertools import compress
+from typing import Any, Final, Protocol
 
 from .errors import FramingError, MessageDecodeError, UnexpectedEOFError
 from .framing import Decoded, Framing
-from .message import Envelope, MessageBatch
+from .message import Envelope, MessageBatch, is_ack
 from .sequencer import Sequencer
-from .uuid import UUIDColumns
+from .uuid import ACK_TXN, UUIDColumns
 
 __all__ = [
     "Chunk",
@@ -51,11 +52,14 @@ __all__ = [
     "ReadUncommittedIter",
     "Replay",
     "ReplayOpener",
+    "drop_acks",
     "read_replay",
     "sequence_committed",
 ]
 
 log = logging.getLogger(__name__)
+
+_ACK: Final = int(ACK_TXN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,12 +271,15 @@ class ReadCommittedIter:
         decode: Decoder,
         sequencer: Sequencer,
         open_replay: ReplayOpener,
+        *,
+        acks: bool = True,
     ) -> None:
         self._uncommitted = ReadUncommittedIter(source, framing, decode)
         self._framing = framing
         self._decode = decode
         self.sequencer = sequencer
         self._open_replay = open_replay
+        self._acks = acks
 
     async def next_batch(self) -> list[Envelope]:
         """The next committed messages (at least one), or ``[]`` once the source ended."""
@@ -280,7 +287,7 @@ class ReadCommittedIter:
             batch, uuids = await self._uncommitted.next_batch_with_uuids()
             if not batch:
                 return []
-            out = await sequence_committed(self.sequencer, batch, uuids, self._replay)
+            out = await sequence_committed(self.sequencer, batch, uuids, self._replay, acks=self._acks)
             if out:
                 return out
 
@@ -294,7 +301,7 @@ class ReadCommittedIter:
 
 
 async def sequence_committed(seq: Sequencer, batch: Sequence[Envelope], uuids: UUIDColumns | None,
-                             replay: Replay) -> list[Envelope]:
+                             replay: Replay, *, acks: bool = True) -> list[Envelope]:
     """The committed envelopes that ``batch`` (uncommitted, in journal order; ``uuids`` its
     UUID fields when known) releases from ``seq``, in commit order: the read-committed replay
     protocol, driven from here alone (``ReadCommittedIter``, the consumer's ``ShardSource``,
@@ -304,16 +311,39 @@ async def sequence_committed(seq: Sequencer, batch: Sequence[Envelope], uuids: U
     refers to a sequence begun before the ring's oldest entry (``ACK_COMMIT_REPLAY``: the
     sequencer is ``dequeuing``), its range is read again through ``replay``, handed to the
     sequencer, and drained before the next envelope is queued.
+
+    With ``acks`` false the acknowledgements (ACK_TXN) are left out (:func:`drop_acks`).
     """
     out: list[Envelope] = []
     i = 0
+    replayed = False
     while i < len(batch):
         i = seq.queue_and_drain(batch, out, i, uuids)
         if seq.dequeuing():
             journal, begin, end = seq.replay_range()
             seq.start_replay(await replay(journal, begin, end))
             seq.drain_committed(out)
-    return out
+            replayed = True
+    if acks or not out:
+        return out
+    return drop_acks(out, batch, None if replayed else uuids)
+
+
+def drop_acks(released: list[Envelope], batch: Sequence[Envelope], uuids: UUIDColumns | None) -> list[Envelope]:
+    """``released`` (what sequencing ``batch`` released) less its acknowledgements (ACK_TXN).
+
+    An acknowledgement is released only as it is queued, so those released are ``batch``'s
+    own: with its UUID flags known (``uuids``, aligned with ``batch``) they are found without
+    reading a message, and a batch holding none costs one pass over its distinct flag values.
+    Without them (or after a replay, whose envelopes are not the batch's) each message's flags
+    are read (:func:`~gazette.message.message.is_ack`)."""
+    if uuids is None:
+        return [env for env in released if not is_ack(env)]
+    flags = uuids.flags
+    if not any(f & _ACK for f in set(flags)):
+        return released
+    acks = {id(env) for env in compress(batch, [f & _ACK for f in flags])}
+    return [env for env in released if id(env) not in acks]
 
 
 async def read_replay(open_replay: ReplayOpener, framing: Framing, decode: Decoder,

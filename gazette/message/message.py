@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Final, Generic, Protocol
 from typing_extensions import TypeVar
 
 from .errors import MessageDecodeError
-from .uuid import UUID, ZERO_UUID, UUIDColumns, uuid_columns, uuid_from_int
+from .uuid import ACK_TXN, UUID, ZERO_UUID, UUIDColumns, uuid_columns, uuid_from_int
 
 __all__ = [
     "CSVRecord",
@@ -37,12 +37,16 @@ __all__ = [
     "JSONMessage",
     "Message",
     "MessageBatch",
+    "is_ack",
     "parse_uuid",
     "parse_uuid_int",
+    "uuid_flags",
 ]
 
 _JM = TypeVar("_JM", bound="JSONMessage")
 _T = TypeVar("_T")
+_FLAGS_MASK: Final = 0x3FF
+_ACK: Final = int(ACK_TXN)
 
 
 class Message(Protocol):
@@ -82,6 +86,23 @@ class Envelope(Generic[M]):
     begin: int
     end: int
     message: M
+
+
+def uuid_flags(envelope: Envelope[Any]) -> int:
+    """The transaction flags of the envelope's message UUID (OUTSIDE_TXN, CONTINUE_TXN,
+    ACK_TXN). Reads the message's ``uuid_int`` when its type offers one (no UUID object is
+    built), else ``get_uuid()``."""
+    msg: Any = envelope.message
+    value = getattr(msg, "uuid_int", None)
+    if value is None:
+        value = msg.get_uuid().int
+    return (int(value) >> 48) & _FLAGS_MASK
+
+
+def is_ack(envelope: Envelope[Any]) -> bool:
+    """Whether the envelope holds a transaction acknowledgement (ACK_TXN): a message of the
+    protocol, committing its producer's transaction, rather than one of the application's."""
+    return bool(uuid_flags(envelope) & _ACK)
 
 
 def parse_uuid_int(text: str) -> int:

@@ -19,8 +19,9 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from typing import Any, Final, TypeVar
 
 from gazette.client import JournalClient
 from gazette.client.listing import Selector, get_journal, list_journals
@@ -40,8 +41,13 @@ from gazette.message.source import JournalSource, replay_opener
 from gazette.protocol import protocol_pb2 as pb
 
 __all__ = [
-    "batch_decoder", "framing_of_spec", "message_framing", "read_committed", "read_uncommitted",
+    "batch_decoder", "framing_of_spec", "message_framing", "read_committed",
+    "read_committed_batches", "read_uncommitted",
 ]
+
+_T = TypeVar("_T")
+_ENVELOPES_QUEUED: Final = 1024  # messages of several journals merged, waiting for the reader
+_BATCHES_QUEUED: Final = 16  # batches (a chunk's messages each) likewise
 
 _BATCH_DECODERS = {JSONFraming: "from_json_many", CSVFraming: "from_csv_many"}
 
@@ -93,17 +99,52 @@ async def _specs(client: JournalClient, journal_or_selector: Selector) -> list[p
     return [j.spec for j in resp.journals]
 
 
-async def _merge(iters: Sequence[AsyncIterator[Envelope]]) -> AsyncIterator[Envelope]:
+async def _merge(iters: Sequence[AsyncIterator[_T]], bound: int) -> AsyncIterator[_T]:
     if len(iters) == 1:
-        async for env in iters[0]:
-            yield env
+        async for one in iters[0]:
+            yield one
         return
     # A bounded queue: a slow consumer of the merge holds every reader back.
-    async with FanIn[Envelope]("read", 1024) as readers:  # closing it stops every reader
+    async with FanIn[_T]("read", bound) as readers:  # closing it stops every reader
         for i, it in enumerate(iters):
             readers.add(f"journal {i}", it)
         while (item := await readers.get()) is not None:
             yield item
+
+
+async def _next_batches(it: ReadCommittedIter) -> AsyncGenerator[list[Envelope], None]:
+    while batch := await it.next_batch():
+        yield batch
+
+
+async def read_committed_batches(
+    client: JournalClient,
+    journal_or_selector: Selector,
+    message_type: Any = JSONMessage,
+    *,
+    decode: Decoder | None = None,
+    block: bool = True,
+    offset: int = 0,
+    ring_size: int = 4096,
+    new_sequencer: Callable[[], Sequencer] | None = None,
+    acks: bool = True,
+) -> AsyncGenerator[list[Envelope], None]:
+    """:func:`read_committed` a batch at a time: lists (never empty) of committed messages of
+    one journal, in its commit order, each what one read of content released. The way to
+    read many messages fast: one ``await`` per batch rather than per message.
+
+    With ``acks`` false, acknowledgements (ACK_TXN, the protocol's own messages) are left
+    out, found from each batch's UUID flags without reading a message's UUID."""
+    specs = await _specs(client, journal_or_selector)
+    iters = []
+    for spec in specs:
+        framing = message_framing(message_type, framing_of_spec(spec), decode)
+        seq = new_sequencer() if new_sequencer is not None else Sequencer(ring_size=ring_size)
+        iters.append(_next_batches(ReadCommittedIter(
+            JournalSource(client, spec.name, offset, block=block), framing,
+            batch_decoder(message_type, framing, decode), seq, replay_opener(client), acks=acks)))
+    async for batch in _merge(iters, _BATCHES_QUEUED):
+        yield batch
 
 
 async def read_committed(
@@ -116,20 +157,20 @@ async def read_committed(
     offset: int = 0,
     ring_size: int = 4096,
     new_sequencer: Callable[[], Sequencer] | None = None,
+    acks: bool = True,
 ) -> AsyncIterator[Envelope]:
     """Every committed message of a journal (by name) or of the journals matching a label
     selector, exactly once each. ``block`` waits for more at the write head (else the
-    iteration ends there); ``offset`` is where each journal is read from."""
-    specs = await _specs(client, journal_or_selector)
-    iters = []
-    for spec in specs:
-        framing = message_framing(message_type, framing_of_spec(spec), decode)
-        seq = new_sequencer() if new_sequencer is not None else Sequencer(ring_size=ring_size)
-        iters.append(ReadCommittedIter(
-            JournalSource(client, spec.name, offset, block=block), framing,
-            batch_decoder(message_type, framing, decode), seq, replay_opener(client)).__aiter__())
-    async for env in _merge(iters):
-        yield env
+    iteration ends there); ``offset`` is where each journal is read from. With ``acks``
+    false, acknowledgements (ACK_TXN) are left out: a reader of application messages skips
+    them without checking each message's UUID."""
+    batches = read_committed_batches(
+        client, journal_or_selector, message_type, decode=decode, block=block, offset=offset,
+        ring_size=ring_size, new_sequencer=new_sequencer, acks=acks)
+    async with aclosing(batches):
+        async for batch in batches:
+            for env in batch:
+                yield env
 
 
 async def read_uncommitted(
@@ -150,5 +191,5 @@ async def read_uncommitted(
         iters.append(ReadUncommittedIter(
             JournalSource(client, spec.name, offset, block=block), framing,
             batch_decoder(message_type, framing, decode)).__aiter__())
-    async for env in _merge(iters):
+    async for env in _merge(iters, _ENVELOPES_QUEUED):
         yield env

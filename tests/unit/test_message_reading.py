@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 import gazette
-from gazette.message import UnknownContentTypeError
+from gazette.message import UnknownContentTypeError, is_ack
 from gazette.testing.fake_broker import FakeBroker, FakeCluster, start_broker
 
 NDJSON = {"content-type": "application/x-ndjson"}
@@ -66,3 +66,27 @@ async def test_unframed_journal_is_refused_naming_it(broker: FakeBroker) -> None
         with pytest.raises(gazette.MessageError, match="no journal matches"):
             async for _ in gazette.read_committed(client, "topic=none", block=False):
                 pass
+
+
+async def test_acks_false_leaves_acknowledgements_out_and_batches_match(broker: FakeBroker) -> None:
+    """Two transactions of 4 messages each, acknowledged: read with ACKs (one per journal
+    written per transaction), without, and a batch at a time, the same messages in order."""
+    async with gazette.JournalClient(broker.endpoint) as client:
+        async with gazette.AppendService(client) as service:
+            pub = gazette.Publisher(service)
+            for txn in range(2):
+                for i in range(4):
+                    await pub.publish_uncommitted(lambda m: ("greet/part-1", "application/x-ndjson"),
+                                                  gazette.JSONMessage(i=txn * 4 + i))
+                for intent in pub.build_ack_intents():
+                    await service.append(intent.journal, intent.intent)
+            await service.flush()
+        every = [e async for e in gazette.read_committed(client, "greet/part-1", block=False)]
+        acks = [e for e in every if is_ack(e)]
+        assert len(acks) == 2 and len(every) == 10
+        apps = [e async for e in gazette.read_committed(client, "greet/part-1", block=False, acks=False)]
+        assert [e.message.doc["i"] for e in apps] == list(range(8))
+        assert [e.begin for e in apps] == [e.begin for e in every if not is_ack(e)]
+        batches = [b async for b in gazette.read_committed_batches(client, "greet/part-1", block=False,
+                                                                    acks=False)]
+        assert all(batches) and [e.begin for b in batches for e in b] == [e.begin for e in apps]
