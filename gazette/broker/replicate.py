@@ -33,7 +33,7 @@ pre-serialized bytes) to the pipeline's ``PeerStream``.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import grpc
@@ -110,9 +110,12 @@ def _status(status: int, header: pb.Header) -> pb.ReplicateResponse:
     return resp
 
 
-async def serve(broker: BrokerContext, requests: AsyncIterator[Any]) -> AsyncIterator[pb.ReplicateResponse]:
+async def serve(broker: BrokerContext, requests: AsyncIterator[Any],
+                send: Callable[[pb.ReplicateResponse], Awaitable[Any]]) -> None:
     """Serves one Replicate stream (see the module docstring); ``requests`` yields raw bytes
-    or messages. Protocol violations raise ReplicateStreamError."""
+    or messages, responses go to ``send`` (a servicer context's ``write``). Protocol
+    violations raise ReplicateStreamError. A coroutine rather than an async generator, which
+    the compiled build cannot compile."""
     try:
         raw = await anext(requests)
     except StopAsyncIteration:
@@ -136,14 +139,14 @@ async def serve(broker: BrokerContext, requests: AsyncIterator[Any]) -> AsyncIte
         except (ForeignCluster, MisroutedRequest) as err:
             raise ReplicateStreamError(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
         if res.status != pb.OK:
-            yield _status(res.status, res.header)
+            await send(_status(res.status, res.header))
             return
         if not routes_equivalent(res.route, first.header.route):
-            yield _status(pb.WRONG_ROUTE, res.header)
+            await send(_status(pb.WRONG_ROUTE, res.header))
             return
         replica = res.replica
         if replica is None or replica.cancelled:
-            yield _status(pb.NOT_JOURNAL_BROKER, res.header)
+            await send(_status(pb.NOT_JOURNAL_BROKER, res.header))
             return
         if await acquire_unless(replica.spool_lock, replica.route_signal if res.signal is None else res.signal):
             break  # else the assignments changed while we waited: resolve again
@@ -168,7 +171,7 @@ async def serve(broker: BrokerContext, requests: AsyncIterator[Any]) -> AsyncIte
                     if header is not None:
                         resp.header.CopyFrom(header)
                         header = None
-                    yield resp
+                    await send(resp)
                 elif resp.status != pb.OK:
                     raise ReplicateStreamError(
                         grpc.StatusCode.FAILED_PRECONDITION,

@@ -186,15 +186,13 @@ class JournalService(pb_grpc.JournalServicer):
         return resp
 
     @grpc_edge
-    async def Replicate(
-        self, request_iterator: AsyncIterator[Any], context: Any
-    ) -> AsyncIterator[pb.ReplicateResponse]:
+    async def Replicate(self, request_iterator: AsyncIterator[Any], context: Any) -> None:
         """A primary's pipeline stream: see ``replicate.serve``. Requests arrive as raw bytes
-        (see ``Broker.register_services`` in ``broker/server.py``) or, registered otherwise, as messages."""
+        (see ``Broker.register_services`` in ``broker/server.py``) or, registered otherwise, as
+        messages; responses are written through the context."""
         self._verify(context, auth.REPLICATE)
         try:
-            async for resp in replicate_mod.serve(self.broker, request_iterator.__aiter__()):
-                yield resp
+            await replicate_mod.serve(self.broker, request_iterator.__aiter__(), context.write)
         except replicate_mod.ReplicateStreamError as err:
             log.warning("served Replicate RPC failed", extra={"err": str(err), "peer": context.peer()})
             raise

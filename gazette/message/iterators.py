@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from typing import Any, Final, Protocol
@@ -48,6 +48,7 @@ __all__ = [
     "Chunk",
     "ChunkSource",
     "Decoder",
+    "Envelopes",
     "ReadCommittedIter",
     "ReadUncommittedIter",
     "Replay",
@@ -101,6 +102,39 @@ ReplayOpener = Callable[[str, int, int], ChunkSource]
 Replay = Callable[[str, int, int], Awaitable[Sequence[Envelope]]]
 
 
+class Envelopes:
+    """The envelopes of successive batches (``next_batch``), one at a time, until a batch
+    is empty: the iterators' ``async for``. A class rather than an async generator, which
+    the compiled build cannot compile; like one, it ends for good once a batch raised."""
+
+    def __init__(self, next_batch: Callable[[], Awaitable[list[Envelope]]]) -> None:
+        self._next_batch = next_batch
+        self._batch: list[Envelope] = []
+        self._i = 0
+        self._ended = False
+
+    def __aiter__(self) -> Envelopes:
+        return self
+
+    async def __anext__(self) -> Envelope:
+        i = self._i
+        if i >= len(self._batch):
+            if self._ended:
+                raise StopAsyncIteration
+            self._ended = True  # until the batch arrives: a failure ends the iteration
+            batch = await self._next_batch()
+            if not batch:
+                raise StopAsyncIteration
+            self._ended = False
+            self._batch, i = batch, 0
+        self._i = i + 1
+        return self._batch[i]
+
+    async def aclose(self) -> None:
+        """Ends the iteration (as an async generator's ``aclose``)."""
+        self._ended, self._batch, self._i = True, [], 0
+
+
 class ReadUncommittedIter:
     """Every message of a journal, as read: duplicates and uncommitted ones included."""
 
@@ -141,10 +175,8 @@ class ReadUncommittedIter:
             raise item
         return item
 
-    async def __aiter__(self) -> AsyncIterator[Envelope]:
-        while batch := await self.next_batch():
-            for env in batch:
-                yield env
+    def __aiter__(self) -> Envelopes:
+        return Envelopes(self.next_batch)
 
     def _feed(self, chunk: Chunk) -> None:
         expect = self._tail_offset + len(self._tail)
@@ -294,10 +326,8 @@ class ReadCommittedIter:
     async def _replay(self, journal: str, begin: int, end: int) -> list[Envelope]:
         return await read_replay(self._open_replay, self._framing, self._decode, journal, begin, end)
 
-    async def __aiter__(self) -> AsyncIterator[Envelope]:
-        while batch := await self.next_batch():
-            for env in batch:
-                yield env
+    def __aiter__(self) -> Envelopes:
+        return Envelopes(self.next_batch)
 
 
 async def sequence_committed(seq: Sequencer, batch: Sequence[Envelope], uuids: UUIDColumns | None,

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import itertools
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -555,29 +555,46 @@ class UnaryUnaryCall(_Call):
             raise
 
 
-class _ResponseStream(_Call):
-    """Reading a stream of responses: ``read()`` (EOF at the end) or ``async for``."""
+async def _read(call: _Call) -> Any:
+    """The next response of ``call`` (``grpc.aio.EOF`` at the end): its ``read()``."""
+    try:
+        msg = await call._next(await call._started())
+    except asyncio.CancelledError:
+        call.cancel()
+        raise
+    return grpc.aio.EOF if msg is None else msg
+
+
+class _Responses:
+    """A call's responses, for ``async for``: a class rather than an async generator, which
+    the compiled build cannot compile; like one, it ends for good once a read raised."""
+
+    def __init__(self, call: _Call) -> None:
+        self._call: _Call | None = call
+
+    def __aiter__(self) -> _Responses:
+        return self
+
+    async def __anext__(self) -> Any:
+        call, self._call = self._call, None  # until the response arrives
+        if call is None:
+            raise StopAsyncIteration
+        msg = await _read(call)
+        if msg is grpc.aio.EOF:
+            raise StopAsyncIteration
+        self._call = call
+        return msg
+
+
+class UnaryStreamCall(_Call):
+    """A request, then a stream of responses: ``read()`` (EOF at the end) or ``async for``."""
 
     async def read(self) -> Any:
-        try:
-            msg = await self._next(await self._started())
-        except asyncio.CancelledError:
-            self.cancel()
-            raise
-        return grpc.aio.EOF if msg is None else msg
+        return await _read(self)
 
-    def __aiter__(self) -> AsyncIterator[Any]:
-        return self._iterate()
+    def __aiter__(self) -> _Responses:
+        return _Responses(self)
 
-    async def _iterate(self) -> AsyncIterator[Any]:
-        while True:
-            msg = await self.read()
-            if msg is grpc.aio.EOF:
-                return
-            yield msg
-
-
-class UnaryStreamCall(_ResponseStream):
     async def _start_on(self, conn: ClientConnection) -> ClientStream:
         data = self._ser(self._request) if self._ser is not None else self._request
         stream = self._open(conn)
@@ -592,8 +609,10 @@ class UnaryStreamCall(_ResponseStream):
 
 
 class StreamUnaryCall(_Call):
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, channel: Channel, path: str, ser: Callable[[Any], bytes] | None,
+                 deser: Callable[[Any], Any] | None, request: Any, timeout: float | None,
+                 metadata: Sequence[tuple[str, str]] | None) -> None:
+        super().__init__(channel, path, ser, deser, request, timeout, metadata)
         if self._request is None:
             return
         conn = self._channel.connection_now()
@@ -655,7 +674,16 @@ class StreamUnaryCall(_Call):
             raise
 
 
-class StreamStreamCall(StreamUnaryCall, _ResponseStream):
+class StreamStreamCall(StreamUnaryCall):
+    """Streams of requests and responses: written as a StreamUnaryCall, read as a
+    UnaryStreamCall (``read()`` or ``async for``)."""
+
+    async def read(self) -> Any:
+        return await _read(self)
+
+    def __aiter__(self) -> _Responses:
+        return _Responses(self)
+
     def __await__(self) -> Any:
         raise TypeError("a stream-stream call is read, not awaited")
 

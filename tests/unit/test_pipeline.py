@@ -106,8 +106,7 @@ class FakePeer:
 
     async def _serve(self) -> None:
         try:
-            async for resp in serve(self.broker, self._requests()):  # type: ignore[arg-type]
-                await self.responses.put(resp)
+            await serve(self.broker, self._requests(), self.responses.put)  # type: ignore[arg-type]
         except BaseException as err:  # noqa: BLE001 - handed to the reader, like a gRPC status
             await self.responses.put(err)
             if isinstance(err, asyncio.CancelledError):
@@ -361,7 +360,12 @@ async def test_serve_answers_wrong_route_and_refuses_bad_streams() -> None:
         async def it() -> AsyncIterator[bytes]:
             for r in reqs:
                 yield r
-        return [r async for r in serve(broker, it())]  # type: ignore[arg-type]
+        out: list[pb.ReplicateResponse] = []
+
+        async def send(resp: pb.ReplicateResponse) -> None:
+            out.append(resp)
+        await serve(broker, it(), send)  # type: ignore[arg-type]
+        return out
 
     out = await run(proposal(Fragment(JOURNAL, 0, 0), hdr=header()).SerializeToString())
     assert [r.status for r in out] == [pb.WRONG_ROUTE]
