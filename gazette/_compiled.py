@@ -42,6 +42,16 @@ COMPILED_MODULES: tuple[str, ...] = (
     "gazette.broker.append",
     "gazette.broker.pipeline",
     "gazette.broker.spool",
+    "gazette.broker.replicate",
+    "gazette.rpc.channel",
+    "gazette.client.append_service",
+    "gazette.message.framing",
+    "gazette.message.iterators",
+    "gazette.message.publisher",
+    "gazette.consumer.transaction",
+    "gazette.recoverylog.recorder",
+    "gazette.recoverylog.capture",
+    "gazette.recoverylog.player",
 )
 
 

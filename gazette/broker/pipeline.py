@@ -208,16 +208,21 @@ class Pipeline:
             except Exception as err:  # noqa: BLE001 - e.g. a full disk: the append fails
                 self._fail_send(i, err)
         if write is not None:
+            failed: BaseException | None = None
             try:
                 if alongside is not None:
                     alongside()
-            finally:
-                try:
-                    await write.settle()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as err:  # noqa: BLE001 - the write failed: the append fails
-                    self._fail_send(i, err)
+            except BaseException as raised:  # noqa: BLE001 - raised once the write settled
+                failed = raised
+            # Settled outside the handler: compiled, a coroutine must not suspend in one.
+            try:
+                await write.settle()
+            except asyncio.CancelledError:
+                raise
+            except Exception as bad:  # noqa: BLE001 - the write failed: the append fails
+                self._fail_send(i, bad)
+            if failed is not None:
+                raise failed
         elif alongside is not None:
             alongside()
         if full:

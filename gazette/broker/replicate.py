@@ -136,8 +136,8 @@ async def serve(broker: BrokerContext, requests: AsyncIterator[Any],
             res = await broker.resolver.resolve(
                 journal, may_proxy=False, require_primary=False, proxy_header=first.header
             )
-        except (ForeignCluster, MisroutedRequest) as err:
-            raise ReplicateStreamError(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
+        except (ForeignCluster, MisroutedRequest) as refused:
+            raise ReplicateStreamError(grpc.StatusCode.FAILED_PRECONDITION, str(refused)) from None
         if res.status != pb.OK:
             await send(_status(res.status, res.header))
             return

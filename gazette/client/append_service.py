@@ -135,9 +135,10 @@ async def send_append(client: JournalClient, request: pb.AppendRequest,
         for chunk in content:
             await app.write(chunk)
         return await app.commit()
-    except BaseException:
-        await app.abort()
-        raise
+    except BaseException as err:
+        failed = err  # aborted below: compiled, a coroutine must not suspend in a handler
+    await app.abort()
+    raise failed
 
 
 def is_permanent(err: ClientError) -> bool:
@@ -525,11 +526,15 @@ class AppendService:
         A batch still held by a writer (started, not yet released) is waited for."""
         self._closing = True
         self._open.clear()  # New appends go through start_append, which refuses them.
+        failed: BaseException | None = None
         try:
             await self.flush()
-        finally:
-            await self._stop(AppendServiceClosed("the AppendService closed before this "
-                                                 "append was dispatched"))
+        except BaseException as err:  # raised once stopped, outside the handler (compiled,
+            failed = err  # a coroutine must not suspend in one)
+        await self._stop(AppendServiceClosed("the AppendService closed before this "
+                                             "append was dispatched"))
+        if failed is not None:
+            raise failed
 
     async def abort(self) -> None:
         """Stop now: queued appends that have not committed fail with AppendServiceClosed."""
@@ -621,8 +626,8 @@ class AppendService:
                 return await self._rpc(b.request, _Chunks(b))
             except ClientError as e:
                 err = e
-            except grpc.aio.AioRpcError as e:  # From an rpc seam that did not map it.
-                err = TransportError(e.code(), e.details() or "", "", j.name)
+            except grpc.aio.AioRpcError as rpc_err:  # From an rpc seam that did not map it.
+                err = TransportError(rpc_err.code(), rpc_err.details() or "", "", j.name)
             if is_permanent(err) or (self._max_attempts and attempt + 1 >= self._max_attempts):
                 raise err
             self.retries += 1

@@ -65,7 +65,7 @@ from gazette.consumer.interfaces import (
     maybe_await,
 )
 from gazette.durations import ns_from_pb
-from gazette.message import Envelope, ProducerState, Publisher, build_checkpoint
+from gazette.message import Envelope, ProducerState, build_checkpoint
 from gazette.message.publisher import AckIntent
 from gazette.protocol import consumer_pb2 as pc
 from gazette.tasks import cancel_and_wait
@@ -79,6 +79,7 @@ __all__ = [
     "MessageSource",
     "TransactionLoop",
     "TxnConfig",
+    "TxnPublisher",
     "TxnState",
 ]
 
@@ -136,6 +137,13 @@ class MessageSource(Protocol):
         ...
 
 
+class TxnPublisher(Protocol):
+    """What the loop asks of the shard's publisher (a ``Publisher``, which the application is
+    handed): the ACK intents of what the transaction published, taken as it commits."""
+
+    def build_ack_intents(self) -> list[AckIntent]: ...
+
+
 WriteAcks = Callable[[Sequence[AckIntent], OpFuture], Sequence[Awaitable[Any]]]
 """Appends ACK intents once ``after`` (the commit) resolved; the appends' futures."""
 
@@ -191,13 +199,15 @@ def _resolved() -> OpFuture:
 class TransactionLoop:
     """Runs a shard's transactions until its input ends (see the module docstring)."""
 
-    def __init__(self, shard: Shard[Any], app: Application[Any, Any, Any], store: Store, publisher: Publisher[Any],
+    def __init__(self, shard: Shard[Any], app: Application[Any, Any, Any], store: Store, publisher: TxnPublisher,
                  source: MessageSource, *, config: TxnConfig, write_acks: WriteAcks,
                  pending_appends: Callable[[], Sequence[Awaitable[Any]]] = lambda: (),
                  clock: Clock | None = None,
                  on_progress: Callable[[Mapping[str, int], Mapping[str, int]], None] | None = None,
                  on_txn: Callable[[Txn], None] | None = None) -> None:
-        self.shard, self.app, self.store, self.publisher = shard, app, store, publisher
+        self.shard, self.app, self.store = shard, app, store
+        # Handed to the application as its Publisher; the loop itself only takes its intents.
+        self.publisher: Any = publisher
         self.source, self.config = source, config
         self.write_acks, self.pending_appends = write_acks, pending_appends
         self.clock = clock or LoopClock()
@@ -226,39 +236,42 @@ class TransactionLoop:
         self.prev = Txn(commit=_resolved(), acks=self._acks(intents, _resolved()),
                         checkpoint=recovered or pc.Checkpoint())
         txn = Txn()
-        cancelled = False
+        failed: BaseException | None = None
         try:
             while True:
                 txn = Txn()
                 self.state = TxnState.IDLE
                 while True:
-                    nxt = await self._STEPS[self.state](self, txn)
+                    nxt = await self._step(txn)
                     if nxt is None:
                         break
                     self.state = nxt
                 if txn.consumed == 0:  # input ended and drained; the previous one resolved
-                    return
+                    break
                 self.prev = txn
-        except asyncio.CancelledError:
-            cancelled = True
-            raise
-        finally:
-            # Outcomes nobody will look at once the loop ended (a fenced zombie's commit and
-            # the ACKs failing after it), marked seen before anything is awaited here: a
-            # cancelled loop's await below re-raises its cancellation and skips what follows.
-            for t in (self.prev, txn):
-                if t.commit is not None and cancelled:
-                    # A commit failing after the loop was cancelled is a fenced zombie's,
-                    # usually: said once, in one line (nothing else reports it, as the
-                    # loop's own failure reports a commit failing while it runs).
-                    t.commit.add_done_callback(functools.partial(
-                        _report_commit, getattr(self.shard, "fqn", "?")))
-                elif t.commit is not None:
-                    t.commit.add_done_callback(_retrieve)
-                for f in t.acks:
-                    f.add_done_callback(_retrieve)
-            if self._read is not None:
-                await cancel_and_wait(self._read)
+        except BaseException as err:
+            # Raised below, after the clean-up: compiled, a coroutine must not suspend in an
+            # except or finally block (a mypyc limitation, tests/unit/test_compiled_build.py).
+            failed = err
+        cancelled = isinstance(failed, asyncio.CancelledError)
+        # Outcomes nobody will look at once the loop ended (a fenced zombie's commit and
+        # the ACKs failing after it), marked seen before anything is awaited here: a
+        # cancelled loop's await below re-raises its cancellation and skips what follows.
+        for t in (self.prev, txn):
+            if t.commit is not None and cancelled:
+                # A commit failing after the loop was cancelled is a fenced zombie's,
+                # usually: said once, in one line (nothing else reports it, as the
+                # loop's own failure reports a commit failing while it runs).
+                t.commit.add_done_callback(functools.partial(
+                    _report_commit, getattr(self.shard, "fqn", "?")))
+            elif t.commit is not None:
+                t.commit.add_done_callback(_retrieve)
+            for f in t.acks:
+                f.add_done_callback(_retrieve)
+        if self._read is not None:
+            await cancel_and_wait(self._read)
+        if failed is not None:
+            raise failed
 
     # -- steps ----------------------------------------------------------------------------
 
@@ -334,12 +347,17 @@ class TransactionLoop:
             self._begin_finisher.finished_txn(shard, store, commit)
         return None
 
-    _STEPS: dict[TxnState, Callable[[TransactionLoop, Txn], Awaitable[TxnState | None]]] = {
-        TxnState.IDLE: _idle,
-        TxnState.CONSUMING: _consuming,
-        TxnState.STALLED: _stalled,
-        TxnState.COMMIT: _commit,
-    }
+    async def _step(self, txn: Txn) -> TxnState | None:
+        """One step of the current state: the next state, or None once the transaction is
+        done (committed, or nothing more will begin one)."""
+        state = self.state
+        if state is TxnState.CONSUMING:
+            return await self._consuming(txn)
+        if state is TxnState.IDLE:
+            return await self._idle(txn)
+        if state is TxnState.STALLED:
+            return await self._stalled(txn)
+        return await self._commit(txn)
 
     # -- helpers --------------------------------------------------------------------------
 

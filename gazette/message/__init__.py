@@ -61,10 +61,11 @@ if TYPE_CHECKING:
     )
     from .message import CSVRecord, Envelope, JSONMessage, Message, is_ack, parse_uuid
     from .producer_state import build_checkpoint, flatten_producer_states, flatten_read_through
-    from .publisher import AckIntent, AppendTarget, BufferedAppender, Publisher
+    from .publisher import AckIntent, Publisher
     from .reading import read_committed, read_committed_batches, read_uncommitted
     from .sequencer import ProducerState, QueueOutcome, Sequencer
     from .source import JournalSource, replay_opener
+    from .targets import AppendTarget, BufferedAppender
     from .typed import StructJSONFraming, TypedMessage
     from .uuid import (
         ACK_TXN,
@@ -86,8 +87,8 @@ if TYPE_CHECKING:
 # Every name is loaded on first use (and then kept here): importing one part (the UUIDs,
 # say) does not import the rest. Readers over journals need the client (grpc and all), and
 # typed messages msgspec.
-_LAZY = {"ACK_TXN": ".uuid", "AckIntent": ".publisher", "AppendTarget": ".publisher",
-         "BufferedAppender": ".publisher", "CONTENT_TYPE": ".framing",
+_LAZY = {"ACK_TXN": ".uuid", "AckIntent": ".publisher", "AppendTarget": ".targets",
+         "BufferedAppender": ".targets", "CONTENT_TYPE": ".framing",
          "CONTENT_TYPE_CSV": ".framing", "CONTENT_TYPE_JSON_LINES": ".framing",
          "CONTENT_TYPE_PROTO_FIXED": ".framing", "CONTINUE_TXN": ".uuid",
          "CSVFraming": ".framing", "CSVRecord": ".message", "Chunk": ".iterators",

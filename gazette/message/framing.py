@@ -244,6 +244,7 @@ class JSONFraming:
 
     def marshal(self, msg: Any) -> bytes:
         # Once per message published: the common cases inlined.
+        value: Any  # not the first binding's dict: compiled, a name keeps that type
         if type(msg) is JSONMessage:
             value = msg.doc
         else:
@@ -361,6 +362,7 @@ class JSONFraming:
 
     def _stdlib_marshal(self, msg: Any) -> bytes:
         # Once per message published: the common cases inlined.
+        value: Any  # not the first binding's dict: compiled, a name keeps that type
         if type(msg) is JSONMessage:
             value = msg.doc
         else:
@@ -514,10 +516,18 @@ class StdlibJSONFraming(JSONFraming):
     """JSONFraming through the standard library's ``json`` alone: the reference the msgspec
     path is tested against, and the "before" column of ``bench/message_bench.py``."""
 
-    marshal = JSONFraming._stdlib_marshal
-    marshal_many = JSONFraming._stdlib_marshal_many
-    unmarshal = JSONFraming._stdlib_unmarshal
-    decode = JSONFraming._stdlib_decode
+    # Methods, not aliases of the base's: a compiled class's attributes are not its methods.
+    def marshal(self, msg: Any) -> bytes:
+        return self._stdlib_marshal(msg)
+
+    def marshal_many(self, msgs: Iterable[Any]) -> bytes:
+        return self._stdlib_marshal_many(msgs)
+
+    def unmarshal(self, frame: bytes) -> Any:
+        return self._stdlib_unmarshal(frame)
+
+    def decode(self, buffer: bytes, final: bool = False) -> Decoded:
+        return self._stdlib_decode(buffer, final)
 
 
 class FixedFraming:

@@ -263,9 +263,9 @@ class ReadUncommittedIter:
                     batch.append(Envelope(journal, begin, end, self._decode((value,))[0]))
                 except FramingError as err:
                     error = err
-                except Exception as err:  # noqa: BLE001 - any failure of the decoder.
-                    error = MessageDecodeError(f"{type(err).__name__}: {err}")
-                    error.__cause__ = err
+                except Exception as bad:  # noqa: BLE001 - any failure of the decoder.
+                    error = MessageDecodeError(f"{type(bad).__name__}: {bad}")
+                    error.__cause__ = bad
             if error is not None:
                 if batch:
                     self._ready.append((batch, None))
@@ -381,24 +381,34 @@ async def read_replay(open_replay: ReplayOpener, framing: Framing, decode: Decod
     """The envelopes of ``journal`` over ``[begin, end)``, read again for a sequencer's replay
     (``ACK_COMMIT_REPLAY``); frames that failed when first read are skipped again."""
     source = open_replay(journal, begin, end)
-    it = ReadUncommittedIter(source, framing, decode)
     out: list[Envelope] = []
+    failed: BaseException | None = None
     try:
-        while True:
-            try:
-                batch = await it.next_batch()
-            except (MessageDecodeError, FramingError) as err:
-                # Bad frames were already reported when first read; skip them again.
-                if isinstance(err, UnexpectedEOFError):
-                    raise
-                continue
-            if not batch:
-                return out
-            for env in batch:
-                if env.end > end:
-                    return out
-                out.append(env)
-    finally:
-        close = getattr(source, "aclose", None)
-        if close is not None:
-            await close()
+        await _read_range(ReadUncommittedIter(source, framing, decode), end, out)
+    except BaseException as err:
+        failed = err  # raised once the source closed
+    close = getattr(source, "aclose", None)
+    if close is not None:
+        # Outside any handler: compiled, a coroutine must not suspend in one (a mypyc limitation).
+        await close()
+    if failed is not None:
+        raise failed
+    return out
+
+
+async def _read_range(it: ReadUncommittedIter, end: int, out: list[Envelope]) -> None:
+    """Appends to ``out`` the envelopes ``it`` reads that end by ``end``."""
+    while True:
+        try:
+            batch = await it.next_batch()
+        except (MessageDecodeError, FramingError) as err:
+            # Bad frames were already reported when first read; skip them again.
+            if isinstance(err, UnexpectedEOFError):
+                raise
+            continue
+        if not batch:
+            return
+        for env in batch:
+            if env.end > end:
+                return
+            out.append(env)

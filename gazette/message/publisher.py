@@ -38,11 +38,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Final, Generic, TypeVar
 
 from .framing import Framing, framing_for_content_type
 from .mapping import MappingFunc
 from .message import Message
+from .targets import AppendTarget, BufferedAppender
 from .uuid import (
     ACK_TXN,
     CONTINUE_TXN,
@@ -62,41 +63,8 @@ _U64: Final = (1 << 64) - 1
 
 H = TypeVar("H")
 """The type of an append's handle (``AsyncAppend`` for the client's AppendService)."""
-H_co = TypeVar("H_co", covariant=True)
 
 
-class AppendTarget(Protocol[H_co]):
-    """Appends framed content to journals, asynchronously (the client's AppendService).
-
-    (Named so as not to be confused with ``gazette.client.Appender``, one Append RPC.)"""
-
-    async def append(self, journal: str, data: bytes) -> H_co:
-        """Start appending ``data`` to ``journal``, returning a handle on the append.
-
-        Appends to one journal must be ordered as the calls were made; an implementation
-        must therefore enqueue before its first suspension point.
-        """
-        ...
-
-
-@runtime_checkable
-class BufferedAppender(Protocol[H_co]):
-    """An AppendTarget that queues without suspending, and says when writers must wait
-    (:class:`gazette.client.AppendService`). The Publisher then awaits only for
-    back-pressure, not once per message."""
-
-    def append_nowait(self, journal: str, data: bytes) -> H_co:
-        """Queue ``data`` for ``journal`` (ordered as called); returns a handle on it."""
-        ...
-
-    @property
-    def writable(self) -> bool:
-        """False once writers should await :meth:`wait_writable`."""
-        ...
-
-    async def wait_writable(self) -> None:
-        """Wait until more may be queued (giving the event loop a turn)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -286,7 +286,7 @@ _MODIFY = inotify_simple.flags.MODIFY if inotify_simple is not None else 0
 _EVENTS_READ = 64 << 10  # bytes of events read at once (a commit's are a few dozen)
 
 
-def _watch(directory: str) -> inotify_simple.INotify | None:
+def _inotify_watch(directory: str) -> inotify_simple.INotify | None:
     """An inotify watch of ``directory``'s entries and writes, or None where there is none
     (not Linux; the user's limit of inotify instances reached: then every capture scans)."""
     if inotify_simple is None:
@@ -307,6 +307,11 @@ def _watch(directory: str) -> inotify_simple.INotify | None:
                     extra={"dir": directory, "err": str(err)})
         return None
     return watch
+
+
+# A module attribute, looked up at each use (compiled too): tests replace it to run captures
+# without a watch, as where inotify is missing.
+_watch: Callable[[str], inotify_simple.INotify | None] = _inotify_watch
 
 
 def rocksdb_stable(directory: str) -> Hashable:

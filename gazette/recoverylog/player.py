@@ -37,8 +37,9 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from gazette.client import JournalClient, RetryReader
 from gazette.client.appender import append
@@ -117,8 +118,11 @@ class _LogReader:
     passed to its sink as views of the chunks it arrived in, and only a frame that straddles
     chunks is joined (frames are small), so the log's bytes are copied once, to their file."""
 
-    def __init__(self, client: JournalClient) -> None:
+    def __init__(self, client: JournalClient,
+                 next_chunk: Callable[[bool, asyncio.Event | None], Awaitable[bytes]] | None = None) -> None:
         self.client = client
+        # Where chunks come from: the journal through a RetryReader, or a test's own source.
+        self._next_chunk = next_chunk if next_chunk is not None else self._read_chunk
         self.journal = ""
         self.offset = 0  # journal offset of the next unconsumed byte
         self.read_bytes = 0
@@ -143,7 +147,7 @@ class _LogReader:
     def buffered(self) -> int:
         return self._buffered
 
-    async def _next_chunk(self, block: bool, interrupt: asyncio.Event | None) -> bytes:
+    async def _read_chunk(self, block: bool, interrupt: asyncio.Event | None) -> bytes:
         end = self.offset + self.buffered
         if self._rr is None or self._block != block:
             await self.close()
@@ -152,14 +156,16 @@ class _LogReader:
         rr = self._rr
         if block and interrupt is not None:
             task = asyncio.ensure_future(rr.__anext__())
-            try:
-                await wait_first(task, interrupt.wait())
-            finally:
-                if not task.done():
-                    try:
-                        await cancel_and_wait(task)
-                    finally:
-                        await self.close()
+            # Awaits outside handlers: compiled, a coroutine that suspends in an except or
+            # finally block mixes up exception states with other tasks (a mypyc limitation).
+            waited = await _outcome(wait_first(task, interrupt.wait()))
+            if not task.done():
+                cancelled = await _outcome(cancel_and_wait(task))
+                await self.close()
+                if cancelled is not None:
+                    raise cancelled
+            if waited is not None:
+                raise waited
             if task.cancelled():
                 raise _Interrupted
             try:
@@ -289,23 +295,23 @@ class Player:
 
     async def aclose(self) -> None:
         """Cancels a started playback, waits for it to end, and removes the directory."""
-        try:
-            if self._task is not None:
-                # Its failure is retrieved: its owner already reported it, or never will need to.
-                await cancel_and_wait(self._task)
-        finally:
-            await asyncio.to_thread(shutil.rmtree, self.dir, ignore_errors=True)
+        failed = None
+        if self._task is not None:
+            # Its failure is retrieved: its owner already reported it, or never will need to.
+            failed = await _outcome(cancel_and_wait(self._task))
+        await asyncio.to_thread(shutil.rmtree, self.dir, ignore_errors=True)
+        if failed is not None:
+            raise failed
 
     async def play(self) -> FSM:
         """Plays the log until finished or handed off; returns the recovered FSM."""
         self._started = self._last_report = self._clock()
-        try:
-            await self._play()
-        except BaseException:
+        failed = await _outcome(self._play())
+        if failed is not None:
             self._abort()
-            raise
-        finally:
-            await self._reader.close()
+        await self._reader.close()
+        if failed is not None:
+            raise failed
         return self.fsm
 
     async def _play(self) -> None:
@@ -350,6 +356,10 @@ class Player:
             except _Interrupted:
                 continue
             except _AtHead:
+                at_head = True  # acted on below: compiled, a coroutine must not suspend in a handler
+            else:
+                at_head = False
+            if at_head:
                 if reader.offset < read_through:
                     raise PlaybackError(reader.journal, reader.offset,
                                         f"the log ends before its write head {read_through}") from None
@@ -500,10 +510,24 @@ async def take_over(player: Player, author: int | None = None) -> Recorder:
     player.inject_handoff(author)
     try:
         fsm = await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await player.aclose()
-        raise
-    return Recorder(player.client, player.hints.log, fsm, author, player.dir, write_head=player.write_head)
+    except asyncio.CancelledError as err:
+        cancelled = err  # acted on below: compiled, a coroutine must not suspend in a handler
+    else:
+        return Recorder(player.client, player.hints.log, fsm, author, player.dir, write_head=player.write_head)
+    await player.aclose()
+    raise cancelled
+
+
+async def _outcome(aw: Awaitable[Any]) -> BaseException | None:
+    """Awaits ``aw``; its exception (a cancellation too) returned rather than raised, for the
+    caller to act on outside any handler: compiled, a coroutine that suspends inside an
+    ``except`` or ``finally`` block mixes up exception states with other tasks (a mypyc
+    limitation; ``tests/unit/test_compiled_build.py`` keeps such awaits out)."""
+    try:
+        await aw
+    except BaseException as err:  # noqa: BLE001 - handed back, raised by the caller
+        return err
+    return None
 
 
 def apply_for_playback(fsm: FSM, op: rl.RecordedOp, message: bytes | memoryview, offset: int) -> bool:

@@ -173,8 +173,8 @@ class Recorder:
                 raise self.failed from None
             self.failed = err
             raise
-        except BaseException as err:
-            self.failed = err
+        except BaseException as other:  # a name per clause: mypyc types one by its first binding
+            self.failed = other
             raise
         self.write_head = max(self.write_head, resp.commit.end)
         self.appended_bytes += resp.commit.end - resp.commit.begin

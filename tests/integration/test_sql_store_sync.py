@@ -366,7 +366,7 @@ async def test_transaction_loop_consecutive_txns_same_row(engine: Engine) -> Non
         appends.append(f)
         return [f]
 
-    loop = TransactionLoop(shard, app, store, _Pub(), source,  # type: ignore[arg-type]
+    loop = TransactionLoop(shard, app, store, _Pub(), source,
                            config=TxnConfig(min_duration=0.0, max_duration=30.0),
                            write_acks=lambda intents, after: [], pending_appends=pending_appends)
     run = asyncio.create_task(loop.run())

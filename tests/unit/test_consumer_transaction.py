@@ -31,7 +31,6 @@ from gazette.message import (
     JSONMessage,
     ProducerID,
     ProducerState,
-    Publisher,
     build_uuid,
 )
 from gazette.message.publisher import AckIntent
@@ -163,10 +162,9 @@ class Harness:
         self.progress: list[Mapping[str, int]] = []
         self.with_acks = acks
         self.loop = TransactionLoop(
-            object(), self.app, self.store, Publisher.__new__(Publisher), self.source,  # type: ignore[arg-type]
+            object(), self.app, self.store, self.pub, self.source,  # type: ignore[arg-type]
             config=cfg, write_acks=self.write_acks, clock=self.clock,
             on_progress=lambda rt, _: self.progress.append(rt))
-        self.loop.publisher = self.pub  # type: ignore[assignment]
         self.task: asyncio.Task[None] | None = None
 
     def write_acks(self, intents: Sequence[AckIntent], after: asyncio.Future[Any]) -> list[asyncio.Future[Any]]:

@@ -65,13 +65,12 @@ def test_log_reader_gives_the_bytes_in_order_however_they_were_chunked(
     # The reader keeps the chunks as they arrived: frames straddling chunks are joined, write
     # data passes as views. Whatever the chunking, need() and stream() give the log's bytes.
     data = b"".join(chunks)
-    reader = _LogReader(None)  # type: ignore[arg-type]
     feed = iter(chunks)
 
     async def next_chunk(block: bool, interrupt: object) -> bytes:
         return next(feed)
 
-    reader._next_chunk = next_chunk  # type: ignore[assignment,method-assign]
+    reader = _LogReader(None, next_chunk)  # type: ignore[arg-type]
 
     async def run() -> None:
         pos = 0
