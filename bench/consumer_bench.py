@@ -9,7 +9,8 @@ service, transaction loop and reader tasks).
   (read-committed JSON, count by key into ``MemoryStore``, one commit per transaction) reads
   them all. Messages/s from the first consumed message to the transaction that read through the
   last. The ceiling column is the read-committed path alone over the same journal
-  (``read_committed``, no framework), measured in this run.
+  (``read_committed(..., acks=False)``, no framework), measured in this run; a further row is
+  the same a batch at a time (``read_committed_batches``).
 * **Bytewax**: the same keyed count over the same messages, from a file of the same JSON lines
   (``FileSource``, ``stateful_map``), single worker, with recovery snapshots on (one-second
   epochs, a SQLite recovery partition) and, as a second row, without recovery. Bytewax has no
