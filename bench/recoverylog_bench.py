@@ -28,7 +28,8 @@ its own) are reported as the median of the N runs; SQLite and playback run once.
 With ``--builds`` the bench runs once per build (``_builds.py``): the stores, the recorder and
 the player run in each build's python on its event loop, the broker under the same build.
 There is no peer: the same work unrecorded (and a plain file copy, for playback) is measured
-in each build's child, as its ceiling.
+in each build's child, as its ceiling. The bench's process tunes CPython's collector
+(``gazette.gctune.tune()``) as a consumer process does; ``GAZETTE_GC=default`` does not.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ if not os.environ.get(_builds.BUILD_ENV) or importlib.util.find_spec("gazette") 
     # whose gazette must be its build's installed one (the compiled wheel's).
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gazette import gctune  # noqa: E402
 from gazette.client import JournalClient  # noqa: E402
 from gazette.client.appender import append  # noqa: E402
 from gazette.consumer.stores.rocksdb import RocksDBStore  # noqa: E402
@@ -253,6 +255,7 @@ def main() -> int:
             a, sys.argv[1:], __file__, peer_name=None,
             ceiling_name="unrecorded / file copy", acceptance=native_acceptance,
             peer_note="this bench has none: the unrecorded store is each build's ceiling")
+    gctune.tune()  # the stores and recorder run here as in a consumer process, which tunes it
     etcd = start_test_etcd()
     try:
         with tempfile.TemporaryDirectory(prefix="gazette-recoverylog-bench-") as tmp, \
