@@ -336,12 +336,17 @@ READ_COMMITTED_BATCHES = "read_committed_batches alone"
 P99 = "end-to-end latency p99"
 BYTEWAX_BAR = 1.2  # the issue's bars (32, native speed)
 READ_COMMITTED_BAR = 2.0  # x the interpreted build's rate, in the same run
+ISSUE_READ_COMMITTED = 251_000.0
+"""msgs/s: the top of the interpreted read-committed rates issue 32 was filed with (174-251k),
+before the acknowledgement and collector changes that sped up every build; printed beside the
+same-run ratio, which is what the bar is checked against."""
 P99_BAR_MS = 5.0
 
 
 def native_acceptance(c: _builds.Combined) -> list[str]:
     """Per build: one shard >= 1.2x Bytewax with recovery on; read_committed alone >= 2x the
-    interpreted build's rate of this run; end-to-end p99 <= 5 ms (at --rate, 1k msgs/s)."""
+    interpreted build's rate of this run (and, for reference, its ratio to the issue's figure);
+    end-to-end p99 <= 5 ms (at --rate, 1k msgs/s)."""
     rate = next(iter(c.extra.values()))["rate"]
     lines = []
     for b in c.builds:
@@ -351,6 +356,8 @@ def native_acceptance(c: _builds.Combined) -> list[str]:
                      f"one shard {r:.2f}x Bytewax " + ("ok" if r >= BYTEWAX_BAR else f"BELOW {BYTEWAX_BAR}x"))
         base = c.value(READ_COMMITTED, "interpreted")
         v = c.value(READ_COMMITTED, b.name)
+        if v is not None:
+            parts.append(f"read_committed {v / ISSUE_READ_COMMITTED:.2f}x the issue's {ISSUE_READ_COMMITTED / 1e3:.0f}k")
         if b.name == "interpreted":
             parts.append("read_committed: the reference")
         elif base is None or v is None:
