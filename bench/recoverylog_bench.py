@@ -1,7 +1,9 @@
 """Recovery-log costs, measured against the same work unrecorded, in one run.
 
 Commits are pipelined as the consumer's transaction loop does: transaction N+1's writes are
-made while N's append is in flight, and N+1 commits once N's append resolved.
+made while N's append is in flight, and, the embedded stores' commits being ordered, N+1's
+commit (its write batch and capture) starts while N's append is in flight too; N+2's waits
+for N's.
 
 * RocksDB: transactions of 100 puts (random 8-byte keys over 100k, 100-byte values) committed
   through ``RocksDBStore`` without a recorder, then with one (capture by directory scan, one
@@ -13,9 +15,9 @@ made while N's append is in flight, and N+1 commits once N's append resolved.
   again) every 4 MB of WAL.
 * SQLite with 1 KiB pages (``SQLiteStore(page_size=1024)``): the same transactions; the log
   records whole pages, so each random write costs a quarter of the bytes.
-* Floor: the unrecorded commit plus one append of the mean recorded batch (measured in the
-  same run). Commits are one at a time, as in Gazette, so no recorder can beat it: it says how
-  much of the gap is the append path rather than capture.
+* Serial floor: the unrecorded commit plus one append of the mean recorded batch (measured in
+  the same run): what commits one at a time (as Gazette's loop makes them) could reach at
+  best. Overlapped commits can pass it; the ratio says by how much.
 * Playback: the RocksDB log replayed from the start into an empty directory by the ``Player``,
   in MB/s of log, against a plain file copy of the same number of bytes. Target >= 0.5x.
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import importlib.util
 import os
 import random
@@ -102,8 +105,8 @@ def sqlite_txn(store: Any, rnd: random.Random) -> None:
 
 
 async def append_rtt(client: JournalClient, nbytes: int, n: int = 400) -> float:
-    """Median seconds of one append of ``nbytes`` (the floor a recorded commit adds: the
-    transaction loop commits one at a time, as Gazette's does)."""
+    """Median seconds of one append of ``nbytes`` (what a recorded commit adds when commits
+    are made one at a time, as Gazette's loop makes them)."""
     data, times = os.urandom(max(1, nbytes)), []
     for _ in range(n):
         began = time.perf_counter()
@@ -113,18 +116,24 @@ async def append_rtt(client: JournalClient, nbytes: int, n: int = 400) -> float:
 
 
 async def run_txns(store: Any, txn: Any, n: int) -> float:
+    """Transactions/s of ``n`` transactions committed as the transaction loop commits them: a
+    transaction's writes overlap the previous commit; its commit starts once fewer than
+    ``depth`` commits are unresolved (two for a store whose commits are ordered, as the
+    embedded stores' are: its write and capture then overlap the previous commit's append)."""
     rnd = random.Random(1)
     cp = pc.Checkpoint()
+    depth = 2 if getattr(store, "ordered_commits", False) else 1
+    pending: collections.deque[Any] = collections.deque()
     began = time.perf_counter()
-    prev: Any = None
     for i in range(n):
-        txn(store, rnd)  # overlaps the previous commit's append, as the transaction loop does
-        if prev is not None:
-            await prev
+        txn(store, rnd)
+        while len(pending) >= depth:  # an ordered store's commits resolve in order
+            await pending.popleft()
         cp.sources["in"].read_through = i
-        prev = store.start_commit(None, cp, [])
+        pending.append(store.start_commit(None, cp, []))
         await asyncio.sleep(0)  # let the append start
-    await prev
+    for f in pending:
+        await f
     return n / (time.perf_counter() - began)
 
 
@@ -280,9 +289,9 @@ def main() -> int:
               f"(target >= 0.5x: {'met' if rec / plain >= 0.5 else 'missed'}; >= 1,000 t/s: "
               f"{'met' if rec >= 1000 else 'missed'})")
         floor = 1 / (1 / plain + r[f"{kind}_rtt"])
-        label = f"  floor: unrecorded + one {r[f'{kind}_log_kb']:,.0f} KB append"
+        label = f"  serial: unrecorded + one {r[f'{kind}_log_kb']:,.0f} KB append"
         print(f"{label:<46} {floor:>10,.0f} t/s {floor / plain:>8.2f}  (append {r[f'{kind}_rtt'] * 1e3:.2f} ms; "
-              f"recorded reaches {rec / floor:.0%} of it)")
+              f"recorded, overlapped, is {rec / floor:.0%} of it)")
     label = f"playback of the RocksDB log ({r['rocks_log_mb']:.0f} MB)"
     print(f"{label:<46} {r['playback_mbs']:>9,.0f} MB/s "
           f"{r['playback_mbs'] / r['copy_mbs']:>8.2f}  (vs file copy; target >= 0.5x: "

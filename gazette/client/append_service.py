@@ -31,8 +31,10 @@ Invariants:
   service: every later append to it fails with the same error (Gazette's rule: content queued
   behind a hole must not commit as if the hole were not there).
 * ``dependencies`` of an append (other ``AsyncAppend``\\s, or asyncio futures) must all
-  succeed before its batch is dispatched; appends with differing dependencies or register
-  options never share a batch.
+  succeed before its batch is dispatched. A batch waiting for them stays open to later content
+  whose dependencies are among its own (none, typically: a transaction's messages queued
+  behind the previous transaction's ACK share its RPC); appends with other dependencies or
+  register options never share a batch.
 * A batch keeps at most ``spill_threshold`` bytes in memory; beyond that its content goes
   to an unlinked temporary file and memory holds only a small write buffer. A batch takes no
   new writers past ``batch_cutoff`` bytes.
@@ -579,9 +581,17 @@ class AppendService:
         try:
             while j.queue:
                 b = j.queue[0]
-                while b._held:
-                    j.released.clear()
-                    await j.released.wait()
+                while True:
+                    while b._held:
+                        j.released.clear()
+                        await j.released.wait()
+                    # Open while its dependencies are pending: later content with no other
+                    # dependency joins it rather than queueing one more RPC behind it (it
+                    # could not be written sooner, and fails with it just the same).
+                    dep = _pending_dependency(b)
+                    if dep is None or j.error is not None:
+                        break
+                    await asyncio.wait((dep,))  # Never cancels it, nor raises its error.
                 b._closed = True
                 if self._open.get(j.name) is b:
                     del self._open[j.name]
@@ -658,3 +668,12 @@ class _Chunks:
     def __iter__(self) -> Iterator[memoryview]:
         return self._batch.chunks()
 
+
+
+def _pending_dependency(b: AsyncAppend) -> asyncio.Future[Any] | None:
+    """A dependency of ``b`` not yet resolved (None: all are)."""
+    for dep in b.dependencies:
+        fut = dep._future if isinstance(dep, AsyncAppend) else dep
+        if not fut.done():
+            return fut
+    return None

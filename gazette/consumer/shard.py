@@ -157,13 +157,22 @@ class ShardRuntime(Generic[S]):
         if self.recorder is None or self.hints is None or self.recorder.failed is not None:
             return None
         try:
-            hints = self.recorder.build_hints()
+            # Commits overlap (the store's are ordered), so a batch is in flight most of the
+            # time: hints naming it are stored once it (and any before it) committed.
+            hints = self.recorder.build_pending_hints()
         except RecoveryLogError:
-            return None  # a batch is pending: next transaction
+            return None  # ops are buffered, not yet taken by a flush: next transaction
         self._hints_at = self._clock()
         task = self._hints_task = self._tasks.spawn("storing recovery-log hints",
-                                                    self.hints.store_recorded(hints, self.assignment))
+                                                    self._store_hints(self.recorder, self.hints, hints))
         return task
+
+    async def _store_hints(self, recorder: Recorder, store: HintsStore, hints: FSMHints) -> bool:
+        try:
+            await recorder.settled()
+        except RecoveryLogError:
+            return False  # a batch they name never committed; the shard fails on its own
+        return await store.store_recorded(hints, self.assignment)
 
     def _write_acks(self, intents: Sequence[AckIntent], after: OpFuture) -> list[Any]:
         out = []

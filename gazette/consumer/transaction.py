@@ -2,29 +2,43 @@
 
 A shard processes its committed messages in transactions. A transaction begins at the first
 ready message, consumes ready messages for at least ``min_txn_duration`` and at most
-``max_txn_duration``, and closes once input stalls (no message is ready) after the previous
-transaction's commit *and its ACKs* resolved. Closing it calls ``finalize_txn``, takes the
-checkpoint (the sources' read-through offsets and producer states, from the sequencer, plus
-the publisher's ACK intents), and hands it to ``Store.start_commit`` with the transaction's
-pending appends as ``wait_for``; the ACK intents are appended once the commit resolved.
+``max_txn_duration``, and closes once input stalls (no message is ready) and the commit
+barrier (below) allows. Closing it calls ``finalize_txn``, takes the checkpoint (the sources'
+read-through offsets and producer states, from the sequencer, plus ACK intents), and hands it
+to ``Store.start_commit`` with the transaction's pending appends as ``wait_for``; its ACKs are
+queued at once, each written once the commit resolved.
 
-Pipelining: the next transaction consumes while the previous one commits, and cannot itself
-commit before the previous commit and ACKs resolved. If its maximum duration elapses first,
-it stops reading and is *stalled* until they do. A store with ``prepare_txn``
-(``PreparingStore``) is awaited before each transaction's first message reaches the app, and
-may hold it there (``SyncSQLStore`` does, until the previous commit resolved).
+Pipelining: the next transaction consumes while the previous one commits. Its commit waits
+for the previous *commit* (not that commit's ACKs: Gazette waits for those too), or, with a
+store whose commits are ordered (``ordered_commits``: a commit resolves only after every
+earlier one did, and fails if one did), for the one before it, so that one commit's write
+overlaps the previous one's append. At most ``depth + 1`` transactions are outstanding (commit
+started, not done). If the maximum duration elapses first, the transaction stops reading and
+is *stalled* until the barrier lifts. A store with ``prepare_txn`` (``PreparingStore``) is
+awaited before each transaction's first message reaches the app, and may hold it there
+(``SyncSQLStore`` does, until the previous commit resolved).
+
+ACKs not yet written are carried: a checkpoint's ACK intents are its own transaction's over
+those of every outstanding transaction whose ACKs have not all resolved (per journal, the
+later intent supersedes: an ACK commits its producer's messages up to its clock). Recovered
+from, such a checkpoint writes them; one that was written already is a duplicate, which
+readers' sequencers ignore. Each journal still sees a transaction's data, then its ACK, then
+the next transaction's data: ACKs are queued as their commit starts, and the append service
+keeps a journal's appends in order.
 
 States, one step each (``TxnState``): IDLE (nothing consumed: wait for a message, the
 previous barrier or the end of input) → CONSUMING (consume ready batches; wait while a close
-condition is unmet) → STALLED (max duration elapsed, waiting for the previous barrier) →
-COMMIT (finalize, checkpoint, start_commit, ACKs) → the next transaction's IDLE.
+condition is unmet) → STALLED (max duration elapsed, waiting for the barrier) → COMMIT
+(finalize, checkpoint, start_commit, ACKs) → the next transaction's IDLE.
 
 Invariants:
 
 * Messages are consumed in batches (a chunk's committed messages): no await and no task per
   message unless the application's ``consume_message`` is itself ``async``.
-* ``start_commit`` of a transaction is called only after the previous transaction's commit and
-  every one of its ACK appends resolved; a failed commit or ACK fails the loop.
+* ``start_commit`` of a transaction is called only once fewer than ``depth`` earlier commits
+  are unresolved (1 unless the store's commits are ordered) and the transaction before the
+  previous one is done; a failed commit or ACK fails the loop. Progress is reported in
+  transaction order.
 * The checkpoint of a transaction reflects exactly the messages it consumed: reading (I/O)
   may run one item ahead, but sequencing happens only as the transaction consumes
   (``MessageSource.read`` vs ``sequence``); the outstanding read is kept across transactions.
@@ -46,6 +60,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import functools
 import inspect
@@ -187,7 +202,12 @@ class Txn:
     checkpoint: pc.Checkpoint = field(default_factory=pc.Checkpoint)
     commit: OpFuture | None = None
     acks: list[asyncio.Future[Any]] = field(default_factory=list)
+    intents: dict[str, bytes] = field(default_factory=dict)  # its own ACK intents, by journal
     done: bool = False  # commit and ACKs resolved, progress reported
+
+    def acked(self) -> bool:
+        """Whether every ACK of the transaction resolved (failures are the loop's to raise)."""
+        return all(a.done() for a in self.acks)
 
 
 def _resolved() -> OpFuture:
@@ -215,7 +235,12 @@ class TransactionLoop:
         self._prepare_txn: Callable[[Shard], Awaitable[None] | None] | None = getattr(store, "prepare_txn", None)
         self.on_progress, self.on_txn = on_progress, on_txn
         self.state = TxnState.IDLE
-        self.prev = Txn(done=True)
+        # Commits in flight at once: two for a store whose commits are ordered (the next may
+        # start while the previous one is outstanding), else one.
+        self.depth = 2 if getattr(store, "ordered_commits", False) else 1
+        # Transactions whose commit started and which are not yet done (commit and ACKs
+        # resolved, progress reported), oldest first.
+        self.outstanding: collections.deque[Txn] = collections.deque()
         self._read: asyncio.Future[Any | None] | None = None
         # Read-through of input sequenced to nothing while the previous transaction was still
         # resolving: reported with its progress (never persisted with its checkpoint).
@@ -232,9 +257,12 @@ class TransactionLoop:
         the source ends; the open transaction is committed and awaited before returning."""
         intents = [AckIntent(j, i) for j, i in (recovered.ack_intents.items() if recovered else ())]
         # The recovered checkpoint stands as the previous transaction: its progress is the
-        # shard's until the first transaction completes.
-        self.prev = Txn(commit=_resolved(), acks=self._acks(intents, _resolved()),
-                        checkpoint=recovered or pc.Checkpoint())
+        # shard's until the first transaction completes, and its intents are carried into
+        # checkpoints until they are written.
+        self.outstanding.clear()
+        self.outstanding.append(Txn(commit=_resolved(), acks=self._acks(intents, _resolved()),
+                                    intents={i.journal: i.intent for i in intents},
+                                    checkpoint=recovered or pc.Checkpoint()))
         txn = Txn()
         failed: BaseException | None = None
         try:
@@ -246,9 +274,8 @@ class TransactionLoop:
                     if nxt is None:
                         break
                     self.state = nxt
-                if txn.consumed == 0:  # input ended and drained; the previous one resolved
+                if txn.consumed == 0:  # input ended and drained; every commit resolved
                     break
-                self.prev = txn
         except BaseException as err:
             # Raised below, after the clean-up: compiled, a coroutine must not suspend in an
             # except or finally block (a mypyc limitation, tests/unit/test_compiled_build.py).
@@ -257,7 +284,7 @@ class TransactionLoop:
         # Outcomes nobody will look at once the loop ended (a fenced zombie's commit and
         # the ACKs failing after it), marked seen before anything is awaited here: a
         # cancelled loop's await below re-raises its cancellation and skips what follows.
-        for t in (self.prev, txn):
+        for t in (*self.outstanding, txn):
             if t.commit is not None and cancelled:
                 # A commit failing after the loop was cancelled is a fenced zombie's,
                 # usually: said once, in one line (nothing else reports it, as the
@@ -276,7 +303,7 @@ class TransactionLoop:
     # -- steps ----------------------------------------------------------------------------
 
     async def _idle(self, txn: Txn) -> TxnState | None:
-        self._settle_barrier()
+        self._settle()
         if self._read is not None and self._read.done():
             item = self._take()
             if item is not None:
@@ -286,7 +313,7 @@ class TransactionLoop:
                 self._progress_while_idle()
                 return TxnState.IDLE
         if self._closed:
-            if self._barrier() is None:
+            if not self.outstanding:
                 return None  # nothing more will ever begin a transaction
             await self._wait(txn, read=False, deadline=None)
             return TxnState.IDLE
@@ -300,7 +327,7 @@ class TransactionLoop:
         max_done = now >= txn.began_at + cfg.max_duration
         if max_done:
             txn.reading = False
-        self._settle_barrier()
+        self._settle()
         if txn.reading and self._read is not None and self._read.done():
             item = self._take()
             if item is not None:
@@ -320,7 +347,7 @@ class TransactionLoop:
         return TxnState.CONSUMING
 
     async def _stalled(self, txn: Txn) -> TxnState | None:
-        self._settle_barrier()
+        self._settle()
         if self._barrier() is None:
             return TxnState.COMMIT
         await self._wait(txn, read=False, deadline=None)
@@ -334,7 +361,16 @@ class TransactionLoop:
             raise TransactionError("finalize_txn", err) from err
         offsets, states = self.source.checkpoint(self.config.prune_horizon_ns)
         intents = self.publisher.build_ack_intents()
-        txn.checkpoint = build_checkpoint(offsets, states, [(i.journal, i.intent) for i in intents])
+        txn.intents = {i.journal: i.intent for i in intents}
+        # The intents of earlier transactions whose ACKs are not yet written are carried (a
+        # later intent of the same journal supersedes an earlier one): should this checkpoint
+        # be the one recovered, they are written then.
+        carried: dict[str, bytes] = {}
+        for t in self.outstanding:
+            if not t.acked():
+                carried.update(t.intents)
+        carried.update(txn.intents)
+        txn.checkpoint = build_checkpoint(offsets, states, list(carried.items()))
         try:
             commit = store.start_commit(shard, txn.checkpoint, list(self.pending_appends()))
         except Exception as err:
@@ -343,6 +379,7 @@ class TransactionLoop:
             raise TransactionError("start_commit", commit.exception())  # type: ignore[arg-type]
         txn.commit = commit
         txn.acks = self._acks(intents, commit)
+        self.outstanding.append(txn)
         if self._begin_finisher is not None:
             self._begin_finisher.finished_txn(shard, store, commit)
         return None
@@ -414,45 +451,66 @@ class TransactionLoop:
         return [asyncio.ensure_future(a) for a in self.write_acks(intents, after)] if intents else []
 
     def _barrier(self) -> asyncio.Future[Any] | None:
-        """The previous transaction's next unresolved future: its commit, then each ACK."""
-        prev = self.prev
-        if prev.done:
-            return None
-        if prev.commit is not None and not prev.commit.done():
-            return prev.commit
-        return next((a for a in prev.acks if not a.done()), None)
+        """What the next commit waits for (None: it may start). A commit starts once fewer
+        than ``depth`` commits are unresolved, and fewer than ``depth + 1`` transactions are
+        outstanding: the ACKs of the previous one need not be written (its intents are carried
+        in the checkpoint meanwhile), but the one before must be done."""
+        out = self.outstanding
+        unresolved = 0
+        first: asyncio.Future[Any] | None = None
+        for t in out:
+            if t.commit is not None and not t.commit.done():
+                unresolved += 1
+                if first is None:
+                    first = t.commit
+        if unresolved >= self.depth:
+            return first
+        if len(out) > self.depth:
+            return self._pending_of(out[0])
+        return None
 
-    def _settle_barrier(self) -> None:
-        """Acts on what of the previous transaction resolved: a failure fails the loop; once
-        all resolved, its progress is reported."""
-        prev = self.prev
-        if prev.done:
-            return
-        if prev.commit is not None and prev.commit.done():
-            if prev.commit.exception() is not None:
-                raise TransactionError("commit", prev.commit.exception())  # type: ignore[arg-type]
-            if prev.committed_at is None:
-                prev.committed_at = self.clock.now()
-        for a in prev.acks:
-            if a.done() and a.exception() is not None:
-                raise TransactionError("ack", a.exception())  # type: ignore[arg-type]
-        if self._barrier() is not None:
-            return
-        prev.done = True
-        read_since, self._read_since = self._read_since, {}
+    @staticmethod
+    def _pending_of(t: Txn) -> asyncio.Future[Any] | None:
+        """A transaction's next unresolved future: its commit, then each ACK."""
+        if t.commit is not None and not t.commit.done():
+            return t.commit
+        return next((a for a in t.acks if not a.done()), None)
+
+    def _settle(self) -> None:
+        """Acts on what of the outstanding transactions resolved: a failure fails the loop;
+        each one done (commit and ACKs), oldest first, has its progress reported."""
+        out = self.outstanding
+        for t in out:
+            if t.commit is not None and t.commit.done():
+                if t.commit.exception() is not None:
+                    raise TransactionError("commit", t.commit.exception())  # type: ignore[arg-type]
+                if t.committed_at is None:
+                    t.committed_at = self.clock.now()
+            for a in t.acks:
+                if a.done() and a.exception() is not None:
+                    raise TransactionError("ack", a.exception())  # type: ignore[arg-type]
+        while out and self._pending_of(out[0]) is None:
+            self._report(out.popleft())
+
+    def _report(self, t: Txn) -> None:
+        """Reports a done transaction's progress (and, once none is outstanding, the input
+        sequenced to nothing meanwhile)."""
+        t.done = True
         if self.on_progress is not None:
-            read_through = {j: s.read_through for j, s in prev.checkpoint.sources.items()}
-            for j, o in read_since.items():
-                read_through[j] = max(o, read_through.get(j, 0))
+            read_through = {j: s.read_through for j, s in t.checkpoint.sources.items()}
+            if not self.outstanding:
+                read_since, self._read_since = self._read_since, {}
+                for j, o in read_since.items():
+                    read_through[j] = max(o, read_through.get(j, 0))
             publish_at: dict[str, int] = {}
-            for a in prev.acks:
+            for a in t.acks:
                 resp = a.result()
                 commit = getattr(resp, "commit", None)
                 if commit is not None and commit.journal:
                     publish_at[commit.journal] = commit.end
             self.on_progress(read_through, publish_at)
-        if self.on_txn is not None and prev.consumed:
-            self.on_txn(prev)
+        if self.on_txn is not None and t.consumed:
+            self.on_txn(t)
 
     def _progress_while_idle(self) -> None:
         """Reports that input which began no transaction was read: messages the sequencer
@@ -465,22 +523,25 @@ class TransactionLoop:
         through = self.source.sequenced_through()
         if not through:
             return
-        if not self.prev.done:
+        if self.outstanding:
             for j, o in through.items():
                 self._read_since[j] = max(o, self._read_since.get(j, 0))
         elif self.on_progress is not None:
             self.on_progress(dict(through), {})
 
     async def _wait(self, txn: Txn, *, read: bool, deadline: float | None) -> None:
-        """Waits for the first of: a batch (if ``read``), the deadline, the barrier."""
+        """Waits for the first of: a batch (if ``read``), the deadline, the barrier, the oldest
+        outstanding transaction's next future."""
         waits: set[asyncio.Future[Any]] = set()
         if read and not self._closed:
             if self._read is None:
                 self._read = asyncio.ensure_future(self.source.read())
             waits.add(self._read)
-        barrier = self._barrier()
-        if barrier is not None:
-            waits.add(barrier)
+        # The next commit's barrier, and the oldest outstanding transaction's next future:
+        # its progress is reported as it resolves, whether or not a commit waits for it.
+        for f in (self._barrier(), self._pending_of(self.outstanding[0]) if self.outstanding else None):
+            if f is not None:
+                waits.add(f)
         timer = asyncio.ensure_future(self.clock.sleep_until(deadline)) if deadline is not None else None
         if timer is not None:
             waits.add(timer)

@@ -21,13 +21,17 @@ Invariants:
 * ``build_hints`` describes only committed ops: it refuses while a batch is buffered, taken
   by a flush and not yet appended, or after a failure. (Hints naming ops of a batch still in
   flight would send a standby reading them to the write head with hints left.)
+  ``build_pending_hints`` also describes batches in flight, and is to be stored only once
+  ``settled()`` returned after it: then every batch it names committed.
+* ``start_flush`` takes the buffered batch when called, so that flushes may overlap their
+  owner's next capture; they still append in call order, one at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from gazette.client import JournalClient
@@ -60,6 +64,9 @@ class Recorder:
         self._pending = 0
         self._unsettled = 0  # batches taken by flush and not yet appended
         self._lock = asyncio.Lock()
+        # How a batch reaches the log: None, a fenced Append RPC through ``client``; a test
+        # sets a function of the batch's (coalesced) chunks returning the append's response.
+        self.append_via: Callable[[list[bytes | memoryview]], Awaitable[pb.AppendResponse]] | None = None
 
     # -- recording ------------------------------------------------------------------------
 
@@ -147,25 +154,65 @@ class Recorder:
         # instant the previous flush releases it and this one has yet to take it).
         self._unsettled += bool(batch)
         try:
+            return await self._append_after(batch, wait_for)
+        finally:
+            self._unsettled -= bool(batch)
+
+    def start_flush(self, wait_for: Iterable[Awaitable[Any]] = ()) -> asyncio.Future[pb.AppendResponse | None]:
+        """``flush`` as a task, the batch taken *now*: what is captured after this call
+        belongs to the next flush, whenever this task first runs (a store starting its next
+        commit while this one's append is in flight relies on it)."""
+        self._check()
+        batch = self.take_batch()
+        self._unsettled += bool(batch)
+        task = asyncio.ensure_future(self._append_after(batch, wait_for))
+
+        def settled(t: asyncio.Future[pb.AppendResponse | None]) -> None:
+            # A callback, not a finally: a task cancelled before its first step never runs
+            # its coroutine's body, and its batch is lost all the same.
+            self._unsettled -= bool(batch)
+            if t.cancelled():
+                self._lost(batch, asyncio.CancelledError())
+            else:
+                t.exception()  # seen here; the owner awaits the task for its outcome
+        task.add_done_callback(settled)
+        return task
+
+    def _lost(self, batch: Sequence[bytes | memoryview], err: BaseException) -> None:
+        # A batch that will never be in the log (a dependency failed, the flush was
+        # cancelled): hints built from the FSM now would name ops no player finds.
+        if batch and self.failed is None:
+            self.failed = err
+
+    async def _append_after(self, batch: Sequence[bytes | memoryview],
+                            wait_for: Iterable[Awaitable[Any]]) -> pb.AppendResponse | None:
+        try:
             async with self._lock:  # an empty flush is still ordered after the ones before it
                 for f in wait_for:
                     await f
                 self._check()
                 return await self.append_batch(batch) if batch else None
         except BaseException as err:
-            # A batch that will never be in the log (a dependency failed, the flush was
-            # cancelled): hints built from the FSM now would name ops no player finds.
-            if batch and self.failed is None:
-                self.failed = err
+            # Marked failed in this step, before the next flush waiting for the lock resumes:
+            # it must not append its batch after this one's hole.
+            self._lost(batch, err)
             raise
-        finally:
-            self._unsettled -= bool(batch)
+
+    async def settled(self) -> None:
+        """Returns once every flush started before the call resolved; raises if the recorder
+        failed (hints built before the call are then committed: ``build_pending_hints``)."""
+        async with self._lock:
+            self._check()
 
     async def append_batch(self, batch: Sequence[bytes | memoryview]) -> pb.AppendResponse:
         try:
             # Retried while brokers fail over, however long (Gazette's recorder does the same);
             # a batch that landed twice is skipped by players as a duplicate.
-            resp = await append(self.client, self.log, coalesce(batch), check_registers=self._fence)
+            via = self.append_via
+            if via is not None:
+                resp = await via(coalesce(batch))
+            else:
+                resp = await append(self.client, self.log, coalesce(batch), check_registers=self._fence)
         except AppendError as err:
             if err.status == pb.REGISTER_MISMATCH:
                 self.failed = LogFencedError(f"recovery log {self.log} is fenced by another author "
@@ -186,6 +233,16 @@ class Recorder:
         self._check()
         if self._chunks or self._unsettled:
             raise RecoveryLogError("hints are built between batches, not while one is pending")
+        return self.fsm.build_hints(self.log)
+
+    def build_pending_hints(self) -> FSMHints:
+        """Hints of everything this recorder has taken into flushes, committed or not: valid
+        once ``settled()`` (called after this) returned. Refused while ops are buffered and
+        not yet taken by a flush. For an owner whose flushes overlap, so that no instant falls
+        between batches."""
+        self._check()
+        if self._chunks:
+            raise RecoveryLogError("hints are built between captures, not while ops are buffered")
         return self.fsm.build_hints(self.log)
 
 

@@ -120,14 +120,20 @@ class App:
 
 
 class Store:
-    """Commits resolve when the test says so; records what each commit held."""
+    """Commits resolve when the test says so; records what each commit held, and which ACKs
+    (``acks``, the harness's) were written when it started."""
 
-    def __init__(self) -> None:
+    def __init__(self, ordered: bool = False) -> None:
         self.commits: list[tuple[pc.Checkpoint, asyncio.Future[None]]] = []
+        self.acks_done_at_commit: list[list[bool]] = []
+        self.acks: list[asyncio.Future[Any]] = []
+        if ordered:
+            self.ordered_commits = True
 
     def start_commit(self, shard: Any, cp: pc.Checkpoint, wait_for: Sequence[Awaitable[Any]]) -> asyncio.Future[Any]:
         f: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.commits.append((cp, f))
+        self.acks_done_at_commit.append([a.done() for a in self.acks])
         return f
 
     def restore_checkpoint(self, shard: Any) -> pc.Checkpoint:
@@ -154,11 +160,16 @@ class Pub:
 
 
 class Harness:
-    def __init__(self, cfg: TxnConfig, *, acks: bool = False, source: Any = None, app: App | None = None) -> None:
-        self.clock, self.store, self.pub = FakeClock(), Store(), Pub()
+    def __init__(self, cfg: TxnConfig, *, acks: bool = False, source: Any = None, app: App | None = None,
+                 ordered: bool = False) -> None:
+        self.clock, self.store, self.pub = FakeClock(), Store(ordered), Pub()
         self.app = app if app is not None else App()
         self.source = source if source is not None else FakeSource()
-        self.acks: list[asyncio.Future[Any]] = []
+        self.acks: list[asyncio.Future[Any]] = self.store.acks
+        self.ack_intents: list[AckIntent] = []  # of each of ``acks``
+        self.ack_txn: list[int] = []  # the commit (index) of each of ``acks``
+        # With ``acks``, the intents of the i-th transaction (from 1): this, by default.
+        self.intents_of: Callable[[int], list[AckIntent]] = lambda i: [AckIntent("out", b"ack")]
         self.progress: list[Mapping[str, int]] = []
         self.with_acks = acks
         self.loop = TransactionLoop(
@@ -170,6 +181,8 @@ class Harness:
     def write_acks(self, intents: Sequence[AckIntent], after: asyncio.Future[Any]) -> list[asyncio.Future[Any]]:
         fs = [asyncio.get_running_loop().create_future() for _ in intents]
         self.acks.extend(fs)
+        self.ack_intents.extend(intents)
+        self.ack_txn.extend([len(self.store.commits) - 1] * len(fs))
         return fs
 
     def start(self) -> None:
@@ -178,7 +191,7 @@ class Harness:
         def finalize(shard: Any, store: Any, pub: Any) -> None:
             orig(shard, store, pub)
             if self.with_acks:
-                self.pub.intents = [AckIntent("out", b"ack")]
+                self.pub.intents = self.intents_of(self.app.finalized)
         self.app.finalize_txn = finalize  # type: ignore[method-assign]
         self.task = asyncio.ensure_future(self.loop.run())
 
@@ -239,20 +252,72 @@ async def test_pipelined_txn_waits_for_previous_commit_then_stalls_at_max() -> N
     await h.until(lambda: h.app.consumed == [0, 1, 2, 3])  # the next transaction reads it
 
 
-async def test_acks_of_previous_txn_gate_the_next_commit() -> None:
+async def test_acks_of_the_previous_txn_are_carried_and_the_one_before_gates() -> None:
+    """The next commit does not wait for the previous transaction's ACKs: its checkpoint
+    carries their intents (its own superseding one of the same journal). The commit after
+    waits until the first transaction is done (at most two outstanding)."""
     h = Harness(TxnConfig(min_duration=0, max_duration=10), acks=True)
+    h.intents_of = lambda i: [AckIntent(f"{j}", f"{j}{i}".encode()) for j in ("ab" if i == 1 else "b")]
     h.start()
     h.source.put(1)
     await h.until(lambda: len(h.store.commits) == 1)
-    assert len(h.acks) == 1
+    assert dict(h.store.commits[0][0].ack_intents) == {"a": b"a1", "b": b"b1"} and len(h.acks) == 2
     h.store.resolve(0)
     h.source.put(1)
-    await h.until(lambda: h.app.consumed == [0, 1])
+    await h.until(lambda: len(h.store.commits) == 2)  # the first's ACKs are still pending
+    assert dict(h.store.commits[1][0].ack_intents) == {"a": b"a1", "b": b"b2"}
+    assert h.progress == [{}]  # the first is not done
+    h.store.resolve(1)
+    h.source.put(1)
+    await h.until(lambda: h.app.consumed == [0, 1, 2])
     await h.quiet()
-    assert len(h.store.commits) == 1  # the ACK of the first is still pending
+    assert len(h.store.commits) == 2  # the first transaction is still outstanding
+    h.acks[1].set_result(None)  # its ACK of b: a is still unwritten
+    await h.quiet()
+    assert len(h.store.commits) == 2
     h.acks[0].set_result(None)
-    await h.until(lambda: len(h.store.commits) == 2)
+    await h.until(lambda: len(h.store.commits) == 3)
     assert h.progress == [{}, {"in": 10}]
+    assert dict(h.store.commits[2][0].ack_intents) == {"b": b"b3"}  # the second's b is superseded
+    h.acks[2].set_result(None)
+    await h.until(lambda: h.progress == [{}, {"in": 10}, {"in": 20}])
+
+
+async def test_an_ordered_store_starts_a_commit_while_the_previous_is_outstanding() -> None:
+    h = Harness(TxnConfig(min_duration=0, max_duration=10), ordered=True)
+    assert h.loop.depth == 2
+    h.start()
+    h.source.put(1)
+    await h.until(lambda: len(h.store.commits) == 1)
+    h.source.put(1)
+    await h.until(lambda: len(h.store.commits) == 2)  # the first commit is unresolved
+    h.source.put(1)
+    await h.until(lambda: h.app.consumed == [0, 1, 2])
+    await h.quiet()
+    assert len(h.store.commits) == 2  # two unresolved: the third waits
+    h.store.resolve(0)
+    await h.until(lambda: len(h.store.commits) == 3)
+    assert [h.store.read_through(i) for i in range(3)] == [10, 20, 30]
+    assert h.progress == [{}, {"in": 10}]
+    h.store.resolve(2)  # out of order: progress is still reported in order
+    await h.quiet()
+    assert h.progress == [{}, {"in": 10}]
+    h.store.resolve(1)
+    await h.until(lambda: h.progress == [{}, {"in": 10}, {"in": 20}, {"in": 30}])
+
+
+async def test_a_later_failed_commit_fails_the_loop_while_an_earlier_is_pending() -> None:
+    h = Harness(TxnConfig(min_duration=0, max_duration=10), ordered=True)
+    h.start()
+    h.source.put(1)
+    await h.until(lambda: len(h.store.commits) == 1)
+    h.source.put(1)
+    await h.until(lambda: len(h.store.commits) == 2)
+    h.store.resolve(1, RuntimeError("fenced"))
+    h.source.put(1)
+    with pytest.raises(TransactionError, match="commit: fenced"):
+        await asyncio.wait_for(h.task, 5)  # type: ignore[arg-type]
+    assert h.progress == [{}]
 
 
 async def test_pending_acks_of_read_messages_extend_the_txn_until_max() -> None:
@@ -318,38 +383,43 @@ async def test_recovered_ack_intents_are_written_first() -> None:
 _events = st.lists(st.sampled_from(["put", "advance", "resolve", "ack"]), min_size=1, max_size=40)
 
 
-@settings(max_examples=60, deadline=None)
-@given(_events, st.floats(0, 2), st.floats(2, 5), st.booleans())
+@settings(max_examples=300, deadline=None)
+@given(_events, st.floats(0, 2), st.floats(2, 5), st.booleans(), st.booleans(), st.booleans())
 def test_random_interleavings_commit_every_message_once_in_order(
-        events: list[str], min_d: float, max_d: float, acks: bool) -> None:
+        events: list[str], min_d: float, max_d: float, acks: bool, ordered: bool, shuffle: bool) -> None:
+    """Random interleavings of input, time, commits and ACKs resolving (in order, or with
+    ``shuffle`` the newest first), on a store whose commits are ordered or not: every message
+    is consumed once, in order; the commit barrier holds; every checkpoint names, for each ACK
+    not yet written when its commit started, an intent of that journal at least as recent."""
     async def main() -> None:
-        h = Harness(TxnConfig(min_duration=min_d, max_duration=max_d), acks=acks)
+        h = Harness(TxnConfig(min_duration=min_d, max_duration=max_d), acks=acks, ordered=ordered)
+        depth = 2 if ordered else 1
+        # The i-th transaction acknowledges one or two of three journals.
+        h.intents_of = lambda i: [AckIntent(f"j{k}", f"{i}".encode()) for k in {i % 3, (i * 7) % 3}]
         h.start()
-        resolved = acked = 0
         for ev in events:
+            pending = [i for i, (_, f) in enumerate(h.store.commits) if not f.done()]
             if ev == "put":
                 h.source.put(2)
             elif ev == "advance":
                 h.clock.advance(1)
-            elif ev == "resolve" and resolved < len(h.store.commits):
-                # A commit starts only after the previous commit and its ACKs resolved.
-                h.store.resolve(resolved)
-                resolved += 1
-            elif ev == "ack" and acked < len(h.acks):
-                h.acks[acked].set_result(None)
-                acked += 1
+            elif ev == "resolve" and pending:
+                h.store.resolve(pending[-1] if shuffle and ordered else pending[0])
+            elif ev == "ack" and (open_acks := [a for a in h.acks if not a.done()]):
+                (open_acks[-1] if shuffle else open_acks[0]).set_result(None)
             await h.quiet()
-            assert len(h.store.commits) <= resolved + 1
-            if acks:
-                assert len(h.store.commits) <= acked + 1
+            unresolved = [i for i, (_, f) in enumerate(h.store.commits) if not f.done()]
+            assert len(unresolved) <= depth
+            outstanding = set(unresolved) | {h.ack_txn[k] for k, a in enumerate(h.acks) if not a.done()}
+            assert len(outstanding) <= depth + 1
         # Drain: end input, resolve everything until the loop returns.
         h.source.close()
         async with asyncio.timeout(5):
             while not h.task.done():  # type: ignore[union-attr]
                 h.clock.advance(1)
-                for i in range(resolved, len(h.store.commits)):
-                    h.store.resolve(i)
-                resolved = len(h.store.commits)
+                for _, f in h.store.commits:
+                    if not f.done():
+                        f.set_result(None)
                 for a in h.acks:
                     if not a.done():
                         a.set_result(None)
@@ -360,6 +430,16 @@ def test_random_interleavings_commit_every_message_once_in_order(
         offsets = [h.store.read_through(i) for i in range(len(h.store.commits))]
         assert offsets == sorted(offsets) and (not n or offsets[-1] == n * 10)
         assert len(set(offsets)) == len(offsets)  # every transaction consumed something
+        assert [p["in"] for p in h.progress[1:]] == offsets  # in transaction order
+        for i, (cp, _) in enumerate(h.store.commits):
+            # Carried intents: an ACK unwritten as commit i started is covered by its checkpoint.
+            for k, done in enumerate(h.store.acks_done_at_commit[i]):
+                if not done:
+                    it = h.ack_intents[k]
+                    assert it.journal in cp.ack_intents
+                    assert int(cp.ack_intents[it.journal]) >= int(it.intent)
+            own = {it.journal: it.intent for it in h.intents_of(i + 1)} if acks else {}
+            assert {j: cp.ack_intents[j] for j in own} == own
     asyncio.run(main())
 
 

@@ -27,6 +27,7 @@ from gazette.consumer.stores.recorded import StoreOptionError
 from gazette.consumer.stores.rocksdb import RocksDBStore
 from gazette.consumer.stores.sqlite import SQLiteStore
 from gazette.protocol import consumer_pb2 as pc
+from gazette.protocol import protocol_pb2 as pb
 from gazette.recoverylog import FSM, FSMHints, Recorder
 from gazette.recoverylog import capture as capture_module
 from gazette.recoverylog.player import apply_for_playback
@@ -60,9 +61,12 @@ def replay(log: MemLog, upto: int, into: Path) -> None:
 async def commit(store: RocksDBStore | SQLiteStore | JSONFileStore, rec: Recorder, log: MemLog, n: int) -> int:
     cp = pc.Checkpoint()
     cp.sources["in"].read_through = n
-    fut = store.start_commit(None, cp, [])  # type: ignore[arg-type]
-    log.append(b"".join(bytes(c) for c in rec.take_batch()))
-    await fut
+    async def to_log(chunks: list[bytes | memoryview]) -> pb.AppendResponse:
+        begin = log.head
+        log.append(b"".join(bytes(c) for c in chunks))
+        return pb.AppendResponse(commit=pb.Fragment(journal=LOG, begin=begin, end=log.head))
+    rec.append_via = to_log
+    await store.start_commit(None, cp, [])  # type: ignore[arg-type]
     return log.head
 
 

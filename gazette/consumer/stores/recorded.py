@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from gazette.consumer.errors import ConsumerError
 from gazette.consumer.interfaces import OpFuture
@@ -37,13 +37,21 @@ def store_directory(recorder: Recorder | None, directory: str | os.PathLike[str]
     return os.fspath(directory)
 
 
-def commit_batch(recorder: Recorder | None, wait_for: Sequence[Awaitable[Any]]) -> OpFuture:
-    """The commit's future: the recorder's batch appended after ``wait_for`` (or just
-    ``wait_for`` without a recorder)."""
+def commit_batch(recorder: Recorder | None, wait_for: Sequence[Awaitable[Any]],
+                 previous: OpFuture | None = None) -> OpFuture:
+    """The commit's future: the recorder's batch (taken now) appended after ``wait_for`` (or,
+    without a recorder, ``wait_for`` and then ``previous``, the store's previous commit).
+
+    Either way a store's commits resolve in order, and a commit fails if an earlier one did
+    (the recorder serialises its flushes and fails for good on the first that fails): the
+    stores declare ``ordered_commits``, so the transaction loop may start the next commit while
+    this one is outstanding."""
+    if recorder is not None:
+        return cast(OpFuture, recorder.start_flush(wait_for))
+
     async def run() -> None:
-        if recorder is not None:
-            await recorder.flush(wait_for)
-        else:
-            for f in wait_for:
-                await f
+        for f in wait_for:
+            await f
+        if previous is not None:
+            await previous
     return asyncio.ensure_future(run())

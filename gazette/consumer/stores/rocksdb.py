@@ -54,10 +54,13 @@ _PINNED: dict[str, tuple[Any, str]] = {
 
 
 class RocksDBStore:
+    ordered_commits = True  # see commit_batch
+
     def __init__(self, recorder: Recorder | None, *, directory: str | None = None,
                  options: Mapping[str, Any] | None = None) -> None:
         self.recorder = recorder
         self.dir = store_directory(recorder, directory, "RocksDBStore")
+        self._last_commit: OpFuture | None = None
         opts = rocksdict.Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.set_max_manifest_file_size(64 << 20)
@@ -131,7 +134,8 @@ class RocksDBStore:
         self._overlay = {}
         if self.capture is not None:
             self.capture.capture()
-        return commit_batch(self.recorder, wait_for)
+        self._last_commit = commit_batch(self.recorder, wait_for, self._last_commit)
+        return self._last_commit
 
     def destroy(self) -> None:
         self.db.close()

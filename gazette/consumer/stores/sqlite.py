@@ -47,6 +47,8 @@ class SQLiteStore:
     """A shard's state in an embedded SQLite database (``conn``), recorded into the shard's
     recovery log by ``recorder`` (see the module's invariants)."""
 
+    ordered_commits = True  # see commit_batch
+
     def __init__(self, recorder: Recorder | None, *, directory: str | None = None,
                  filename: str = "db.sqlite", checkpoint_bytes: int = 4 << 20,
                  page_size: int | None = None) -> None:
@@ -55,6 +57,7 @@ class SQLiteStore:
                                    "from 512 to 65536")
         self.recorder = recorder
         self.dir = store_directory(recorder, directory, "SQLiteStore")
+        self._last_commit: OpFuture | None = None
         self.path = os.path.join(self.dir, filename)
         self.checkpoint_bytes = checkpoint_bytes
         self.conn = sqlite3.connect(self.path, isolation_level="DEFERRED", check_same_thread=False)
@@ -106,7 +109,8 @@ class SQLiteStore:
             self.capture.capture_commit()
             if self.capture.wal_recorded >= self.checkpoint_bytes:
                 self.capture.checkpoint(self.conn)
-        return commit_batch(self.recorder, wait_for)
+        self._last_commit = commit_batch(self.recorder, wait_for, self._last_commit)
+        return self._last_commit
 
     def destroy(self) -> None:
         self.conn.close()
