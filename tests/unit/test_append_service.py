@@ -351,6 +351,33 @@ async def test_dependencies_order_appends_across_journals() -> None:
     assert [j for j, _ in mem.calls] == ["data", "checkpoint"]
 
 
+async def test_content_behind_a_batch_waiting_on_dependencies_shares_its_rpc() -> None:
+    """A transaction's ACK waits for its commit; the next transaction's messages, written to
+    the journal meanwhile, join that batch: one RPC, ACK first. Content with a dependency of
+    its own does not."""
+    mem = MemoryJournals()
+    loop = asyncio.get_running_loop()
+    commit: asyncio.Future[None] = loop.create_future()
+    other: asyncio.Future[None] = loop.create_future()
+    async with service(mem) as svc:
+        with svc.start_append("out", [commit]) as ack:
+            ack.write(b"ack;")
+        await turns()
+        data = svc.append_nowait("out", b"next-1;")
+        with svc.start_append("out") as more:
+            more.write(b"next-2;")
+        with svc.start_append("out", [other]) as fenced:
+            fenced.write(b"later;")
+        await turns()
+        assert mem.calls == [] and data is ack and more is ack and fenced is not ack
+        commit.set_result(None)
+        await ack
+        assert mem.calls == [("out", b"ack;next-1;next-2;")]
+        other.set_result(None)
+        await fenced
+    assert mem.calls[1:] == [("out", b"later;")]
+
+
 async def test_a_failed_dependency_fails_the_dependent_journal() -> None:
     mem = MemoryJournals()
     svc = service(mem)
