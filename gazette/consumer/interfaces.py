@@ -11,7 +11,9 @@ Invariants (what the framework guarantees the roles):
   per transaction that commits; ``finalize_txn`` once per transaction, after its last message
   and before its checkpoint is taken; ``begin_txn``/``finished_txn`` (optional) bracket each.
 * ``Store.start_commit`` is called with the transaction's checkpoint once the previous
-  transaction's commit and ACKs resolved; the store must persist its state and the checkpoint
+  transaction's commit resolved (its ACKs may still be in flight: their intents are carried in
+  this checkpoint), or, for a store declaring ``ordered_commits = True``, once the commit
+  before the previous one resolved; the store must persist its state and the checkpoint
   atomically, after every future in ``wait_for`` (the transaction's own appends) resolved.
 * Transaction acknowledgements (messages whose UUID flags carry ACK_TXN; see
   ``gazette.consumer.is_ack``) are committed messages too and reach ``consume_message``, as in
@@ -154,7 +156,12 @@ class Shard(Protocol[S_co]):
 
 
 class Store(Protocol):
-    """Where a shard keeps its state, committed atomically with its checkpoint."""
+    """Where a shard keeps its state, committed atomically with its checkpoint.
+
+    Optional capability: a class attribute ``ordered_commits = True`` declares that the
+    store's commits resolve in the order they started, and that a commit fails if an earlier
+    one failed (the embedded stores: their recorder appends one batch at a time and fails for
+    good). The transaction loop then starts a commit while the previous one is outstanding."""
 
     def start_commit(self, shard: Shard, checkpoint: pc.Checkpoint,
                      wait_for: Sequence[Awaitable[object]]) -> OpFuture:

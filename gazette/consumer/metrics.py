@@ -2,8 +2,8 @@
 ``/debug/metrics`` of the consumer's port.
 
 Invariants: every series is labelled by the shard's ID (and journal where it concerns one);
-counters advance once per completed transaction (its commit and ACKs resolved), never per
-message, so the hot path stays free of metric calls.
+counters advance once per completed transaction (its commit and ACKs resolved, in
+transaction order), never per message, so the hot path stays free of metric calls.
 """
 
 from __future__ import annotations

@@ -206,8 +206,8 @@ class Txn:
     done: bool = False  # commit and ACKs resolved, progress reported
 
     def acked(self) -> bool:
-        """Whether every ACK of the transaction resolved (failures are the loop's to raise)."""
-        return all(a.done() for a in self.acks)
+        """Whether every ACK of the transaction is written (a failed one is not)."""
+        return all(a.done() and not a.cancelled() and a.exception() is None for a in self.acks)
 
 
 def _resolved() -> OpFuture:
