@@ -10,6 +10,7 @@ log from the stored hints, and from no hints, must rebuild exactly the committed
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import hypothesis.strategies as st
@@ -17,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import recoverylog_pb2 as rl
 from gazette.recoverylog import FSM, FSMHints, Recorder
 from gazette.recoverylog.errors import PlaybackError, RecoveryLogError
@@ -29,6 +31,7 @@ from gazette.recoverylog.ops import (
 )
 from gazette.recoverylog.player import apply_for_playback
 from gazette.recoverylog.recorder import handoff_op
+from gazette.testing.eventually import eventually
 
 LOG = "recovery/logs/shard-1"
 PATHS = ["/a", "/b", "/c", "/d/e"]
@@ -359,3 +362,80 @@ async def test_a_flush_whose_dependency_failed_fails_the_recorder() -> None:
         rec.build_hints()
     with pytest.raises(RecoveryLogError):
         rec.create("/b")
+
+
+def _logged_recorder() -> tuple[Recorder, list[bytes], list[asyncio.Future[None]]]:
+    """A recorder whose batches land in a list, each append held until the test releases
+    its gate (``gates``, one per append in order, made as the append starts)."""
+    rec = Recorder(None, LOG, FSM(LOG), 1, "/store")  # type: ignore[arg-type]
+    batches: list[bytes] = []
+    gates: list[asyncio.Future[None]] = []
+
+    async def to_list(chunks: list[bytes | memoryview]) -> pb.AppendResponse:
+        gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        gates.append(gate)
+        await gate
+        begin = sum(len(b) for b in batches)
+        batches.append(b"".join(bytes(c) for c in chunks))
+        return pb.AppendResponse(commit=pb.Fragment(journal=LOG, begin=begin, end=begin + len(batches[-1])))
+
+    rec.append_via = to_list
+    return rec, batches, gates
+
+
+async def test_start_flush_takes_its_batch_at_the_call_and_flushes_in_order() -> None:
+    # The embedded stores start a commit while the previous one's append is in flight: what
+    # is captured after start_flush belongs to the next flush, whenever the first task runs.
+    rec, batches, gates = _logged_recorder()
+    rec.create("/a")
+    first = rec.start_flush()
+    rec.create("/b")  # before the first flush's task has run at all
+    second = rec.start_flush()
+    assert not rec.pending_bytes
+    with pytest.raises(RecoveryLogError, match="between batches"):
+        rec.build_hints()
+    hints = rec.build_pending_hints()  # names both batches, valid once they committed
+    assert [n.fnode for n in hints.live_nodes] == [1, 2]
+    settled = asyncio.ensure_future(rec.settled())
+    await eventually(lambda: len(gates) == 1, "the first append")
+    await asyncio.sleep(0)
+    assert len(gates) == 1 and not settled.done()  # one append in flight at a time
+    gates[0].set_result(None)
+    await first
+    await eventually(lambda: len(gates) == 2, "the second append")
+    gates[1].set_result(None)
+    await second
+    await settled
+    assert [decode_op(b[HEADER_LENGTH:]).create.path for b in batches] == ["/a", "/b"]
+    assert rec.build_hints() == hints
+
+
+async def test_a_failed_flush_fails_the_next_without_appending_it() -> None:
+    rec, batches, gates = _logged_recorder()
+    rec.create("/a")
+    dep: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    first = rec.start_flush([dep])
+    rec.create("/b")
+    second = rec.start_flush()
+    hints = rec.build_pending_hints()
+    settled = asyncio.ensure_future(rec.settled())
+    dep.set_exception(RuntimeError("publish failed"))
+    with pytest.raises(RuntimeError, match="publish failed"):
+        await first
+    with pytest.raises(RecoveryLogError, match="failed: publish failed"):
+        await second
+    with pytest.raises(RecoveryLogError):
+        await settled  # the hints built above name a batch that never landed
+    assert batches == [] and gates == [] and hints.live_nodes
+
+
+async def test_a_flush_cancelled_before_it_ran_fails_the_recorder() -> None:
+    rec, batches, _ = _logged_recorder()
+    rec.create("/a")
+    flush = rec.start_flush()
+    flush.cancel()  # before its first step: its coroutine never runs
+    with pytest.raises(asyncio.CancelledError):
+        await flush
+    assert isinstance(rec.failed, asyncio.CancelledError) and batches == []
+    with pytest.raises(RecoveryLogError):
+        rec.build_pending_hints()
