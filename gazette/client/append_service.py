@@ -618,10 +618,8 @@ class AppendService:
     async def _resolve(self, j: _Journal, b: AsyncAppend) -> pb.AppendResponse:
         if j.error is not None:
             raise j.error
-        for dep in b.dependencies:
-            fut = dep._future if isinstance(dep, AsyncAppend) else dep
-            if not fut.done():
-                await asyncio.wait((fut,))  # Never cancels |fut|, nor raises its error.
+        for dep in b.dependencies:  # all resolved: _serve waited for them
+            fut = _future_of(dep)
             if fut.cancelled():
                 raise DependencyFailed(f"append to {j.name!r}: a dependency was cancelled")
             if (cause := fut.exception()) is not None:
@@ -669,11 +667,10 @@ class _Chunks:
         return self._batch.chunks()
 
 
+def _future_of(dep: Dependency) -> asyncio.Future[Any]:
+    return dep._future if isinstance(dep, AsyncAppend) else dep
+
 
 def _pending_dependency(b: AsyncAppend) -> asyncio.Future[Any] | None:
     """A dependency of ``b`` not yet resolved (None: all are)."""
-    for dep in b.dependencies:
-        fut = dep._future if isinstance(dep, AsyncAppend) else dep
-        if not fut.done():
-            return fut
-    return None
+    return next((f for f in map(_future_of, b.dependencies) if not f.done()), None)

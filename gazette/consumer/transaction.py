@@ -203,7 +203,6 @@ class Txn:
     commit: OpFuture | None = None
     acks: list[asyncio.Future[Any]] = field(default_factory=list)
     intents: dict[str, bytes] = field(default_factory=dict)  # its own ACK intents, by journal
-    done: bool = False  # commit and ACKs resolved, progress reported
 
     def acked(self) -> bool:
         """Whether every ACK of the transaction is written (a failed one is not)."""
@@ -495,7 +494,6 @@ class TransactionLoop:
     def _report(self, t: Txn) -> None:
         """Reports a done transaction's progress (and, once none is outstanding, the input
         sequenced to nothing meanwhile)."""
-        t.done = True
         if self.on_progress is not None:
             read_through = {j: s.read_through for j, s in t.checkpoint.sources.items()}
             if not self.outstanding:

@@ -147,16 +147,7 @@ class Recorder:
 
         Returns the append's response (None if nothing was buffered); raises ``LogFencedError``
         when another process holds the log, and fails the recorder on any error."""
-        self._check()
-        batch = self.take_batch()
-        # Until its append commits, the batch's ops are in the FSM but not in the log: hints
-        # are refused meanwhile (``_unsettled``, which the lock alone does not show at the
-        # instant the previous flush releases it and this one has yet to take it).
-        self._unsettled += bool(batch)
-        try:
-            return await self._append_after(batch, wait_for)
-        finally:
-            self._unsettled -= bool(batch)
+        return await self.start_flush(wait_for)
 
     def start_flush(self, wait_for: Iterable[Awaitable[Any]] = ()) -> asyncio.Future[pb.AppendResponse | None]:
         """``flush`` as a task, the batch taken *now*: what is captured after this call
@@ -164,6 +155,9 @@ class Recorder:
         commit while this one's append is in flight relies on it)."""
         self._check()
         batch = self.take_batch()
+        # Until its append commits, the batch's ops are in the FSM but not in the log: hints
+        # are refused meanwhile (``_unsettled``, which the lock alone does not show at the
+        # instant the previous flush releases it and this one has yet to take it).
         self._unsettled += bool(batch)
         task = asyncio.ensure_future(self._append_after(batch, wait_for))
 
