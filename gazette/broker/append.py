@@ -51,7 +51,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from functools import partial
-from typing import TYPE_CHECKING, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, Final, NamedTuple
 
 from gazette.allocator import desired_replication
 from gazette.auth import Claims
@@ -92,9 +92,14 @@ def maybe_roll(cur: Fragment, first_append: float | None, roll_to: int,
     Rolls when the spool is empty (trivially, to pick up the spec's codec), longer than the
     spec's fragment length, asked to move to ``roll_to``, or begun in an earlier flush interval.
     """
+    return _maybe_roll(cur, first_append, roll_to, spec.length, spec.flush_interval.seconds,
+                       spec.compression_codec, now)
+
+
+def _maybe_roll(cur: Fragment, first_append: float | None, roll_to: int, max_length: int,
+                interval: int, codec: int, now: float) -> Fragment:
     length = cur.content_length
-    flush = length == 0 or length > spec.length or (roll_to != 0 and roll_to != cur.begin)
-    interval = spec.flush_interval.seconds
+    flush = length == 0 or length > max_length or (roll_to != 0 and roll_to != cur.begin)
     if interval > 0 and first_append is not None and int(first_append) // interval != int(now) // interval:
         flush = True
     if not flush:
@@ -103,7 +108,36 @@ def maybe_roll(cur: Fragment, first_append: float | None, roll_to: int,
     if roll_to != 0:
         assert end <= roll_to, "invalid roll_to offset"
         end = roll_to
-    return Fragment(cur.journal, end, end, codec=spec.compression_codec)
+    return Fragment(cur.journal, end, end, codec=codec)  # type: ignore[arg-type]  # a codec's value
+
+
+class AppendPlan:
+    """What an append reads of its journal's spec, read from the protobuf once per resolution
+    (each read of a protobuf field builds or looks up a wrapper object; these are plain
+    attributes). Never changes: a new spec is a new keyspace revision, a new resolution."""
+
+    def __init__(self, spec: pb.JournalSpec) -> None:
+        frag = spec.fragment
+        self.writable = may_write(spec)
+        self.desired_replication = desired_replication(spec)
+        self.has_stores = len(frag.stores) > 0
+        self.fragment_length = int(frag.length)
+        self.flush_interval = int(frag.flush_interval.seconds)  # 0: none
+        self.codec = int(frag.compression_codec)
+        self.suspend_level = int(spec.suspend.level)
+        self.suspend_offset = int(spec.suspend.offset)
+        self.max_append_rate = int(spec.max_append_rate)
+
+
+def append_plan(res: Resolution) -> AppendPlan:
+    """The plan of ``res`` (whose spec is known), made at its first append."""
+    plan = res.append_plan
+    if isinstance(plan, AppendPlan):
+        return plan
+    assert res.spec is not None
+    made = AppendPlan(res.spec)
+    res.append_plan = made
+    return made
 
 
 def registers_match(selector: pb.LabelSelector, registers: pb.LabelSet) -> bool:
@@ -123,10 +157,19 @@ _REGISTER_MATCHES: dict[tuple[bytes, bytes], bool] = {}
 
 
 def _response(status: int, header: pb.Header) -> pb.AppendResponse:
-    resp = pb.AppendResponse(status=status)  # type: ignore[arg-type]
-    resp.header.CopyFrom(header)
-    return resp
+    return pb.AppendResponse(status=status, header=header)  # type: ignore[arg-type]  # copies header
 
+
+# Enum values read on every append: a nested protobuf enum is a metaclass attribute lookup
+# each time it is named, a module constant is not.
+_SUSPEND_RESUME: Final[int] = pb.AppendRequest.SUSPEND_RESUME
+_SUSPEND_NO_RESUME: Final[int] = pb.AppendRequest.SUSPEND_NO_RESUME
+_SUSPEND_IF_FLUSHED: Final[int] = pb.AppendRequest.SUSPEND_IF_FLUSHED
+_SUSPEND_NOW: Final[int] = pb.AppendRequest.SUSPEND_NOW
+_SUSPEND_KEEP: Final[int] = pb.AppendRequest.SUSPEND_KEEP
+_LEVEL_NONE: Final[int] = pb.JournalSpec.Suspend.NONE
+_LEVEL_PARTIAL: Final[int] = pb.JournalSpec.Suspend.PARTIAL
+_LEVEL_FULL: Final[int] = pb.JournalSpec.Suspend.FULL
 
 # States.
 RESOLVE = "resolve"
@@ -224,7 +267,7 @@ class AppendFSM:
             claims=self.claims,
         )
         self.res = res
-        if res.status == pb.SUSPENDED and req.suspend == pb.AppendRequest.SUSPEND_RESUME:
+        if res.status == pb.SUSPENDED and req.suspend == _SUSPEND_RESUME:
             assert res.spec is not None
             self.next_suspend = pb.JournalSpec.Suspend(level=pb.JournalSpec.Suspend.NONE, offset=res.spec.suspend.offset)
             self.state = UPDATE_SUSPEND
@@ -359,7 +402,7 @@ class AppendFSM:
     async def _on_await_desired_replicas(self) -> None:
         res = self.res
         assert res is not None and res.spec is not None
-        n, desired = len(res.route.members), desired_replication(res.spec)
+        n, desired = len(res.route.members), append_plan(res).desired_replication
         if n > desired:
             # The allocator over-subscribed the journal and is about to remove members
             # (maybe the primary): wait for that rather than append to n > desired.
@@ -378,8 +421,9 @@ class AppendFSM:
         assert res is not None and res.spec is not None and replica is not None and pln is not None
         # Before the first-refresh wait: a store that cannot be listed never completes one.
         # (Each wait is skipped, not awaited, when already satisfied: the steady state.)
+        plan = append_plan(res)
         health = self.broker.store_health
-        if not health.healthy_for_append(res.spec):
+        if plan.has_stores and not health.healthy_for_append(res.spec):
             status, self.store_health_error = await health.await_append_status(res.spec)
             if status != pb.OK:
                 self.status = status
@@ -391,29 +435,28 @@ class AppendFSM:
         if not replica.primary_refreshed.is_set() and not await wait_unless(replica.primary_refreshed, res.signal):
             self.state = RESOLVE
             return
-        req, spec, spool = self.req, res.spec, pln.spool
+        req, spool = self.req, pln.spool
         if len(res.route.members) == 1 and (fresh := replica.fresh_roll_offset()) > spool.fragment.end:
             self.roll_to = fresh
             self.state = SEND_SYNC
             return
 
         index_min, index_max, index_mod = replica.index.summary()
-        interval = spec.fragment.flush_interval.seconds or DEFAULT_FLUSH_INTERVAL
+        interval = plan.flush_interval or DEFAULT_FLUSH_INTERVAL
         index_dirty = index_mod == 0 or index_mod > time.time() - interval
         end = spool.fragment.end
         max_offset = max(end, index_max)
-        suspend = spec.suspend
 
         if req.HasField("check_registers") and len(self.registers.labels) != 0:
             if not registers_match(req.check_registers, self.registers):
                 self.status = pb.REGISTER_MISMATCH
                 self.state = ERROR
                 return
-        if end < suspend.offset:  # roll forward to the journal's resumption offset
-            self.roll_to = suspend.offset
+        if end < plan.suspend_offset:  # roll forward to the journal's resumption offset
+            self.roll_to = plan.suspend_offset
             self.state = SEND_SYNC
             return
-        if end != max_offset and req.offset == 0 and may_write(spec):
+        if end != max_offset and req.offset == 0 and plan.writable:
             self.status = pb.INDEX_HAS_GREATER_OFFSET
             self.state = ERROR
             return
@@ -427,30 +470,31 @@ class AppendFSM:
             self.state = SEND_SYNC
             return
 
-        level = suspend.level
-        if req.suspend == pb.AppendRequest.SUSPEND_RESUME:
-            if level != pb.JournalSpec.Suspend.NONE:
+        level = plan.suspend_level
+        mode = req.suspend
+        if mode == _SUSPEND_RESUME:
+            if level != _LEVEL_NONE:
                 self.next_suspend = pb.JournalSpec.Suspend(level=pb.JournalSpec.Suspend.NONE, offset=end)
                 self.state = UPDATE_SUSPEND
                 return
-        elif req.suspend == pb.AppendRequest.SUSPEND_NO_RESUME:
-            if level != pb.JournalSpec.Suspend.NONE:
+        elif mode == _SUSPEND_NO_RESUME:
+            if level != _LEVEL_NONE:
                 self.status = pb.SUSPENDED
                 self.state = ERROR
                 return
-        elif req.suspend in (pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW):
-            if level != pb.JournalSpec.Suspend.FULL and index_min == index_max:
+        elif mode == _SUSPEND_IF_FLUSHED or mode == _SUSPEND_NOW:
+            if level != _LEVEL_FULL and index_min == index_max:
                 self.next_suspend = pb.JournalSpec.Suspend(level=pb.JournalSpec.Suspend.FULL, offset=end)
                 self.state = UPDATE_SUSPEND
                 return
-            if level == pb.JournalSpec.Suspend.NONE and (not index_dirty or req.suspend == pb.AppendRequest.SUSPEND_NOW):
+            if level == _LEVEL_NONE and (not index_dirty or mode == _SUSPEND_NOW):
                 self.next_suspend = pb.JournalSpec.Suspend(level=pb.JournalSpec.Suspend.PARTIAL, offset=end)
                 self.state = UPDATE_SUSPEND
                 # The replication factor drops, but we likely stay primary: roll the spool
                 # so its content is persisted.
                 self.roll_to = end
                 return
-            if level == pb.JournalSpec.Suspend.PARTIAL:
+            if level == _LEVEL_PARTIAL:
                 self.status = pb.SUSPENDED
         self.state = STREAM_CONTENT
 
@@ -458,8 +502,8 @@ class AppendFSM:
         res = self.res
         assert res is not None and self.next_suspend is not None
         self.read_through = await self.broker.update_suspend(res, self.next_suspend.level, self.next_suspend.offset)
-        if self.next_suspend.level == pb.JournalSpec.Suspend.NONE and res.spec is not None \
-                and res.spec.suspend.level == pb.JournalSpec.Suspend.FULL:
+        if self.next_suspend.level == _LEVEL_NONE and res.spec is not None \
+                and res.spec.suspend.level == _LEVEL_FULL:
             self.resumed = True
         log.info("updated journal suspension", extra={
             "journal": self.req.journal, "revision": self.read_through,
@@ -473,9 +517,10 @@ class AppendFSM:
         res, pln = self.res, self.pln
         assert res is not None and res.spec is not None and pln is not None
         spool = pln.spool
-        spec = res.spec
+        plan = append_plan(res)
         frag = spool.fragment
-        proposal = maybe_roll(frag, spool.first_append_time, self.roll_to, spec.fragment, time.time())
+        proposal = _maybe_roll(frag, spool.first_append_time, self.roll_to, plan.fragment_length,
+                               plan.flush_interval, plan.codec, time.time())
         if proposal is not frag and proposal != frag:
             # The pipeline is synchronised: every peer takes this roll, unacknowledged.
             await pln.scatter(pb.ReplicateRequest(proposal=proposal.to_proto(), registers=self.registers))
@@ -488,24 +533,43 @@ class AppendFSM:
         chunks = 0
         committed = False
         status = self.status
-        writable = may_write(spec)
-        content_allowed = self.req.suspend not in (
-            pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW, pb.AppendRequest.SUSPEND_KEEP)
+        writable = plan.writable
+        mode = self.req.suspend
+        content_allowed = mode != _SUSPEND_IF_FLUSHED and mode != _SUSPEND_NOW and mode != _SUSPEND_KEEP
         err: BaseException | None = None
         local_only = not pln.peers
         cfg = self.broker.config
-        max_rate = spec.max_append_rate
+        max_rate = plan.max_append_rate
         if cfg.max_append_rate and (max_rate == 0 or cfg.max_append_rate < max_rate):
             max_rate = cfg.max_append_rate
         policed: AsyncGenerator[AppendChunk, None] | None = None
+        # Without a max rate, the chunks read ahead are taken as they are (nothing to police:
+        # they are here), and the stream is read, policed, only past them (unless it ended).
+        buffered: list[AppendChunk] = []
+        ended = False
         if max_rate:
             fc = self.replica.flow if self.replica is not None else AppendFlowControl()
             rest = policed = flow_controlled(rest, fc, _content_length, max_rate=max_rate,
                                              min_rate=cfg.min_append_rate)
-        elif cfg.min_append_rate:  # the min rate alone: policed for a fraction of the cost
-            rest = min_rate_policed(rest, _content_length, cfg.min_append_rate)
+        else:
+            if isinstance(rest, ReadAhead):
+                buffered = rest.take()
+                ended = rest.ended
+            if cfg.min_append_rate and not ended:  # the min rate alone: a fraction of the cost
+                rest = min_rate_policed(rest, _content_length, cfg.min_append_rate)
+        taken = 0
         try:
-            async for req in rest:
+            while True:
+                if taken < len(buffered):
+                    req = buffered[taken]
+                    taken += 1
+                elif ended:
+                    break
+                else:
+                    try:
+                        req = await rest.__anext__()
+                    except StopAsyncIteration:
+                        break
                 if req.journal:
                     raise AppendStreamError("expected Content chunk")
                 if committed:

@@ -412,9 +412,28 @@ class ReadAhead(Generic[T]):
             self._buf.append(item)
             size = content_length(item)
             if size == 0:
-                break  # the commit: nothing more is due before it is answered
+                # The commit: nothing more is due before it is answered. The end of the
+                # stream, if it is already here, is taken too: the append then knows its
+                # client sent everything, without another read of the stream.
+                if ready is not None and ready():
+                    try:
+                        self._buf.append(await it.__anext__())
+                    except StopAsyncIteration:
+                        self._ended = True
+                break
             n += size
         self.buffered = n
+
+    def take(self) -> list[T]:
+        """The items read ahead and not yet yielded, in order; they are yielded no more."""
+        out = list(self._buf)
+        self._buf.clear()
+        return out
+
+    @property
+    def ended(self) -> bool:
+        """Whether the stream's end was read (after the items :meth:`take` returns)."""
+        return self._ended
 
     def ready(self) -> bool:
         """Whether the next item (or the end) is already here."""

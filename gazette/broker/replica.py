@@ -156,7 +156,8 @@ class Replica:
         "_maint_timer", "_next_refresh", "_primary_refreshed", "_pulse_failures", "_pulse_fn", "_pulse_now",
         "_pulse_task", "_refresh_failures", "_refresh_now", "_refreshing", "_released", "_stable_ticks", "_tg",
         "_tick_commits", "_ticker", "assignments_sig", "cancelled", "flow", "index", "journal", "persister",
-        "pln", "primary", "retired", "route_signal", "send_lock", "spec", "spool", "spool_lock", "stores")
+        "pln", "primary", "retired", "route_signal", "send_lock", "_spec", "_flush_interval", "spool",
+        "spool_lock", "stores")
 
     def __init__(
         self,
@@ -172,7 +173,8 @@ class Replica:
         ticker: HealthTicker | None = None,
     ) -> None:
         self.journal = journal
-        self.spec = spec
+        self._spec = spec
+        self._flush_interval = int(spec.fragment.flush_interval.seconds)
         self.stores = stores
         self.persister = persister
         self.index = Index(signer=self._sign)
@@ -229,12 +231,21 @@ class Replica:
         nxt = pb.Fragment(journal=f.journal, begin=f.end, end=f.end, compression_codec=f.codec)
         self.spool.must_apply(pb.ReplicateRequest(proposal=nxt, registers=self.spool.registers), True)
 
+    @property
+    def spec(self) -> pb.JournalSpec:
+        return self._spec
+
+    @spec.setter
+    def spec(self, spec: pb.JournalSpec) -> None:
+        self._spec = spec
+        self._flush_interval = int(spec.fragment.flush_interval.seconds)  # read on every commit
+
     def _spool_committed(self, fragment: Fragment) -> None:
         self._commits += 1
         self.index.spool_commit(fragment)
         # Only where a flush interval is set: without one, nothing is due, and waking the
         # maintenance loop on every append would be work on the append path for nothing.
-        if self.primary and not self._flush_armed and self.spec.fragment.flush_interval.seconds > 0:
+        if self.primary and not self._flush_armed and self._flush_interval > 0:
             self._schedule()  # the spool may have just begun a flush window
 
     def _request_refresh(self) -> None:

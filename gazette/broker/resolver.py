@@ -62,6 +62,9 @@ class Resolution:
     replica: Replica | None = None
     assignments: list[KeyValue] = field(default_factory=list)
     signal: asyncio.Event | None = None  # set once this resolution's assignments change
+    # What an append reads of ``spec``, taken once (``gazette.broker.append.AppendPlan``):
+    # a resolution is cached for its keyspace revision, so appends share it.
+    append_plan: object | None = None
 
     @property
     def route(self) -> pb.Route:
@@ -127,7 +130,12 @@ class Resolver:
     ) -> Resolution:
         """Resolves ``journal``; a journal ``claims`` do not reach resolves as not found (a
         token scoped elsewhere learns nothing of it, as in Gazette)."""
-        res = await self._resolve(journal, may_proxy, require_primary, min_etcd_revision, proxy_header)
+        # The steady state: a resolution of this revision is cached (no coroutine to make).
+        res = None
+        if proxy_header is None and min_etcd_revision <= self._cache_rev == self.ks.revision:
+            res = self._cache.get((journal, may_proxy, require_primary))
+        if res is None:
+            res = await self._resolve(journal, may_proxy, require_primary, min_etcd_revision, proxy_header)
         if claims is not None and res.spec is not None and not claims.unrestricted and not claims.permits(
                 labels.with_meta_labels(labels.LabelSet.from_proto(res.spec.labels), res.spec.name)):
             return Resolution(status=pb.JOURNAL_NOT_FOUND, header=self.header(), local_id=self.local_id,

@@ -370,7 +370,7 @@ class ServerConnection(Connection):
         if end_stream:
             stream.remote_closed = True
         ctx = ServicerContext(stream, tuple(metadata), deadline)
-        stream.task = self.server.handlers.spawn(path, self.server._serve(stream, ctx))
+        stream.task = self.server.handlers.spawn(path, self.server._serve(stream, ctx), self.loop)
         if deadline is not None:
             stream.deadline_handle = self.loop.call_at(deadline, self._expire, stream)
 

@@ -87,10 +87,12 @@ def grpc_edge(method: F) -> F:
                 await _end(name, context, err)
         return cast(F, stream)
 
+    call = cast(Callable[..., Awaitable[Any]], method)  # once: a subscripted Callable is built per evaluation
+
     @functools.wraps(method)
     async def unary(self: Any, request: Any, context: Any) -> Any:
         try:
-            return await cast(Callable[..., Awaitable[Any]], method)(self, request, context)
+            return await call(self, request, context)
         except Exception as err:
             await _end(name, context, err)
             raise  # not reached: _end raises

@@ -139,3 +139,80 @@ async def test_read_ahead_yields_everything_in_order_once() -> None:
     await ahead.fill(len, 0)  # stops at the commit (the empty item)
     assert ahead.buffered == 7
     assert [x async for x in ahead] == [b"aaa", b"bbbb", b"", b"c"]
+
+
+class _ReadyStream:
+    """A stream whose items are all here already (as the transport's requests that arrived
+    are): ``ready`` says so, as ``gazette.rpc.server``'s request iterator does."""
+
+    def __init__(self, items: list[bytes]) -> None:
+        self.items = list(items)
+        self.reads = 0
+
+    def ready(self) -> bool:
+        return True
+
+    def __aiter__(self) -> _ReadyStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        self.reads += 1
+        if not self.items:
+            raise StopAsyncIteration
+        return self.items.pop(0)
+
+
+@pytest.mark.parametrize("items, taken, ended", [
+    ([b"aaa", b""], [b"aaa", b""], True),  # the end arrived with the commit: taken with it
+    ([b"aaa", b"", b"x"], [b"aaa", b"", b"x"], False),  # a chunk after the commit: kept for the append to refuse
+    ([b"", b"x", b"y"], [b"", b"x"], False),  # one item past the commit at most
+])
+async def test_read_ahead_takes_what_arrived_with_the_commit(
+        items: list[bytes], taken: list[bytes], ended: bool) -> None:
+    stream = _ReadyStream(items)
+    ahead: ReadAhead[bytes] = ReadAhead(stream)
+    await ahead.fill(len, 0)
+    assert ahead.take() == taken and ahead.ended is ended
+    assert ahead.take() == []
+    assert [x async for x in ahead] == items[len(taken):]
+
+
+async def test_read_ahead_does_not_wait_for_the_end_after_the_commit() -> None:
+    async def gen() -> AsyncIterator[bytes]:  # no ``ready``: the end is not known to be here
+        for part in (b"aaa", b""):
+            yield part
+
+    ahead: ReadAhead[bytes] = ReadAhead(gen())
+    await ahead.fill(len, 0)
+    assert ahead.take() == [b"aaa", b""] and not ahead.ended
+    assert [x async for x in ahead] == []
+
+
+class _ReadyRequests(_ReadyStream):
+    """Append chunks that all arrived with the request naming the journal."""
+
+    def __init__(self, items: list[pb.AppendRequest]) -> None:  # type: ignore[override]
+        self.requests = list(items)
+
+    async def __anext__(self) -> pb.AppendRequest:  # type: ignore[override]
+        if not self.requests:
+            raise StopAsyncIteration
+        return self.requests.pop(0)
+
+
+@pytest.mark.parametrize("after", [
+    pb.AppendRequest(content=b"late"),  # content after the commit
+    pb.AppendRequest(journal=JOURNAL),  # a request naming a journal, after the commit
+])
+async def test_a_chunk_after_the_commit_fails_the_append_and_rolls_back(
+        policed: tuple[FSMBroker, _Clock], after: pb.AppendRequest) -> None:
+    broker, _ = policed
+    assert (await do_append(broker, b"start\n")).status == pb.OK
+    chunks = _ReadyRequests([pb.AppendRequest(content=b"ignored"), pb.AppendRequest(), after])
+    with pytest.raises(append_mod.AppendStreamError):
+        await append_mod.append(broker, pb.AppendRequest(journal=JOURNAL), chunks)  # type: ignore[arg-type]
+    whole = await append_mod.append(broker, pb.AppendRequest(journal=JOURNAL), _ReadyRequests(  # type: ignore[arg-type]
+        [pb.AppendRequest(content=b"next\n"), pb.AppendRequest()]))
+    assert whole.status == pb.OK and (whole.commit.begin, whole.commit.end) == (6, 11)
+    assert {s.fragment.sum for s in [broker.replica.spool, *broker.peer_spools()]} == {
+        hashlib.sha1(b"start\nnext\n").digest()}
