@@ -565,6 +565,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sizes", default="",
                     help="comma-separated payload sizes in bytes (default 100,4096,65536,1048576)")
     ap.add_argument("--seconds", type=float, default=0.0, help="time bound per append case")
+    ap.add_argument("--writers", default="",
+                    help="comma-separated concurrent writers per append case (default 1,16)")
     ap.add_argument("--direct", action="store_true",
                     help="with GAZETTE_RPC=grpcio: dial the broker's private grpcio socket, skipping the splice")
     ap.add_argument("--profile-broker", metavar="OUT", default="",
@@ -697,6 +699,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.seconds > 0:
         plan = Plan(args.seconds, plan.max_count, plan.max_bytes, plan.read_seconds,
                     sizes=plan.sizes)
+    if args.writers:
+        plan = Plan(plan.seconds, plan.max_count, plan.max_bytes, plan.read_seconds,
+                    sizes=plan.sizes, writers=tuple(int(w) for w in args.writers.split(",")))
     codecs = args.codec or ["NONE"]
     run_gz = args.systems in ("both", "gazette")
     run_js = args.systems in ("both", "jetstream") and not args.no_peer
