@@ -127,6 +127,7 @@ class AppendPlan:
         self.suspend_level = int(spec.suspend.level)
         self.suspend_offset = int(spec.suspend.offset)
         self.max_append_rate = int(spec.max_append_rate)
+        self.header_field = b""  # the resolution's header as a response's field 2, once needed
 
 
 def append_plan(res: Resolution) -> AppendPlan:
@@ -158,6 +159,64 @@ _REGISTER_MATCHES: dict[tuple[bytes, bytes], bool] = {}
 
 def _response(status: int, header: pb.Header) -> pb.AppendResponse:
     return pb.AppendResponse(status=status, header=header)  # type: ignore[arg-type]  # copies header
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _int64(n: int) -> int:
+    """An int64 field's varint value: a negative one as its two's complement (ten bytes)."""
+    return n if n >= 0 else n + (1 << 64)
+
+
+def _len_field(tag: int, body: bytes) -> bytes:
+    return bytes((tag,)) + _varint(len(body)) + body
+
+
+def header_field(header: pb.Header) -> bytes:
+    """``AppendResponse.header`` (field 2) as it is serialized, for :func:`encode_committed`."""
+    return _len_field(0x12, header.SerializeToString())
+
+
+def encode_committed(header: bytes, journal: str, begin: int, end: int, digest: bytes, codec: int,
+                     registers: bytes, chunks: int) -> bytes:
+    """The serialized ``AppendResponse`` of a committed append (status OK), byte for byte what
+    protobuf serializes of the message ``AppendFSM.stream`` would otherwise build: ``header``
+    is :func:`header_field`'s, ``registers`` a serialized ``LabelSet`` (always present, as
+    the message sets it), ``digest`` the content's 20-byte SHA-1. The one response of every
+    append, built without a message, a copy of the header, or a serialization."""
+    name = journal.encode()
+    parts: list[bytes] = [b"\x0a", _varint(len(name)), name] if name else []
+    if begin:
+        parts += (b"\x10", _varint(_int64(begin)))
+    if end:
+        parts += (b"\x18", _varint(_int64(end)))
+    # SHA1Sum: fixed64, fixed64, fixed32 of the digest read big-endian, each written
+    # little-endian on the wire (so byte-reversed); zero parts are omitted, as proto3 does.
+    s: list[bytes] = []
+    if digest[0:8] != _ZERO8:
+        s += (b"\x09", digest[7::-1])
+    if digest[8:16] != _ZERO8:
+        s += (b"\x11", digest[15:7:-1])
+    if digest[16:20] != _ZERO4:
+        s += (b"\x1d", digest[19:15:-1])
+    parts.append(_len_field(0x22, b"".join(s)))
+    if codec:
+        parts += (b"\x28", _varint(codec))
+    out = [header, _len_field(0x1A, b"".join(parts)), _len_field(0x22, registers)]
+    if chunks:
+        out += (b"\x28", _varint(chunks))
+    return b"".join(out)
+
+
+_ZERO8 = bytes(8)
+_ZERO4 = bytes(4)
 
 
 # Enum values read on every append: a nested protobuf enum is a metaclass attribute lookup
@@ -512,8 +571,9 @@ class AppendFSM:
 
     # -- streaming ------------------------------------------------------------------------
 
-    async def stream(self, rest: AsyncIterator[AppendChunk]) -> pb.AppendResponse:
-        """STREAM_CONTENT through the acknowledgements; returns the response (or raises)."""
+    async def stream(self, rest: AsyncIterator[AppendChunk], wire: bool = False) -> pb.AppendResponse | bytes:
+        """STREAM_CONTENT through the acknowledgements; returns the response (or raises): with
+        ``wire``, a committed append's as its serialized bytes (:func:`encode_committed`)."""
         res, pln = self.res, self.pln
         assert res is not None and res.spec is not None and pln is not None
         spool = pln.spool
@@ -635,6 +695,11 @@ class AppendFSM:
             return _response(status, res.header)
         assert commit
         metrics.APPENDS_TALLY.committed(delta, time.monotonic() - started)
+        if wire:
+            if not plan.header_field:
+                plan.header_field = header_field(res.header)
+            return encode_committed(plan.header_field, spool.journal, begin, begin + delta,
+                                    summer.digest(), final.codec, regs.SerializeToString(), chunks)
         resp = _response(pb.OK, res.header)
         c = resp.commit
         c.journal = spool.journal
@@ -713,6 +778,20 @@ async def append(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIter
                  claims: Claims | None = None) -> pb.AppendResponse:
     """Serves one Append; ``rest`` yields the content chunks after ``first``; a journal
     ``claims`` do not reach is not found."""
+    resp = await _append(broker, first, rest, claims, False)
+    assert not isinstance(resp, bytes)
+    return resp
+
+
+async def append_wire(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIterator[AppendChunk],
+                      claims: Claims | None = None) -> pb.AppendResponse | bytes:
+    """:func:`append` for the RPC's servicer, whose serializer passes bytes through: a
+    committed append's response comes serialized (:func:`encode_committed`)."""
+    return await _append(broker, first, rest, claims, True)
+
+
+async def _append(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIterator[AppendChunk],
+                  claims: Claims | None, wire: bool) -> pb.AppendResponse | bytes:
     rest = ahead = ReadAhead(rest)
     fsm = AppendFSM(broker, first, claims, ahead)
     try:
@@ -728,11 +807,11 @@ async def append(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIter
             if fsm.status == pb.FRAGMENT_STORE_UNHEALTHY:
                 resp.store_health_error = fsm.store_health_error
             return resp
-        resp = await fsm.stream(rest)
+        out = await fsm.stream(rest, wire)
     finally:
         fsm.release()
-    metrics.APPENDS_TALLY.answered(resp.status)
-    return resp
+    metrics.APPENDS_TALLY.answered(pb.OK if isinstance(out, bytes) else out.status)
+    return out
 
 
 async def pulse(broker: BrokerContext, replica: Replica, suspend_if_flushed: bool = False) -> None:

@@ -139,7 +139,7 @@ class JournalService(pb_grpc.JournalServicer):
     # -- Append -----------------------------------------------------------------------
 
     @grpc_edge
-    async def Append(self, request_iterator: AsyncIterator[pb.AppendRequest], context: Any) -> pb.AppendResponse:
+    async def Append(self, request_iterator: AsyncIterator[pb.AppendRequest], context: Any) -> pb.AppendResponse | bytes:
         # Errors end the RPC at the edge: a broken stream INVALID_ARGUMENT, a failed peer or
         # a stopping resolver UNAVAILABLE (the client retries), a stalled client
         # RESOURCE_EXHAUSTED (it gives the pipeline back), a failed proxy with its own status.
@@ -153,7 +153,8 @@ class JournalService(pb_grpc.JournalServicer):
             raise append_mod.AppendStreamError(
                 "expected an initial AppendRequest naming a journal, not a content chunk")
         validate.validate_append_request(first)
-        return await append_mod.append(self.broker, first, it, claims)
+        # Serialized when committed: the response serializer (server/grpc.py) passes bytes on.
+        return await append_mod.append_wire(self.broker, first, it, claims)
 
     # -- Fragments --------------------------------------------------------------------
 
