@@ -25,6 +25,9 @@ Invariants:
   ``settled()`` returned after it: then every batch it names committed.
 * ``start_flush`` takes the buffered batch when called, so that flushes may overlap their
   owner's next capture; they still append in call order, one at a time.
+* An op's ``first_offset`` (where a player seeks to replay it) is the write head plus the
+  bytes of batches taken by flushes and not yet committed plus those buffered before it: an
+  op recorded while a flush is in flight lands after that flush's batch.
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ class Recorder:
         self.appends = 0
         self._chunks: list[bytes | memoryview] = []
         self._pending = 0
+        # Bytes of batches taken by flushes whose appends have not committed: an op recorded
+        # meanwhile lands after them (flushes append in order), so its first offset counts them.
+        self._inflight = 0
         self._unsettled = 0  # batches taken by flush and not yet appended
         self._lock = asyncio.Lock()
         # How a batch reaches the log: None, a fenced Append RPC through ``client``; a test
@@ -78,7 +84,7 @@ class Recorder:
         self._check()
         op.author, op.seq_no, op.checksum = self.author, self.fsm.next_seq_no, self.fsm.next_checksum
         frame, message = encode_op(op)
-        op.first_offset = self.write_head + self._pending
+        op.first_offset = self.write_head + self._inflight + self._pending
         op.log = self.log
         self.fsm.apply(op, message)
         self._chunks.append(frame)
@@ -154,12 +160,14 @@ class Recorder:
         belongs to the next flush, whenever this task first runs (a store starting its next
         commit while this one's append is in flight relies on it)."""
         self._check()
+        size = self._pending
+        self._inflight += size  # until its append commits (``_append_after``)
         batch = self.take_batch()
         # Until its append commits, the batch's ops are in the FSM but not in the log: hints
         # are refused meanwhile (``_unsettled``, which the lock alone does not show at the
         # instant the previous flush releases it and this one has yet to take it).
         self._unsettled += bool(batch)
-        task = asyncio.ensure_future(self._append_after(batch, wait_for))
+        task = asyncio.ensure_future(self._append_after(batch, size, wait_for))
 
         def settled(t: asyncio.Future[pb.AppendResponse | None]) -> None:
             # A callback, not a finally: a task cancelled before its first step never runs
@@ -178,14 +186,19 @@ class Recorder:
         if batch and self.failed is None:
             self.failed = err
 
-    async def _append_after(self, batch: Sequence[bytes | memoryview],
+    async def _append_after(self, batch: Sequence[bytes | memoryview], size: int,
                             wait_for: Iterable[Awaitable[Any]]) -> pb.AppendResponse | None:
         try:
             async with self._lock:  # an empty flush is still ordered after the ones before it
                 for f in wait_for:
                     await f
                 self._check()
-                return await self.append_batch(batch) if batch else None
+                if not batch:
+                    return None
+                resp = await self.append_batch(batch)
+                # In the step that advanced write_head past it: no op is recorded in between.
+                self._inflight -= size
+                return resp
         except BaseException as err:
             # Marked failed in this step, before the next flush waiting for the lock resumes:
             # it must not append its batch after this one's hole.

@@ -439,3 +439,33 @@ async def test_a_flush_cancelled_before_it_ran_fails_the_recorder() -> None:
     assert isinstance(rec.failed, asyncio.CancelledError) and batches == []
     with pytest.raises(RecoveryLogError):
         rec.build_pending_hints()
+
+
+async def test_ops_recorded_while_a_flush_is_in_flight_are_hinted_where_they_land() -> None:
+    # An op's first offset is where the player seeks to replay it: one recorded while the
+    # previous batch's append is in flight lands after that batch, not at the write head the
+    # recorder knew (the crash test's "frame header ... lacks the fixed-framing word").
+    rec, batches, gates = _logged_recorder()
+    rec.create("/a")
+    first = rec.start_flush()
+    rec.create("/b")  # the first batch is taken and not yet appended
+    rec.write_at(rec.fsm.links["/b"], b"payload", 0)
+    second = rec.start_flush()
+    await eventually(lambda: len(gates) == 1, "the first append")
+    gates[0].set_result(None)
+    await first
+    rec.create("/c")  # the second batch is in flight
+    third = rec.start_flush()
+    await eventually(lambda: len(gates) == 2, "the second append")
+    gates[1].set_result(None)
+    await second
+    await eventually(lambda: len(gates) == 3, "the third append")
+    gates[2].set_result(None)
+    await third
+    log = b"".join(batches)
+    starts = {n.fnode: n.segments[0].first_offset for n in rec.build_hints().live_nodes}
+    lands = [0, len(batches[0]), len(batches[0]) + len(batches[1])]
+    assert [starts[rec.fsm.links[p]] for p in ("/a", "/b", "/c")] == lands
+    for path, at in zip(("/a", "/b", "/c"), lands, strict=True):
+        size = decode_header(log[at:at + HEADER_LENGTH])  # a frame starts there (its word)
+        assert decode_op(log[at + HEADER_LENGTH:at + HEADER_LENGTH + size]).create.path == path
