@@ -60,7 +60,7 @@ from gazette.broker.context import BrokerContext
 from gazette.broker.flow import AppendFlowControl, ReadAhead, flow_controlled, min_rate_policed
 from gazette.broker.pipeline import Pipeline, ReplicationError
 from gazette.broker.replica import Replica, acquire_unless, wait_unless
-from gazette.broker.wire import AppendChunk, ContentChunk
+from gazette.broker.wire import AppendChunk, ContentChunk, encode_varint
 from gazette.errors import GazetteError
 from gazette.fragment import Fragment, set_sum
 from gazette.protocol import labels
@@ -161,22 +161,13 @@ def _response(status: int, header: pb.Header) -> pb.AppendResponse:
     return pb.AppendResponse(status=status, header=header)  # type: ignore[arg-type]  # copies header
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _int64(n: int) -> int:
     """An int64 field's varint value: a negative one as its two's complement (ten bytes)."""
     return n if n >= 0 else n + (1 << 64)
 
 
 def _len_field(tag: int, body: bytes) -> bytes:
-    return bytes((tag,)) + _varint(len(body)) + body
+    return bytes((tag,)) + encode_varint(len(body)) + body
 
 
 def header_field(header: pb.Header) -> bytes:
@@ -192,11 +183,11 @@ def encode_committed(header: bytes, journal: str, begin: int, end: int, digest: 
     the message sets it), ``digest`` the content's 20-byte SHA-1. The one response of every
     append, built without a message, a copy of the header, or a serialization."""
     name = journal.encode()
-    parts: list[bytes] = [b"\x0a", _varint(len(name)), name] if name else []
+    parts: list[bytes] = [b"\x0a", encode_varint(len(name)), name] if name else []
     if begin:
-        parts += (b"\x10", _varint(_int64(begin)))
+        parts += (b"\x10", encode_varint(_int64(begin)))
     if end:
-        parts += (b"\x18", _varint(_int64(end)))
+        parts += (b"\x18", encode_varint(_int64(end)))
     # SHA1Sum: fixed64, fixed64, fixed32 of the digest read big-endian, each written
     # little-endian on the wire (so byte-reversed); zero parts are omitted, as proto3 does.
     s: list[bytes] = []
@@ -208,10 +199,10 @@ def encode_committed(header: bytes, journal: str, begin: int, end: int, digest: 
         s += (b"\x1d", digest[19:15:-1])
     parts.append(_len_field(0x22, b"".join(s)))
     if codec:
-        parts += (b"\x28", _varint(codec))
+        parts += (b"\x28", encode_varint(codec))
     out = [header, _len_field(0x1A, b"".join(parts)), _len_field(0x22, registers)]
     if chunks:
-        out += (b"\x28", _varint(chunks))
+        out += (b"\x28", encode_varint(chunks))
     return b"".join(out)
 
 
