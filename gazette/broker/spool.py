@@ -68,6 +68,40 @@ hand-off (two thread wake-ups) costs more than the loop gains."""
 _WRITERS = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="spool-write")
 
 
+def _open_tmpfile(directory: str | None) -> int | None:
+    """An unnamed file in ``directory`` that can later be given a name (Linux's ``O_TMPFILE``),
+    or None where the platform or file system has none."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(directory or tempfile.gettempdir(), flag | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError:  # EOPNOTSUPP (file system), EISDIR (kernel before 3.11)
+        return None
+
+
+_AT_FDCWD = -100
+_AT_SYMLINK_FOLLOW = 0x400
+_linkat: Any = None
+
+
+def _link_open_file(fd: int, path: str) -> None:
+    """``linkat(AT_FDCWD, "/proc/self/fd/N", AT_FDCWD, path, AT_SYMLINK_FOLLOW)``: names the
+    open file itself. Through libc because ``os.link`` (3.11) calls ``link(2)``, which would
+    name the ``/proc`` symlink (EXDEV) rather than follow it."""
+    global _linkat
+    if _linkat is None:
+        import ctypes
+
+        _linkat = ctypes.CDLL(None, use_errno=True).linkat
+    src = f"/proc/self/fd/{fd}".encode()
+    if _linkat(_AT_FDCWD, src, _AT_FDCWD, os.fsencode(path), _AT_SYMLINK_FOLLOW) != 0:
+        import ctypes
+
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), path)
+
+
 # Not native in the compiled build: a weak reference (its finalizer) needs ``__weakref__``,
 # which mypyc's classes do not have; its work is system calls anyway.
 @mypyc_attr(native_class=False)
@@ -79,17 +113,39 @@ class SpoolFile:
     does so early. ``pwrite`` and ``pread`` are positionless, so readers never disturb the writer.
     """
 
-    __slots__ = ("__weakref__", "_close", "_fd")
+    __slots__ = ("__weakref__", "_close", "_fd", "_linkable")
 
     def __init__(self, directory: str | None = None) -> None:
-        fd, path = tempfile.mkstemp(prefix=".spool-", dir=directory)
-        try:
-            os.unlink(path)
-        except BaseException:
-            os.close(fd)
-            raise
+        fd = _open_tmpfile(directory)
+        self._linkable = fd is not None
+        if fd is None:
+            fd, path = tempfile.mkstemp(prefix=".spool-", dir=directory)
+            try:
+                os.unlink(path)
+            except BaseException:
+                os.close(fd)
+                raise
         self._fd = fd
         self._close = weakref.finalize(self, os.close, fd)
+
+    def link(self, path: str, length: int) -> bool:
+        """Gives the file the name ``path``, cut to ``length`` bytes: the persisted fragment then
+        *is* the spool's file, its pages shared, nothing copied. Only for a completed spool (it
+        is never written again). False, with nothing done, where the file cannot be named (not
+        created as an ``O_TMPFILE``, or ``path`` on another file system, or no ``/proc``); raises
+        FileExistsError if ``path`` exists."""
+        if not self._linkable:
+            return False
+        # Bytes past the content (an append that was rolled back) must not become the fragment's.
+        if os.fstat(self._fd).st_size > length:
+            os.ftruncate(self._fd, length)
+        try:
+            _link_open_file(self._fd, path)
+        except FileExistsError:
+            raise
+        except OSError:  # EXDEV, ENOENT without /proc, EPERM (protected links): copy instead
+            return False
+        return True
 
     def fileno(self) -> int:
         return self._fd
@@ -149,6 +205,13 @@ class SpoolSnapshot:
                 raise SpoolError(f"spool file of {self.fragment} is short at {offset}")
             yield data
             offset += len(data)
+
+    def link_to(self, path: str) -> bool:
+        """Persists an uncompressed spool as ``path`` without copying it (see ``SpoolFile.link``):
+        False where it cannot, and the store copies instead."""
+        if self.fragment.codec != pb.CompressionCodec.NONE:
+            return False
+        return self.file.link(path, self.fragment.content_length)
 
     def iter_compressed(self, chunk_size: int = READ_CHUNK) -> Iterator[bytes]:
         """Content compressed under the fragment's codec, as it is to be stored."""

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,7 @@ async def test_failed_write_leaves_no_partial_file(
 
     monkeypatch.setattr(SpoolFile, "pread", failing_pread)
     monkeypatch.setattr(os, "copy_file_range", failing_copy, raising=False)
+    monkeypatch.setattr(SpoolFile, "link", lambda self, path, length: False)  # the copying path
     with pytest.raises(OSError, match="Input/output"):
         await store.persist(snap)
     assert list((tmp_path / "a/journal").iterdir()) == []
@@ -163,12 +165,70 @@ async def test_persist_without_kernel_copy_falls_back_to_reads(
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
     monkeypatch.setattr(os, "copy_file_range", refusing_copy, raising=False)
+    monkeypatch.setattr(SpoolFile, "link", lambda self, path, length: False)  # the copying path
     store = FileStore("file:///", str(tmp_path))
     frag = await store.persist(make_snapshot("a/journal", 0, content))
     assert calls
     [path] = list((tmp_path / "a/journal").iterdir())
     assert path.read_bytes() == content
     assert frag.end == len(content)
+
+
+async def test_uncompressed_spool_is_persisted_by_linking_its_file(tmp_path: Path) -> None:
+    # The persisted fragment is the spool's own file (one inode, no copy), cut to the fragment:
+    # bytes of an append that was rolled back past its end are not part of it.
+    journal = "a/journal"
+    done: list[SpoolSnapshot] = []
+    spool = Spool(journal, directory=str(tmp_path), on_complete=done.append)
+    spool.must_apply(pb.ReplicateRequest(proposal=Fragment(journal, 0, 0).to_proto()))
+    spool.apply(pb.ReplicateRequest(content=b"kept" * 1000, content_delta=0))
+    spool.must_apply(pb.ReplicateRequest(proposal=spool.next()))
+    committed = spool.fragment
+    spool.apply(pb.ReplicateRequest(content=b"rolled back" * 100, content_delta=0))
+    spool.must_apply(pb.ReplicateRequest(proposal=committed.to_proto()))  # the rollback
+    spool.must_apply(pb.ReplicateRequest(proposal=Fragment(journal, 4000, 4000).to_proto()))
+    [snap] = done
+    assert os.fstat(snap.file.fileno()).st_size > 4000
+
+    store = FileStore("file:///", str(tmp_path / "root"))
+    (tmp_path / "root").mkdir()
+    frag = await store.persist(snap)
+    [path] = list((tmp_path / "root" / journal).iterdir())
+    assert os.stat(path).st_ino == os.fstat(snap.file.fileno()).st_ino
+    assert path.read_bytes() == b"kept" * 1000
+    assert hashlib.sha1(path.read_bytes()).hexdigest() == frag.sum.hex()
+    assert await read(store, frag, 100) == (b"kept" * 1000)[100:]
+    assert await store.persist(snap) == frag  # again: found, not linked twice
+
+
+def on_another_file_system(directory: str, than: Path) -> bool:
+    return os.path.isdir(directory) and os.stat(directory).st_dev != os.stat(than).st_dev
+
+
+async def test_spool_that_cannot_be_linked_is_copied(tmp_path: Path) -> None:
+    # A spool on another file system than the store (EXDEV), or a compressed codec: the store
+    # writes a copy instead.
+    shm = "/dev/shm"
+    if not on_another_file_system(shm, tmp_path):
+        pytest.skip("needs a second file system")
+    with tempfile.TemporaryDirectory(dir=shm) as other:
+        done: list[SpoolSnapshot] = []
+        spool = Spool("a/journal", directory=other, on_complete=done.append)
+        spool.must_apply(pb.ReplicateRequest(proposal=Fragment("a/journal", 0, 0).to_proto()))
+        spool.apply(pb.ReplicateRequest(content=b"abc" * 1000, content_delta=0))
+        spool.must_apply(pb.ReplicateRequest(proposal=spool.next()))
+        spool.must_apply(pb.ReplicateRequest(proposal=Fragment("a/journal", 3000, 3000).to_proto()))
+        [snap] = done
+        store = FileStore("file:///", str(tmp_path))
+        await store.persist(snap)
+        zipped = make_snapshot("b/journal", 0, b"abc" * 1000, CC.GZIP)
+        await store.persist(zipped)
+        for name, s in (("a/journal", snap), ("b/journal", zipped)):
+            [path] = list((tmp_path / name).iterdir())
+            assert os.stat(path).st_ino != os.fstat(s.file.fileno()).st_ino
+        [path] = list((tmp_path / "a/journal").iterdir())
+        assert path.read_bytes() == b"abc" * 1000
+        snap.file.close()
 
 
 def test_path_traversal_is_refused(tmp_path: Path) -> None:

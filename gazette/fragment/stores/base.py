@@ -67,6 +67,10 @@ class Content(Protocol):
         """The content compressed under ``fragment.codec``, in chunks."""
         ...
 
+    # Optional capability (the broker's spool has it): ``link_to(path) -> bool`` gives the
+    # content, already stored as ``path`` wants it, that name without copying it (a local
+    # store on the same file system); False where it cannot, and the store writes it instead.
+
 
 OPEN_CHUNK = 1 << 20
 HEALTH_CHECK_PATH = ".test/health-check"

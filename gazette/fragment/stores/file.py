@@ -3,7 +3,8 @@
 Invariants:
 
 * A fragment is written under a ``.partial-`` name in its target directory and renamed into
-  place, so a listed fragment is always complete; listings skip dot-files and names that do not
+  place, or, offered by the content (a completed uncompressed spool on the same file system),
+  its file is linked into place whole, so a listed fragment is always complete; listings skip dot-files and names that do not
   parse, and come back in offset order. Every path is checked to stay under the file root.
 * ``sign_url`` is ``file://{path}`` (the path below the file root), as Gazette's: readers sharing
   the file root (e.g. a NAS mount) may read it directly.
@@ -160,8 +161,28 @@ class FileStore:
             return persisted(target, self._url, os.stat(path).st_mtime)
         except FileNotFoundError:
             pass
-        self._put(path, content.write_compressed)
+        if not self._link(path, content):
+            self._put(path, content.write_compressed)
         return persisted(target, self._url, os.stat(path).st_mtime)
+
+    def _link(self, path: str, content: Content) -> bool:
+        """Persists ``content`` by naming its file ``path`` where it offers to (the broker's
+        completed spool, uncompressed, on this file system): no copy, and no second set of
+        page-cache pages for the same bytes. The name appears complete, as a rename's would."""
+        link = getattr(content, "link_to", None)
+        if link is None:
+            return False
+        base = self._fs_path(self._prefix)
+        if not os.path.isdir(base):
+            raise StoreAuthError(f"invalid file store directory {self._rel(base)!r} (of {self._url!r})")
+        try:
+            os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
+            linked: bool = link(path)
+        except FileExistsError:
+            return True  # persisted meanwhile: fragments are named by their content
+        except OSError as err:
+            raise self._os_error("writing", path, err) from err
+        return linked
 
     def _put(self, path: str, write: Callable[[IO[bytes]], object]) -> None:
         base = self._fs_path(self._prefix)
