@@ -162,6 +162,12 @@ class LogLimit:
 #: One connection error (GOAWAY sent) is one line; 20 at once, then one every 5 seconds.
 _ERROR_LOG = LogLimit(20, 0.2)
 
+# Frames that may wait for the end of the loop's turn (see write): past them they leave at
+# once. A turn that completes many RPCs (16 small appends arriving in one read, each done
+# within the turn) then sends their responses in groups, and the peer starts on the first
+# group while we work on the rest. With one send per turn the two processes took turns, each
+# idle while the other worked (broker 74 % + client 27 % of two cores at 100 B x16).
+FLUSH_PARTS = 24
 _IOV_MAX = 1024  # buffers per writev (POSIX leaves it to the platform; Linux allows 1024)
 
 
@@ -452,12 +458,13 @@ class Connection(asyncio.Protocol):
     def write(self, data: bytes | memoryview) -> None:
         """Queues ``data`` (whole frames) for the transport. Frames written within one turn
         of the event loop leave in one send: a unary response (headers, message, trailers)
-        or a small append (headers, three messages, end) costs one syscall, not five."""
+        or a small append (headers, three messages, end) costs one syscall, not five; but
+        never more than ``FLUSH_PARTS`` writes wait for the turn's end."""
         if self.transport is None or self.closed:
             return
         self._out.append(data)
         self._out_bytes += len(data)
-        if self._out_bytes >= _JOIN_LIMIT * 8:
+        if self._out_bytes >= _JOIN_LIMIT * 8 or len(self._out) >= FLUSH_PARTS:
             self.flush()  # a producer that does not yield still meets the transport's back-pressure
         elif not self._flush_scheduled:
             self._flush_scheduled = True
