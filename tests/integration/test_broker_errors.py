@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import stat
 import threading
 import urllib.error
 import urllib.request
@@ -361,15 +362,19 @@ def test_bad_http_query_is_400(
 
 
 def spool_sizes(broker: BrokerProcess) -> list[int]:
-    """Sizes of the broker's open spool files (anonymous: found through /proc/PID/fd)."""
+    """Sizes of the broker's open spool files, found through /proc/PID/fd: a spool file is
+    anonymous (an ``O_TMPFILE``, or a temporary file unlinked at once), so its link reads
+    ``... (deleted)``, and it is the only kind of regular file a broker holds unnamed."""
     pid = broker.pid
     assert pid is not None
     sizes = []
     fd_dir = Path(f"/proc/{pid}/fd")
     for fd in os.listdir(fd_dir):
         try:
-            if ".spool-" in os.readlink(fd_dir / fd):
-                sizes.append(os.stat(fd_dir / fd).st_size)
+            if os.readlink(fd_dir / fd).endswith(" (deleted)"):
+                st = os.stat(fd_dir / fd)
+                if stat.S_ISREG(st.st_mode):
+                    sizes.append(st.st_size)
         except OSError:
             continue  # closed meanwhile
     return sizes
