@@ -94,15 +94,13 @@ def _link_open_file(fd: int, path: str) -> None:
     """``linkat(AT_FDCWD, "/proc/self/fd/N", AT_FDCWD, path, AT_SYMLINK_FOLLOW)``: names the
     open file itself. Through libc because ``os.link`` (3.11) calls ``link(2)``, which would
     name the ``/proc`` symlink (EXDEV) rather than follow it."""
+    import ctypes  # here, not at import: persisting is rare, and only Linux gets here
+
     global _linkat
     if _linkat is None:
-        import ctypes
-
         _linkat = ctypes.CDLL(None, use_errno=True).linkat
     src = f"/proc/self/fd/{fd}".encode()
     if _linkat(_AT_FDCWD, src, _AT_FDCWD, os.fsencode(path), _AT_SYMLINK_FOLLOW) != 0:
-        import ctypes
-
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), path)
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from fuzz.targets import RecordingTransport
 from gazette.rpc.connection import FLUSH_PARTS
 from gazette.rpc.server import RpcServer, ServerConnection
+
+pytestmark = pytest.mark.both_loops  # the transport on asyncio's loop and on uvloop (conftest)
 
 
 class CountingTransport(RecordingTransport):
@@ -34,7 +38,6 @@ async def test_writes_of_one_turn_leave_in_groups_of_at_most_flush_parts() -> No
         # Nothing leaves before a group is full; each full group leaves at once, in one send.
         assert transport.writes - before == (i + 1) // FLUSH_PARTS
     await asyncio.sleep(0)  # the turn's end: the rest leaves, in one more send
-    await asyncio.sleep(0)
     assert transport.writes - before == 3
     assert bytes(transport.out).endswith(b"".join(frames))
     conn.connection_lost(None)
@@ -50,8 +53,7 @@ async def test_a_turn_with_few_writes_sends_once() -> None:
     for _ in range(3):  # a unary response: headers, message, trailers
         conn.write(b"\0" * 9)
     assert transport.writes == before
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the turn's end
     assert transport.writes == before + 1
     conn.connection_lost(None)
     await server.handlers.aclose()

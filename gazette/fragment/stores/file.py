@@ -3,9 +3,9 @@
 Invariants:
 
 * A fragment is written under a ``.partial-`` name in its target directory and renamed into
-  place, or, offered by the content (a completed uncompressed spool on the same file system),
-  its file is linked into place whole, so a listed fragment is always complete; listings skip dot-files and names that do not
-  parse, and come back in offset order. Every path is checked to stay under the file root.
+  place, or, where the content offers it (a completed uncompressed spool on the same file
+  system), its file is linked into place whole, so a listed fragment is always complete;
+  listings skip dot-files and names that do not parse, and come back in offset order. Every path is checked to stay under the file root.
 * ``sign_url`` is ``file://{path}`` (the path below the file root), as Gazette's: readers sharing
   the file root (e.g. a NAS mount) may read it directly.
 * Blocking file work runs in worker threads (``asyncio.to_thread``).
@@ -172,9 +172,7 @@ class FileStore:
         link = getattr(content, "link_to", None)
         if link is None:
             return False
-        base = self._fs_path(self._prefix)
-        if not os.path.isdir(base):
-            raise StoreAuthError(f"invalid file store directory {self._rel(base)!r} (of {self._url!r})")
+        self._check_base()
         try:
             os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
             linked: bool = link(path)
@@ -184,10 +182,13 @@ class FileStore:
             raise self._os_error("writing", path, err) from err
         return linked
 
-    def _put(self, path: str, write: Callable[[IO[bytes]], object]) -> None:
+    def _check_base(self) -> None:
         base = self._fs_path(self._prefix)
         if not os.path.isdir(base):
             raise StoreAuthError(f"invalid file store directory {self._rel(base)!r} (of {self._url!r})")
+
+    def _put(self, path: str, write: Callable[[IO[bytes]], object]) -> None:
+        self._check_base()
         directory, name = os.path.split(path)
         try:
             os.makedirs(directory, mode=0o750, exist_ok=True)
