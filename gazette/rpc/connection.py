@@ -523,8 +523,12 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.write(f.goaway(self.last_peer_stream(), code, message.encode()[:256]))
             self.flush()
-            self.transport.close()
+            self.close_after_goaway(self.transport)
         self.connection_lost(ConnectionError(message))
+
+    def close_after_goaway(self, transport: asyncio.Transport) -> None:
+        """Closes the transport once a GOAWAY is written (a server lingers, see its own)."""
+        transport.close()
 
     def peer(self) -> str:
         name = self.transport.get_extra_info("peername") if self.transport is not None else None

@@ -63,6 +63,8 @@ MAX_BUFFERED = 256 << 20
 #: A connection with no RPC for about this many seconds is sent GOAWAY and closed (clients
 #: dial again when they next call).
 IDLE_TIMEOUT = 300.0
+GOAWAY_LINGER = 1.0
+"""Seconds a connection ended by an error keeps reading (and discarding) after its GOAWAY."""
 
 
 class _CallDetails(grpc.HandlerCallDetails):  # type: ignore[misc]
@@ -272,6 +274,8 @@ class ServerConnection(Connection):
             self.connection_error("no HTTP/2 client preface in time")
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return  # lingering after a GOAWAY (close_after_goaway): read, and dropped
         if len(self._preface) < 24:
             need = 24 - len(self._preface)
             self._preface += data[:need]
@@ -282,6 +286,23 @@ class ServerConnection(Connection):
             if len(self._preface) < 24 or not data:
                 return
         super().data_received(data)
+
+    def close_after_goaway(self, transport: asyncio.Transport) -> None:
+        """Half-closes after the GOAWAY and reads on, dropping what arrives, until the client
+        closes too or ``GOAWAY_LINGER`` passes: closing a socket with the peer's bytes unread
+        resets the connection, and a reset discards our GOAWAY wherever the client has not
+        read it yet (a client flooding us has always more in flight). Transports that cannot
+        half-close (TLS) are closed at once."""
+        try:
+            if not transport.can_write_eof():
+                raise NotImplementedError("no half-close")
+            transport.write_eof()
+            transport.resume_reading()  # whatever paused it, the rest is now only drained
+        except (NotImplementedError, AttributeError, OSError, RuntimeError):
+            transport.close()
+            return
+        self.server._lingering.add(transport)
+        self.loop.call_later(GOAWAY_LINGER, self.server._end_linger, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in (self._preface_timer, self._idle_timer):
@@ -488,6 +509,7 @@ class RpcServer:
         self._registered: dict[str, grpc.RpcMethodHandler] = {}
         self._cache: dict[str, grpc.RpcMethodHandler | None] = {}
         self._connections: set[ServerConnection] = set()
+        self._lingering: set[asyncio.Transport] = set()  # connections ended by an error, half-closed
         self._servers: list[asyncio.AbstractServer] = []
         self._stopping = False
         # One task per RPC, owned here: a stop cancels and awaits every one.
@@ -559,10 +581,16 @@ class RpcServer:
         for conn in list(self._connections):
             if conn.transport is not None:
                 conn.transport.close()
+        for transport in list(self._lingering):
+            self._end_linger(transport)
         for srv in self._servers:
             with contextlib.suppress(Exception):
                 await srv.wait_closed()
         self._servers.clear()
+
+    def _end_linger(self, transport: asyncio.Transport) -> None:
+        self._lingering.discard(transport)
+        transport.close()  # a no-op once the client closed it
 
     # -- serving one RPC -------------------------------------------------------------
 
