@@ -9,7 +9,7 @@ Each append runs Gazette's append state machine (broker/append_fsm.go):
 
 * RESOLVE reads through any etcd revision the request (or an earlier step) names, and
   resolves the journal; a broker that is not primary proxies (AWAIT_DESIRED_REPLICAS first).
-* ACQUIRE_PIPELINE first reads the client's stream ahead (``flow.ReadAhead``: until its
+* ACQUIRE_PIPELINE first reads the client's stream ahead (``readahead.ReadAhead``: until its
   commit or ``READ_AHEAD`` bytes, under the min-rate policy), then queues for the replica's
   send side (``send_lock``): a stalled client is aborted before it queues, so it never holds
   healthy appends behind it. START_PIPELINE keeps the
@@ -51,21 +51,24 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from functools import partial
-from typing import TYPE_CHECKING, ClassVar, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple
 
+from gazette import auth
 from gazette.allocator import desired_replication
-from gazette.auth import Claims
+from gazette.auth import Claims, token_of
 from gazette.broker import metrics
 from gazette.broker.context import BrokerContext
-from gazette.broker.flow import AppendFlowControl, ReadAhead, flow_controlled, min_rate_policed
+from gazette.broker.flow import AppendFlowControl, flow_controlled, min_rate_policed
 from gazette.broker.pipeline import Pipeline, ReplicationError
+from gazette.broker.readahead import ReadAhead
 from gazette.broker.replica import Replica, acquire_unless, wait_unless
-from gazette.broker.wire import AppendChunk, ContentChunk, encode_varint
+from gazette.broker.wire import AppendChunk, ContentChunk
 from gazette.errors import GazetteError
 from gazette.fragment import Fragment, set_sum
-from gazette.protocol import labels
+from gazette.protocol import labels, validate
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol.specs import may_write
+from gazette.server.edge import end_rpc
 
 if TYPE_CHECKING:
     from gazette.broker.resolver import Resolution
@@ -167,7 +170,19 @@ def _int64(n: int) -> int:
 
 
 def _len_field(tag: int, body: bytes) -> bytes:
-    return bytes((tag,)) + encode_varint(len(body)) + body
+    out = bytearray((tag,))
+    _put_varint(out, len(body))
+    out += body
+    return bytes(out)
+
+
+def _put_varint(out: bytearray, n: int) -> None:
+    """Appends ``n`` (non-negative) as a protobuf varint: native code in the compiled build,
+    where calling ``wire.encode_varint`` (interpreted) costs more than the whole encoding."""
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
 
 
 def header_field(header: pb.Header) -> bytes:
@@ -181,29 +196,50 @@ def encode_committed(header: bytes, journal: str, begin: int, end: int, digest: 
     protobuf serializes of the message ``AppendFSM.stream`` would otherwise build: ``header``
     is :func:`header_field`'s, ``registers`` a serialized ``LabelSet`` (always present, as
     the message sets it), ``digest`` the content's 20-byte SHA-1. The one response of every
-    append, built without a message, a copy of the header, or a serialization."""
+    append, built without a message, a copy of the header, or a serialization: the commit's
+    fragment into one buffer, then the response into another."""
+    frag = bytearray()
     name = journal.encode()
-    parts: list[bytes] = [b"\x0a", encode_varint(len(name)), name] if name else []
+    if name:
+        frag.append(0x0A)
+        _put_varint(frag, len(name))
+        frag += name
     if begin:
-        parts += (b"\x10", encode_varint(_int64(begin)))
+        frag.append(0x10)
+        _put_varint(frag, _int64(begin))
     if end:
-        parts += (b"\x18", encode_varint(_int64(end)))
+        frag.append(0x18)
+        _put_varint(frag, _int64(end))
     # SHA1Sum: fixed64, fixed64, fixed32 of the digest read big-endian, each written
     # little-endian on the wire (so byte-reversed); zero parts are omitted, as proto3 does.
-    s: list[bytes] = []
-    if digest[0:8] != _ZERO8:
-        s += (b"\x09", digest[7::-1])
-    if digest[8:16] != _ZERO8:
-        s += (b"\x11", digest[15:7:-1])
-    if digest[16:20] != _ZERO4:
-        s += (b"\x1d", digest[19:15:-1])
-    parts.append(_len_field(0x22, b"".join(s)))
+    # Its length (at most 23) is one varint byte.
+    a, b, c = digest[7::-1], digest[15:7:-1], digest[19:15:-1]
+    sum_len = (9 if a != _ZERO8 else 0) + (9 if b != _ZERO8 else 0) + (5 if c != _ZERO4 else 0)
+    frag.append(0x22)
+    frag.append(sum_len)
+    if a != _ZERO8:
+        frag.append(0x09)
+        frag += a
+    if b != _ZERO8:
+        frag.append(0x11)
+        frag += b
+    if c != _ZERO4:
+        frag.append(0x1D)
+        frag += c
     if codec:
-        parts += (b"\x28", encode_varint(codec))
-    out = [header, _len_field(0x1A, b"".join(parts)), _len_field(0x22, registers)]
+        frag.append(0x28)
+        _put_varint(frag, codec)
+    out = bytearray(header)
+    out.append(0x1A)
+    _put_varint(out, len(frag))
+    out += frag
+    out.append(0x22)
+    _put_varint(out, len(registers))
+    out += registers
     if chunks:
-        out += (b"\x28", encode_varint(chunks))
-    return b"".join(out)
+        out.append(0x28)
+        _put_varint(out, chunks)
+    return bytes(out)
 
 
 _ZERO8 = bytes(8)
@@ -763,6 +799,38 @@ def _content_length(req: AppendChunk) -> int:
 def _consume(task: asyncio.Future[None]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+async def serve_append(broker: BrokerContext, requests: AsyncIterator[AppendChunk | pb.AppendRequest],
+                       context: Any) -> pb.AppendResponse | bytes:
+    """The Append RPC's servicer (``service.py``'s ``Append`` awaits it): verifies the token,
+    reads and validates the first request, and serves the append (:func:`append_wire`).
+
+    Errors end the RPC as ``grpc_edge`` would end them (``edge.end_rpc``): a broken stream
+    INVALID_ARGUMENT, a failed peer or a stopping resolver UNAVAILABLE (the client retries), a
+    stalled client RESOURCE_EXHAUSTED (it gives the pipeline back), a failed proxy with its
+    own status. Here rather than behind the edge's wrapper: every resumption of an append
+    (its turn at the pipeline, its acknowledgements) passes through each coroutine above it,
+    and this one is compiled."""
+    failed: Exception
+    try:
+        claims = broker.verifier.verify(token_of(context.invocation_metadata()), auth.APPEND)
+        it = requests.__aiter__()
+        try:
+            first = await it.__anext__()
+        except StopAsyncIteration:
+            raise AppendStreamError("expected an initial AppendRequest") from None
+        if isinstance(first, ContentChunk):
+            raise AppendStreamError(
+                "expected an initial AppendRequest naming a journal, not a content chunk")
+        validate.validate_append_request(first)
+        # Serialized when committed: the response serializer (server/grpc.py) passes bytes on.
+        return await _append(broker, first, it, claims, True)
+    except Exception as err:  # noqa: BLE001 - the edge maps it (a cancellation passes)
+        failed = err
+    # Outside the handler: compiled, a coroutine must not suspend in one.
+    await end_rpc("Append", context, failed)
+    raise failed  # not reached: end_rpc raises
 
 
 async def append(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIterator[AppendChunk],

@@ -124,7 +124,8 @@ class Pipeline:
         if len(streams) != len(route.members):
             raise ValueError("a pipeline needs one stream slot per route member")
         self.header = header
-        self.route_key = (int(route.primary), tuple((m.zone, m.suffix) for m in route.members))
+        self.primary = int(route.primary)  # read on every append: not through the header's message
+        self.route_key = (self.primary, tuple((m.zone, m.suffix) for m in route.members))
         self.spool = spool
         self._release_spool: Callable[[], None] | None = release_spool
         self.streams = list(streams)
@@ -165,7 +166,7 @@ class Pipeline:
         self.broken = True
 
     def _local(self, fn: Callable[[], None]) -> None:
-        i = self.route.primary
+        i = self.primary
         if self.send_errs[i] is not None:
             return
         try:
@@ -195,7 +196,7 @@ class Pipeline:
         """Sends a content chunk at ``delta`` to every peer and applies it locally, running
         ``alongside`` (on this thread) while a worker thread writes a long chunk to the spool.
         ``alongside`` runs exactly once, whatever fails."""
-        i = self.route.primary
+        i = self.primary
         full = False
         if self.peers:
             full = self._queue(encode_content(content, delta))
@@ -268,7 +269,7 @@ class Pipeline:
         if self.peers:
             req = pb.ReplicateRequest(proposal=proposal.to_proto(), registers=registers, acknowledge=True)
             full = self._queue(req.SerializeToString())
-        i = self.route.primary
+        i = self.primary
         if self.send_errs[i] is None:
             try:
                 refused = self.spool.apply_proposal(proposal, registers, primary=True)

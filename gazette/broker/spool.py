@@ -489,7 +489,7 @@ class Spool:
         f = self._fragment
 
         if proposal.end > f.end + self._delta or (
-            proposal.end == f.end and proposal.content_length == 0
+            proposal.end == f.end and proposal.end == proposal.begin  # an empty proposal
         ):
             self._roll(proposal, registers, primary)
             f = self._fragment

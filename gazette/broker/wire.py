@@ -18,6 +18,8 @@ Invariants:
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from gazette.protocol import protocol_pb2 as pb
 
 __all__ = [
@@ -112,7 +114,7 @@ class ContentChunk:
     """
 
     __slots__ = ("content",)
-    journal = ""
+    journal: ClassVar[str] = ""
 
     def __init__(self, content: memoryview) -> None:
         self.content = content
@@ -125,9 +127,16 @@ AppendChunk = pb.AppendRequest | ContentChunk
 """A request of an Append stream after the first."""
 
 
+COMMIT = ContentChunk(memoryview(b""))
+"""The empty request, an append's commit: decoded to this one chunk (read-only, as every chunk)."""
+
+
 def decode_append_request(data: bytes | memoryview) -> pb.AppendRequest | ContentChunk:
     """Request deserializer of Append: a content-only chunk (exactly field 4, non-empty) as a
-    :class:`ContentChunk`, anything else (the first request, the empty commit) by protobuf."""
+    :class:`ContentChunk`, the empty request (the commit) as :data:`COMMIT`, anything else
+    (the first request) by protobuf."""
+    if not data:
+        return COMMIT
     if data[:1] == b"\x22":
         try:
             n, pos = varint(data, 1)

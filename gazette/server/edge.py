@@ -35,7 +35,7 @@ from aiohttp import web
 from gazette.errors import GazetteError, incident
 from gazette.server.logs import ClientLog
 
-__all__ = ["grpc_edge", "grpc_edge_bound", "grpc_status", "http_error"]
+__all__ = ["end_rpc", "grpc_edge", "grpc_edge_bound", "grpc_status", "http_error"]
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,10 @@ def _note(name: str, err: BaseException, code: grpc.StatusCode) -> None:
     _ENDINGS.note("rpc ended", rpc=name, code=code.name, err=str(err))
 
 
-async def _end(name: str, context: Any, err: Exception) -> None:
-    """Ends the RPC for ``err`` (``context.abort`` raises); an abort passes through."""
+async def end_rpc(name: str, context: Any, err: Exception) -> None:
+    """Ends the RPC ``name`` for ``err`` (``context.abort`` raises); an abort passes through.
+    What ``grpc_edge`` does with a servicer's error, for a servicer that catches its own (a
+    compiled one: ``broker/append.py``'s ``serve_append``)."""
     if isinstance(err, grpc.aio.AbortError):
         raise err
     status = grpc_status(err)
@@ -84,7 +86,7 @@ def grpc_edge(method: F) -> F:
                 async for resp in method(self, request, context):
                     yield resp
             except Exception as err:
-                await _end(name, context, err)
+                await end_rpc(name, context, err)
         return cast(F, stream)
 
     call = cast(Callable[..., Awaitable[Any]], method)  # once: a subscripted Callable is built per evaluation
@@ -94,7 +96,7 @@ def grpc_edge(method: F) -> F:
         try:
             return await call(self, request, context)
         except Exception as err:
-            await _end(name, context, err)
+            await end_rpc(name, context, err)
             raise  # not reached: _end raises
     return cast(F, unary)
 
@@ -109,14 +111,14 @@ def grpc_edge_bound(method: Callable[..., Any]) -> Callable[..., Any]:
                 async for resp in method(request, context):
                     yield resp
             except Exception as err:
-                await _end(name, context, err)
+                await end_rpc(name, context, err)
         return stream
 
     async def unary(request: Any, context: Any) -> Any:
         try:
             return await method(request, context)
         except Exception as err:
-            await _end(name, context, err)
+            await end_rpc(name, context, err)
             raise  # not reached: _end raises
     return unary
 

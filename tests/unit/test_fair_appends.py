@@ -23,7 +23,8 @@ from test_pipeline import JOURNAL
 from test_pipeline_fsm import FSMBroker, do_append
 
 from gazette.broker import append as append_mod
-from gazette.broker.flow import READ_AHEAD, FlowControlUnderflow, ReadAhead, StallWatch
+from gazette.broker.flow import READ_AHEAD, FlowControlUnderflow, StallWatch
+from gazette.broker.readahead import ReadAhead
 from gazette.protocol import protocol_pb2 as pb
 from gazette.testing.eventually import eventually
 
