@@ -62,7 +62,7 @@ from gazette.broker.flow import AppendFlowControl, flow_controlled, min_rate_pol
 from gazette.broker.pipeline import Pipeline, ReplicationError
 from gazette.broker.readahead import ReadAhead
 from gazette.broker.replica import Replica, acquire_unless, wait_unless
-from gazette.broker.wire import AppendChunk, ContentChunk
+from gazette.broker.wire import AppendChunk, ContentChunk, put_varint
 from gazette.errors import GazetteError
 from gazette.fragment import Fragment, set_sum
 from gazette.protocol import labels, validate
@@ -171,18 +171,9 @@ def _int64(n: int) -> int:
 
 def _len_field(tag: int, body: bytes) -> bytes:
     out = bytearray((tag,))
-    _put_varint(out, len(body))
+    put_varint(out, len(body))
     out += body
     return bytes(out)
-
-
-def _put_varint(out: bytearray, n: int) -> None:
-    """Appends ``n`` (non-negative) as a protobuf varint: native code in the compiled build,
-    where calling ``wire.encode_varint`` (interpreted) costs more than the whole encoding."""
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
 
 
 def header_field(header: pb.Header) -> bytes:
@@ -202,14 +193,14 @@ def encode_committed(header: bytes, journal: str, begin: int, end: int, digest: 
     name = journal.encode()
     if name:
         frag.append(0x0A)
-        _put_varint(frag, len(name))
+        put_varint(frag, len(name))
         frag += name
     if begin:
         frag.append(0x10)
-        _put_varint(frag, _int64(begin))
+        put_varint(frag, _int64(begin))
     if end:
         frag.append(0x18)
-        _put_varint(frag, _int64(end))
+        put_varint(frag, _int64(end))
     # SHA1Sum: fixed64, fixed64, fixed32 of the digest read big-endian, each written
     # little-endian on the wire (so byte-reversed); zero parts are omitted, as proto3 does.
     # Its length (at most 23) is one varint byte.
@@ -228,17 +219,17 @@ def encode_committed(header: bytes, journal: str, begin: int, end: int, digest: 
         frag += c
     if codec:
         frag.append(0x28)
-        _put_varint(frag, codec)
+        put_varint(frag, codec)
     out = bytearray(header)
     out.append(0x1A)
-    _put_varint(out, len(frag))
+    put_varint(out, len(frag))
     out += frag
     out.append(0x22)
-    _put_varint(out, len(registers))
+    put_varint(out, len(registers))
     out += registers
     if chunks:
         out.append(0x28)
-        _put_varint(out, chunks)
+        put_varint(out, chunks)
     return bytes(out)
 
 
@@ -804,7 +795,8 @@ def _consume(task: asyncio.Future[None]) -> None:
 async def serve_append(broker: BrokerContext, requests: AsyncIterator[AppendChunk | pb.AppendRequest],
                        context: Any) -> pb.AppendResponse | bytes:
     """The Append RPC's servicer (``service.py``'s ``Append`` awaits it): verifies the token,
-    reads and validates the first request, and serves the append (:func:`append_wire`).
+    reads and validates the first request, and serves the append, a committed one's response
+    serialized (:func:`encode_committed`: the RPC's serializer passes bytes through).
 
     Errors end the RPC as ``grpc_edge`` would end them (``edge.end_rpc``): a broken stream
     INVALID_ARGUMENT, a failed peer or a stopping resolver UNAVAILABLE (the client retries), a
@@ -840,13 +832,6 @@ async def append(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIter
     resp = await _append(broker, first, rest, claims, False)
     assert not isinstance(resp, bytes)
     return resp
-
-
-async def append_wire(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIterator[AppendChunk],
-                      claims: Claims | None = None) -> pb.AppendResponse | bytes:
-    """:func:`append` for the RPC's servicer, whose serializer passes bytes through: a
-    committed append's response comes serialized (:func:`encode_committed`)."""
-    return await _append(broker, first, rest, claims, True)
 
 
 async def _append(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIterator[AppendChunk],

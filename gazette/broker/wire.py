@@ -29,6 +29,7 @@ __all__ = [
     "decode_append_request",
     "decode_request",
     "encode_varint",
+    "put_varint",
     "list_journal",
     "raw_request",
     "varint",
@@ -58,11 +59,17 @@ def encode_varint(n: int) -> bytes:
     if n < 0x80:
         return bytes((n,))
     out = bytearray()
+    put_varint(out, n)
+    return bytes(out)
+
+
+def put_varint(out: bytearray, n: int) -> None:
+    """Appends ``n`` (non-negative) to ``out`` as a protobuf varint: a message built in one
+    buffer (``append.encode_committed``) makes no ``bytes`` per field."""
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
         n >>= 7
     out.append(n)
-    return bytes(out)
 
 
 def list_journal(spec: bytes, mod_revision: int, route: bytes, create_revision: int) -> bytes:
