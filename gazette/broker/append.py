@@ -62,7 +62,7 @@ from gazette.broker.flow import AppendFlowControl, flow_controlled, min_rate_pol
 from gazette.broker.pipeline import Pipeline, ReplicationError
 from gazette.broker.readahead import ReadAhead
 from gazette.broker.replica import Replica, acquire_unless, wait_unless
-from gazette.broker.wire import AppendChunk, ContentChunk, put_varint
+from gazette.broker.wire import AppendChunk, ContentChunk, put_varint, validated
 from gazette.errors import GazetteError
 from gazette.fragment import Fragment, set_sum
 from gazette.protocol import labels, validate
@@ -815,7 +815,8 @@ async def serve_append(broker: BrokerContext, requests: AsyncIterator[AppendChun
         if isinstance(first, ContentChunk):
             raise AppendStreamError(
                 "expected an initial AppendRequest naming a journal, not a content chunk")
-        validate.validate_append_request(first)
+        if not validated(first):  # a shared first request was validated when first decoded
+            validate.validate_append_request(first)
         # Serialized when committed: the response serializer (server/grpc.py) passes bytes on.
         return await _append(broker, first, it, claims, True)
     except Exception as err:  # noqa: BLE001 - the edge maps it (a cancellation passes)

@@ -12,6 +12,11 @@ Invariants:
   optionally ``content_delta``, field 5); any other shape is parsed by protobuf, so every valid
   encoding is accepted and decodes to the same request.
 * Views are never copied here; they stay valid as long as the received buffer does.
+* An Append's first request (the one naming the journal) that is valid, small and without a
+  proxy's header is decoded once per distinct encoding: every append that sends the same
+  bytes (a writer's appends to one journal) gets the same message, which is read-only (as
+  every chunk) and known valid (:func:`validated`). Any other first request is parsed and
+  validated afresh.
 * A List page built here decodes to the ListResponse protobuf would build from the same specs
   and routes (fields in number order; a zero revision omitted, as proto3 does).
 """
@@ -21,6 +26,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from gazette.protocol import protocol_pb2 as pb
+from gazette.protocol.errors import ValidationError
+from gazette.protocol.validate import validate_append_request
 
 __all__ = [
     "AppendChunk",
@@ -32,6 +39,7 @@ __all__ = [
     "put_varint",
     "list_journal",
     "raw_request",
+    "validated",
     "varint",
 ]
 
@@ -151,7 +159,37 @@ def decode_append_request(data: bytes | memoryview) -> pb.AppendRequest | Conten
             n, pos = -1, 0
         if n > 0 and pos + n == len(data):
             return ContentChunk(memoryview(data)[pos:])
-    return pb.AppendRequest.FromString(data)  # type: ignore[arg-type]  # bytes-like is accepted
+    if len(data) > FIRST_CACHE_BYTES:
+        return pb.AppendRequest.FromString(data)  # type: ignore[arg-type]  # bytes-like is accepted
+    key = bytes(data)
+    req = _FIRSTS.get(key)
+    if req is None:
+        req = pb.AppendRequest.FromString(key)
+        if req.journal and not req.HasField("header"):
+            try:
+                validate_append_request(req)
+            except ValidationError:
+                return req  # the servicer validates it again, and answers what is wrong
+            if len(_FIRSTS) >= FIRST_CACHE_MAX:
+                _FIRSTS.clear()
+                _VALIDATED.clear()
+            _FIRSTS[key] = req
+            _VALIDATED[id(req)] = req
+    return req
+
+
+def validated(req: object) -> bool:
+    """Whether ``req`` is a first request :func:`decode_append_request` validated and shares."""
+    return _VALIDATED.get(id(req)) is req
+
+
+FIRST_CACHE_BYTES = 512
+"""First requests up to this size are decoded once per distinct encoding."""
+FIRST_CACHE_MAX = 1024
+"""Distinct first requests kept (all dropped when full)."""
+_FIRSTS: dict[bytes, pb.AppendRequest] = {}
+# The same messages by identity: holding them keeps their ids from being reused while listed.
+_VALIDATED: dict[int, pb.AppendRequest] = {}
 
 
 def raw_request(data: bytes) -> bytes:
