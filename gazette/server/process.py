@@ -287,7 +287,8 @@ class MemberProcess:
 
     async def _load_keyspace(self) -> None:
         """The first load of the keyspace, retried while etcd is transiently unreachable
-        (a connection refused or cut under load) for up to the etcd lease."""
+        (a connection refused or cut under load, a TLS handshake cut short) for up to the etcd
+        lease."""
         deadline = asyncio.get_running_loop().time() + max(5.0, self.etcd_lease)
         delay = 0.05
         while True:
@@ -295,8 +296,13 @@ class MemberProcess:
                 await self.keyspace.load(self.etcd)
                 return
             except grpc.aio.AioRpcError as err:
-                if (tls_err := tls_failure(self.etcd_address, err)) is not None:
-                    raise tls_err from None  # a refused certificate: retrying will not help
+                if (tls_err := tls_failure(self.etcd_address, err)) is not None and (
+                        "OPENSSL_internal:" in (err.details() or "")
+                        or asyncio.get_running_loop().time() >= deadline):
+                    # A refused certificate (TLS says why): retrying will not help. A handshake
+                    # the connection cut short ("Handshake read failed (Endpoint closing)", etcd
+                    # busy starting) is retried as etcd being unavailable.
+                    raise tls_err from None
                 if err.code() != grpc.StatusCode.UNAVAILABLE or asyncio.get_running_loop().time() >= deadline:
                     raise
                 log.warning("etcd unavailable at start; retrying", extra={"err": err.details()})

@@ -117,3 +117,43 @@ def test_a_failed_handshake_is_told_apart_from_etcd_being_down() -> None:
     assert "(CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate)" in str(
         tls_failure("https://127.0.0.1:2379", untrusted))
     assert tls_failure("https://127.0.0.1:2379", _rpc_error(grpc.StatusCode.INTERNAL, "handshake")) is None
+
+
+class _Keyspace:
+    """A keyspace whose first loads fail with ``errors``, then succeed."""
+
+    revision = 0
+
+    def __init__(self, *errors: grpc.aio.AioRpcError) -> None:
+        self.errors = list(errors)
+        self.loads = 0
+
+    async def load(self, etcd: object) -> None:
+        self.loads += 1
+        if self.errors:
+            raise self.errors.pop(0)
+
+
+def _member(keyspace: _Keyspace) -> Any:
+    from gazette.server.process import MemberProcess
+    m = MemberProcess(zone="z", suffix="s", host="127.0.0.1", port=0, etcd_address="https://127.0.0.1:2379",
+                      etcd_lease=5.0, keyspace=keyspace, is_consistent=lambda *a: True)  # type: ignore[arg-type]
+    m._etcd = object()  # the fake keyspace never uses it
+    return m
+
+
+CUT_SHORT = ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:2379: "
+             "Handshake read failed (Endpoint closing)")
+
+
+async def test_a_handshake_cut_short_at_start_is_retried_and_a_refused_one_is_not() -> None:
+    cut = _Keyspace(*[_rpc_error(grpc.StatusCode.UNAVAILABLE, CUT_SHORT) for _ in range(2)])
+    await _member(cut)._load_keyspace()  # etcd closed the first two handshakes: then it loads
+    assert cut.loads == 3
+    refused = _Keyspace(_rpc_error(grpc.StatusCode.UNAVAILABLE, (
+        "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:2379: Tls handshake failed "
+        "(TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:10000412:SSL routines:OPENSSL_internal:"
+        "SSLV3_ALERT_BAD_CERTIFICATE: OK")))
+    with pytest.raises(EtcdTLSError, match="SSLV3_ALERT_BAD_CERTIFICATE"):
+        await _member(refused)._load_keyspace()
+    assert refused.loads == 1  # refused at once: retrying will not help
