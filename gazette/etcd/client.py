@@ -39,7 +39,13 @@ class EtcdEndpointError(EtcdError, ValueError):
 
 class EtcdTLSError(EtcdError):
     """The TLS handshake with etcd failed: etcd refused this client's certificate (or got
-    none), or this client refused etcd's. Not transient: retrying will not fix the files."""
+    none), or this client refused etcd's. Not transient: retrying will not fix the files.
+    ``cut_short``: TLS gave no reason (the connection closed mid-handshake, as a busy etcd
+    may): worth retrying as etcd being unavailable, and reported as this if it persists."""
+
+    def __init__(self, message: str, cut_short: bool = False) -> None:
+        super().__init__(message)
+        self.cut_short = cut_short
 
 
 # What a call fails with while etcd is down, restarting or unreachable: worth retrying. gRPC's
@@ -97,7 +103,7 @@ def tls_failure(endpoint: str, err: grpc.aio.AioRpcError) -> EtcdTLSError | None
     _, sep, why = details.rpartition("OPENSSL_internal:")
     why = why.removesuffix(": OK").strip() if sep else details
     return EtcdTLSError(f"etcd at {endpoint}: TLS handshake failed ({why}): check --etcd.cert-file, "
-                        "--etcd.cert-key-file and --etcd.trusted-ca-file")
+                        "--etcd.cert-key-file and --etcd.trusted-ca-file", cut_short=not sep)
 
 
 # gRPC channel options for etcd clients. The reconnect backoff is capped low so a client

@@ -297,11 +297,9 @@ class MemberProcess:
                 return
             except grpc.aio.AioRpcError as err:
                 if (tls_err := tls_failure(self.etcd_address, err)) is not None and (
-                        "OPENSSL_internal:" in (err.details() or "")
-                        or asyncio.get_running_loop().time() >= deadline):
-                    # A refused certificate (TLS says why): retrying will not help. A handshake
-                    # the connection cut short ("Handshake read failed (Endpoint closing)", etcd
-                    # busy starting) is retried as etcd being unavailable.
+                        not tls_err.cut_short or asyncio.get_running_loop().time() >= deadline):
+                    # A refused certificate: retrying will not help. A handshake the connection
+                    # cut short (etcd busy starting) is retried as etcd being unavailable.
                     raise tls_err from None
                 if err.code() != grpc.StatusCode.UNAVAILABLE or asyncio.get_running_loop().time() >= deadline:
                     raise

@@ -104,7 +104,7 @@ def test_a_failed_handshake_is_told_apart_from_etcd_being_down() -> None:
         "(TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:10000412:SSL routines:OPENSSL_internal:"
         "SSLV3_ALERT_BAD_CERTIFICATE: OK"))
     err = tls_failure("https://127.0.0.1:2379", refused)
-    assert isinstance(err, EtcdTLSError)
+    assert isinstance(err, EtcdTLSError) and not err.cut_short
     assert str(err) == ("etcd at https://127.0.0.1:2379: TLS handshake failed (SSLV3_ALERT_BAD_CERTIFICATE): "
                         "check --etcd.cert-file, --etcd.cert-key-file and --etcd.trusted-ca-file")
     down = _rpc_error(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses; last error: "
@@ -147,6 +147,8 @@ CUT_SHORT = ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:
 
 
 async def test_a_handshake_cut_short_at_start_is_retried_and_a_refused_one_is_not() -> None:
+    cut_short = tls_failure("https://127.0.0.1:2379", _rpc_error(grpc.StatusCode.UNAVAILABLE, CUT_SHORT))
+    assert cut_short is not None and cut_short.cut_short
     cut = _Keyspace(*[_rpc_error(grpc.StatusCode.UNAVAILABLE, CUT_SHORT) for _ in range(2)])
     await _member(cut)._load_keyspace()  # etcd closed the first two handshakes: then it loads
     assert cut.loads == 3
