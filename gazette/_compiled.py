@@ -44,6 +44,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "gazette.protocol.validate",
     "gazette.tasks",
     "gazette.broker.append",
+    "gazette.broker.group_commit",
     "gazette.broker.pipeline",
     "gazette.broker.spool",
     "gazette.broker.replicate",

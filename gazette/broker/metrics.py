@@ -25,13 +25,15 @@ COMMIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0
 class AppendsTally:
     """Append RPCs served locally: their bytes, statuses and commit times, as plain numbers."""
 
-    __slots__ = ("append_bytes", "by_status", "commit_counts", "commit_sum")
+    __slots__ = ("append_bytes", "by_status", "commit_counts", "commit_sum", "groups", "grouped")
 
     def __init__(self) -> None:
         self.append_bytes = 0
         self.by_status: dict[int, int] = {}
         self.commit_counts = [0] * (len(COMMIT_BUCKETS) + 1)  # the last: above every bound
         self.commit_sum = 0.0
+        self.groups = 0  # commits of a group of appends (group_commit.py)
+        self.grouped = 0  # appends committed in them
 
     def committed(self, nbytes: int, seconds: float) -> None:
         self.append_bytes += nbytes
@@ -59,6 +61,11 @@ class _AppendsCollector:
         for status, n in sorted(t.by_status.items()):
             appends.add_metric([pb.Status.Name(status)], n)  # type: ignore[arg-type]
         yield appends
+        yield CounterMetricFamily("gazette_append_groups",
+                                  "Commits of a group of whole Append RPCs that arrived together.",
+                                  value=t.groups)
+        yield CounterMetricFamily("gazette_grouped_appends", "Append RPCs committed in a group.",
+                                  value=t.grouped)
         cumulative, buckets = 0, []
         for bound, n in zip((*map(str, COMMIT_BUCKETS), "+Inf"), t.commit_counts, strict=True):
             cumulative += n

@@ -31,6 +31,7 @@ from gazette.auth import NO_AUTH, Claims, KeyedAuth, Verifier
 from gazette.broker import append as append_mod
 from gazette.broker import wire
 from gazette.broker.config import BrokerConfig
+from gazette.broker.group_commit import AppendGroups
 from gazette.broker.health import HealthTicker
 from gazette.broker.http_gateway import Gateway
 from gazette.broker.keys import broker_decoder
@@ -50,6 +51,7 @@ from gazette.protocol import labels
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.rpc.channel import insecure_channel
+from gazette.rpc.server import RpcServer
 from gazette.server import cluster
 from gazette.server.grpc import CHANNEL_OPTIONS, GrpcServer, add_service
 from gazette.server.process import MemberProcess
@@ -143,6 +145,8 @@ class Broker(MemberProcess):
         # Append's content chunks are views (``wire.decode_append_request``): neither copies.
         add_service(server, pb.DESCRIPTOR.services_by_name["Journal"], JournalService(self),
                     {"Replicate": None, "Append": wire.decode_append_request})
+        if isinstance(server, RpcServer):  # whole Append calls of one read commit together
+            server.add_batch_servicer("/protocol.Journal/Append", AppendGroups(self))
 
     def http_routes(self) -> list[web.RouteDef]:
         return Gateway(self).routes()

@@ -405,6 +405,11 @@ class Connection(asyncio.Protocol):
             self.connection_error(str(err), err.code)
         except HpackError as hpack_err:
             self.connection_error(f"bad header block: {hpack_err}", f.COMPRESSION_ERROR)
+        self.frames_done()
+
+    def frames_done(self) -> None:
+        """The frames of one read (or of one turn's share of them) are handled (the server
+        dispatches the calls it deferred to this point: ``server.py``)."""
 
     def _run_backlog(self) -> None:
         frames, self._backlog = self._backlog, None

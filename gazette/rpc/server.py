@@ -20,6 +20,12 @@ Invariants:
   request, RFC 9113 8.1.1). A failing servicer never takes the connection or the server down.
 * After ``stop()`` begins, connections get GOAWAY: RPCs already started run to their end
   (up to the grace period), new streams are refused.
+* A client-streaming method with a :class:`BatchServicer` (``add_batch_servicer``) is started
+  once the frames of the read that opened it are handled: the calls whose whole request
+  stream arrived in that read are handed to the servicer together (``group_key`` groups
+  them; a group of two or more runs in one task, ``serve_group``), every other call runs in
+  its own task as above. Each call of a group still gets exactly one end; a reset or an
+  elapsed deadline ends that call alone (its answer is dropped), not the group.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Protocol, cast
 
 import grpc
 import grpc.aio
@@ -148,6 +154,59 @@ class _Requests:
         return bool(s.messages) or s.remote_closed or s.error is not None
 
 
+class BufferedRequests:
+    """The async iterator of a streaming request whose messages were all received and decoded
+    before its call started (a call of a batched method served alone). A message that did not
+    decode is its :class:`BadRequest`, raised when it is reached."""
+
+    __slots__ = ("_items", "_next")
+
+    def __init__(self, items: list[Any]) -> None:
+        self._items = items
+        self._next = 0
+
+    def __aiter__(self) -> BufferedRequests:
+        return self
+
+    async def __anext__(self) -> Any:
+        i = self._next
+        if i >= len(self._items):
+            raise StopAsyncIteration
+        self._next = i + 1
+        item = self._items[i]
+        if isinstance(item, BadRequest):
+            raise item
+        return item
+
+    def ready(self) -> bool:
+        return True
+
+
+class BatchCall:
+    """A call of a batched method whose whole request stream arrived in one read: its
+    decoded requests (in order) and its context. :meth:`BatchServicer.serve_group` answers it
+    through its outcome."""
+
+    __slots__ = ("stream", "ctx", "requests")
+
+    def __init__(self, stream: ServerStream, ctx: ServicerContext, requests: list[Any]) -> None:
+        self.stream = stream
+        self.ctx = ctx
+        self.requests = requests
+
+
+class BatchServicer(Protocol):
+    """Serves calls of one client-streaming, unary-response method together."""
+
+    def group_key(self, call: BatchCall) -> object | None:
+        """What the calls served together share (equal keys: one group), or None: this call is
+        served alone, by the method's handler."""
+
+    async def serve_group(self, calls: list[BatchCall]) -> list[Any]:
+        """Serves ``calls`` (two or more of one key); returns each call's outcome in order: its
+        response, or the exception that ends it (as the handler would have raised it)."""
+
+
 class ServerStream(Stream):
     __slots__ = ("handler", "task", "headers_sent", "deserialize", "serialize", "deadline_handle", "expired",
                  "received")
@@ -246,6 +305,8 @@ class ServerConnection(Connection):
         self._busy_at = 0.0
         self._last_stream = 0
         self._draining = False
+        # Calls of batched methods opened by the frames being handled (see frames_done).
+        self._deferred: list[tuple[ServerStream, ServicerContext, BatchServicer]] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -391,9 +452,56 @@ class ServerConnection(Connection):
         if end_stream:
             stream.remote_closed = True
         ctx = ServicerContext(stream, tuple(metadata), deadline)
-        stream.task = self.server.handlers.spawn(path, self.server._serve(stream, ctx), self.loop)
+        batch = self.server._batch.get(path) if self.server._batch else None
+        if batch is not None and handler.request_streaming and not handler.response_streaming:
+            self._deferred.append((stream, ctx, batch))  # started by frames_done
+        else:
+            stream.task = self.server.handlers.spawn(path, self.server._serve(stream, ctx), self.loop)
         if deadline is not None:
             stream.deadline_handle = self.loop.call_at(deadline, self._expire, stream)
+
+    def frames_done(self) -> None:
+        if self._deferred:
+            self._start_deferred()
+
+    def _start_deferred(self) -> None:
+        """Starts the batched calls the frames just handled opened: each whose requests all
+        arrived joins its servicer's group for its key; every other call starts alone."""
+        deferred, self._deferred = self._deferred, []
+        groups: dict[tuple[int, object], list[BatchCall]] = {}
+        servicers: dict[tuple[int, object], BatchServicer] = {}
+        for stream, ctx, servicer in deferred:
+            if stream.error is not None:
+                # Reset (or refused) before it started: as a task cancelled before its first
+                # step, it ends without running.
+                if stream.deadline_handle is not None:
+                    stream.deadline_handle.cancel()
+                continue
+            if not stream.remote_closed or stream.reader.partial or self.closed:
+                self._start_alone(stream, ctx, None)
+                continue
+            call = BatchCall(stream, ctx, _take_all(stream))
+            items = call.requests
+            key = None if items and isinstance(items[-1], BadRequest) else servicer.group_key(call)
+            if key is None:
+                self._start_alone(stream, ctx, BufferedRequests(items))
+                continue
+            gk = (id(servicer), key)
+            group = groups.get(gk)
+            if group is None:
+                groups[gk] = [call]
+                servicers[gk] = servicer
+            else:
+                group.append(call)
+        for gk, calls in groups.items():
+            if len(calls) == 1:
+                one = calls[0]
+                self._start_alone(one.stream, one.ctx, BufferedRequests(one.requests))
+            else:
+                self.server.handlers.spawn("group", self.server._serve_group(servicers[gk], calls), self.loop)
+
+    def _start_alone(self, stream: ServerStream, ctx: ServicerContext, requests: BufferedRequests | None) -> None:
+        stream.task = self.server.handlers.spawn("call", self.server._serve(stream, ctx, requests), self.loop)
 
     def header_list_too_large(self, sid: int, end_stream: bool) -> None:
         # gRPC's answer to metadata over the limit is RESOURCE_EXHAUSTED (grpc-core: "received
@@ -444,6 +552,29 @@ class ServerConnection(Connection):
         if stream.task is not None and not stream.task.done():
             stream.expired = True
             stream.task.cancel()
+        elif stream.task is None and not stream.local_closed:
+            # A call of a group: it ends now, alone; the group's answer to it is dropped.
+            stream.expired = True
+            stream.finish(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+
+def _take_all(stream: ServerStream) -> list[Any]:
+    """Every message ``stream`` received, consumed and decoded; one that does not decode ends
+    the list as its :class:`BadRequest`."""
+    items: list[Any] = []
+    messages, deserialize = stream.messages, stream.deserialize
+    while messages:
+        msg = messages.popleft()
+        stream.credit(len(msg) + 5)
+        if deserialize is None:
+            items.append(msg)
+            continue
+        try:
+            items.append(deserialize(msg))
+        except Exception as err:  # noqa: BLE001 - as next_request: the client sent garbage
+            items.append(BadRequest(f"could not parse the request message: {str(err)[:200]}"))
+            break
+    return items
 
 
 _PSEUDO_BITS = {":method": 1, ":scheme": 2, ":path": 4, ":authority": 8}  # a request's
@@ -512,7 +643,9 @@ class RpcServer:
         self._lingering: set[asyncio.Transport] = set()  # connections ended by an error, half-closed
         self._servers: list[asyncio.AbstractServer] = []
         self._stopping = False
-        # One task per RPC, owned here: a stop cancels and awaits every one.
+        self._batch: dict[str, BatchServicer] = {}
+        # One task per RPC (or group of batched calls), owned here: a stop cancels and awaits
+        # every one.
         self.handlers = Supervisor("rpc", "log")
 
     # -- registration (what grpcio's generated code calls) ---------------------------
@@ -525,6 +658,12 @@ class RpcServer:
         for name, handler in handlers.items():
             self._registered[f"/{service}/{name}"] = handler
         self._cache.clear()
+
+    def add_batch_servicer(self, path: str, servicer: BatchServicer) -> None:
+        """Serves the calls of ``path`` (a registered client-streaming method with a unary
+        response) that arrive whole in one read through ``servicer``, grouped (see the module
+        docstring); the method's handler still serves every other call."""
+        self._batch[path] = servicer
 
     def lookup(self, path: str, metadata: tuple[tuple[str, str], ...] = ()) -> grpc.RpcMethodHandler | None:
         handler = self._registered.get(path)
@@ -594,12 +733,13 @@ class RpcServer:
 
     # -- serving one RPC -------------------------------------------------------------
 
-    async def _serve(self, stream: ServerStream, ctx: ServicerContext) -> None:
+    async def _serve(self, stream: ServerStream, ctx: ServicerContext,
+                     requests: BufferedRequests | None = None) -> None:
         handler = stream.handler
         code, details = grpc.StatusCode.OK, ""
         try:
             if handler.request_streaming:
-                request: Any = _Requests(stream)
+                request: Any = _Requests(stream) if requests is None else requests
             else:
                 request = await stream.next_request()
                 if request is None:
@@ -648,6 +788,54 @@ class RpcServer:
             if stream.deadline_handle is not None:
                 stream.deadline_handle.cancel()
         stream.finish(code, details)
+
+    async def _serve_group(self, servicer: BatchServicer, calls: list[BatchCall]) -> None:
+        """Serves a group of batched calls and ends each with its outcome, as :meth:`_serve`
+        ends a call with its handler's."""
+        outcomes: list[Any]
+        try:
+            outcomes = await servicer.serve_group(calls)
+        except asyncio.CancelledError as cancelled:  # a stop: each call ends as _serve's would
+            outcomes = [cancelled] * len(calls)
+        except Exception as err:  # noqa: BLE001 - each call ends UNKNOWN, logged once per call
+            outcomes = [err] * len(calls)
+        for call, outcome in zip(calls, outcomes, strict=True):
+            stream = call.stream
+            if stream.deadline_handle is not None:
+                stream.deadline_handle.cancel()
+            if stream.local_closed or stream.error is not None:
+                continue  # reset, expired or lost meanwhile: nobody to answer
+            if isinstance(outcome, BaseException):
+                status = _status_of(stream, call.ctx, outcome)
+                if status is not None:
+                    stream.finish(status[0], status[1])
+                continue
+            try:
+                await stream.send_response(outcome)
+            except StreamReset:
+                continue
+            stream.finish(call.ctx.code or grpc.StatusCode.OK, call.ctx.details)
+
+
+def _status_of(stream: ServerStream, ctx: ServicerContext,
+               err: BaseException) -> tuple[grpc.StatusCode, str] | None:
+    """The status a call of a group ends with for ``err`` (None: it is gone), as
+    ``RpcServer._serve`` maps what its handler raises."""
+    if isinstance(err, grpc.aio.AbortError):
+        return ctx.code or grpc.StatusCode.UNKNOWN, ctx.details
+    if isinstance(err, BadRequest):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(err)
+    if isinstance(err, asyncio.CancelledError):
+        if stream.expired:
+            return grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
+        if stream.error is not None or stream.conn.closed:
+            return None
+        return grpc.StatusCode.UNAVAILABLE, "the server is stopping"
+    if isinstance(err, StreamReset):
+        return None
+    if ctx.code is not None and ctx.code is not grpc.StatusCode.OK:
+        return ctx.code, ctx.details
+    return grpc.StatusCode.UNKNOWN, incident(log, _method_name(stream.handler), err)
 
 
 def _method_name(handler: Any) -> str:
