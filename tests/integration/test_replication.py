@@ -9,6 +9,8 @@ replication 3 and a file store. Every wait polls a condition under a deadline.
 * A primary killed (SIGKILL) mid-stream is replaced once its lease expires; every append that
   was acknowledged is read back exactly once, at the offsets its commit named, and the
   persisted fragments tile the journal with correct SHA1 sums.
+* Appends sent together on one connection commit in groups, each answered exactly its own
+  range and SHA-1, directly and through a proxying broker.
 * Content beyond the synchronised head in the store refuses appends (INDEX_HAS_GREATER_OFFSET)
   until ``gazctl journals reset-head`` confirms the new head.
 * (soak) A rolling SIGTERM restart of every broker under continuous appends loses nothing.
@@ -17,6 +19,7 @@ replication 3 and a file store. Every wait polls a condition under a deadline.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import os
@@ -39,6 +42,7 @@ from google.protobuf.duration_pb2 import Duration
 from gazette.fragment import codecs
 from gazette.protocol import protocol_pb2 as pb
 from gazette.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.rpc.channel import insecure_channel
 from gazette.testing.cluster import BrokerProcess, Cluster
 from gazette.testing.eventually import eventually_sync
 
@@ -329,6 +333,67 @@ def test_appends_through_any_broker_land_once_on_every_replica(cluster: Cluster,
         assert read_local(stubs(b), name) == expected, b.broker_id
     assert http_read(brokers[2], name) == expected
     assert_no_tracebacks(brokers)
+
+
+def grouped_appends(broker: BrokerProcess) -> float:
+    """``gazette_grouped_appends_total`` of ``broker``'s metrics."""
+    with urllib.request.urlopen(broker.url("/debug/metrics"), timeout=DEADLINE) as resp:  # noqa: S310
+        for line in resp.read().decode().splitlines():
+            if line.startswith("gazette_grouped_appends_total "):
+                return float(line.split()[1])
+    raise AssertionError("no gazette_grouped_appends_total metric")
+
+
+def test_appends_arriving_together_commit_in_groups(cluster: Cluster, stubs: Stubs) -> None:
+    """Rounds of 16 appends sent at once on one connection (our channel writes them in one
+    flush), to the primary and through a broker that proxies: the primary commits them in
+    groups (broker/group_commit.py), and each append is answered the range and SHA-1 of exactly
+    its own content, once, on every replica."""
+    brokers = start_brokers(cluster, [("zone-a", "broker-a1"), ("zone-a", "broker-a2"), ("zone-b", "broker-b1")])
+    name = f"repl/{uuid.uuid4().hex[:8]}"
+    apply_journal(stubs(brokers[0]), name)
+    wait_replicated(stubs(brokers[0]), name, 3)
+    append_eventually(stubs(brokers[0]), name, b'{"first": true}\n')
+    primary = primary_of(stubs(brokers[0]), name, brokers)
+    assert primary is not None
+    other = next(b for b in brokers if b is not primary)
+    before = grouped_appends(primary)
+
+    async def rounds(broker: BrokerProcess, tag: str) -> list[tuple[int, int, bytes, pb.SHA1Sum]]:
+        channel = insecure_channel(f"127.0.0.1:{broker.port}")
+        stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+
+        async def one(data: bytes) -> tuple[int, int, bytes, pb.SHA1Sum]:
+            reqs = [pb.AppendRequest(journal=name), pb.AppendRequest(content=data), pb.AppendRequest()]
+            resp = await stub.Append(iter(reqs), timeout=DEADLINE)
+            assert resp.status == pb.OK, pb.Status.Name(resp.status)
+            return resp.commit.begin, resp.commit.end, data, resp.commit.sum
+
+        try:
+            out = []
+            for r in range(20):
+                out += await asyncio.gather(*(one(f'{{"{tag}": {r}, "w": {w}}}\n'.encode()) for w in range(16)))
+            return out
+        finally:
+            await channel.close()
+
+    commits = asyncio.run(rounds(primary, "direct")) + asyncio.run(rounds(other, "proxied"))
+    assert grouped_appends(primary) > before
+    offset = 16
+    for begin, end, data, digest in sorted(commits):
+        assert (begin, end) == (offset, offset + len(data))
+        assert digest == sha1_sum(data)
+        offset = end
+    expected = b'{"first": true}\n' + b"".join(d for _, _, d, _ in sorted(commits))
+    for b in brokers:
+        assert read_local(stubs(b), name) == expected, b.broker_id
+    assert_no_tracebacks(brokers)
+
+
+def sha1_sum(data: bytes) -> pb.SHA1Sum:
+    d = hashlib.sha1(data).digest()  # Gazette's content sum
+    return pb.SHA1Sum(part1=int.from_bytes(d[:8], "big"), part2=int.from_bytes(d[8:16], "big"),
+                      part3=int.from_bytes(d[16:], "big"))
 
 
 def test_primary_killed_mid_stream_loses_no_acknowledged_append(cluster: Cluster, stubs: Stubs) -> None:

@@ -27,7 +27,7 @@ from gazette.auth import NO_AUTH, Unauthenticated
 from gazette.broker import metrics, wire
 from gazette.broker.group_commit import GROUP_CALL_BYTES, AppendGroups
 from gazette.protocol import protocol_pb2 as pb
-from gazette.rpc.server import BatchCall, ServicerContext
+from gazette.rpc.server import BatchCall, RpcServer, ServerConnection, ServerStream, ServicerContext
 
 
 @pytest.fixture
@@ -48,12 +48,22 @@ def first_request(**fields: Any) -> Any:
     return wire.decode_append_request(pb.AppendRequest(journal=JOURNAL, **fields).SerializeToString())
 
 
+async def _never(requests: Any, context: Any) -> None:
+    raise AssertionError("a group's call is not served by the handler")
+
+
+_HANDLER = grpc.stream_unary_rpc_method_handler(_never)
+
+
 def call(first: Any, *contents: bytes, metadata: tuple[tuple[str, str], ...] = ()) -> BatchCall:
+    """A whole Append call as the transport hands it to a group (its stream's connection is
+    never connected: the group's outcomes are what the tests look at)."""
     reqs: list[Any] = [first]
     for c in contents:
         reqs.append(wire.decode_append_request(pb.AppendRequest(content=c).SerializeToString()))
     reqs.append(wire.decode_append_request(b""))
-    return BatchCall(None, ServicerContext(None, metadata, None), reqs)  # type: ignore[arg-type]
+    stream = ServerStream(ServerConnection(RpcServer()), 1, _HANDLER)  # never connected
+    return BatchCall(stream, ServicerContext(stream, metadata, None), reqs)
 
 
 def groups_of(b: FSMBroker) -> AppendGroups:
@@ -136,7 +146,7 @@ async def test_calls_the_group_cannot_take_are_served_alone(broker: FSMBroker) -
     assert {f[:2] for f in fragments(broker)} == {(0, 7)}
 
 
-def test_what_groups() -> None:
+async def test_what_groups() -> None:  # async: a connection takes the running loop
     groups = AppendGroups(None)  # type: ignore[arg-type]  # group_key reads only the call
     plain = first_request()
     assert groups.group_key(call(plain, b"a")) == groups.group_key(call(plain, b"b", b"c"))
