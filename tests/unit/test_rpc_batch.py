@@ -5,7 +5,8 @@ whole request stream arrives in one read are handed to the servicer together, gr
 a call still sending when the read ends, one the servicer declines and one whose message does
 not decode are served alone by the method's handler; a call reset while its group runs is not
 answered; an elapsed deadline ends its call alone; a group that fails or is stopped ends each of
-its calls with a status. Every call gets exactly one end.
+its calls with a status. Every call gets exactly one end. A property: for any interleaving
+of calls' frames cut into reads anywhere, the groups are exactly the whole calls of a read.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 import grpc
 import hpack
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from fuzz.targets import RecordingTransport
 from gazette.rpc import frames as f
@@ -42,6 +45,7 @@ class Servicer:
 
     def __init__(self) -> None:
         self.groups: list[int] = []
+        self.grouped: list[list[int]] = []  # each group's stream ids
         self.hold: asyncio.Event | None = None
         self.fail: BaseException | None = None
 
@@ -51,6 +55,7 @@ class Servicer:
 
     async def serve_group(self, calls: list[BatchCall]) -> list[Any]:
         self.groups.append(len(calls))
+        self.grouped.append([c.stream.id for c in calls])
         if self.hold is not None:
             await self.hold.wait()
         if self.fail is not None:
@@ -206,3 +211,74 @@ async def test_a_failed_or_stopped_group_ends_each_call(stop: bool) -> None:
         assert peer.status == {1: want, 3: want}
     finally:
         await peer.close()
+
+
+_KEYS = [b"a", b"b", b"alone"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_any_arrival_groups_exactly_the_whole_calls_of_a_read(data: st.DataObject) -> None:
+    """Calls' frames interleaved in any order and cut into reads anywhere: every call is
+    answered once, and the groups are exactly the calls of one key (two or more) whose headers
+    and end of stream both arrived in the same read."""
+    calls = data.draw(st.lists(st.tuples(st.sampled_from(_KEYS), st.lists(st.binary(min_size=1, max_size=8),
+                                                                           max_size=2)),
+                               min_size=1, max_size=8))
+    order = data.draw(st.permutations([i for i, (_, msgs) in enumerate(calls) for _ in range(len(msgs) + 3)]))
+    sids: dict[int, int] = {}
+    taken = [0] * len(calls)
+    frames: list[tuple[int, bool, bytes]] = []  # call, ends it, frame
+    for i in order:
+        key, msgs = calls[i]
+        step, taken[i] = taken[i], taken[i] + 1
+        if step == 0:
+            sids[i] = 1 + 2 * len(sids)
+            frames.append((i, False, f.frame(f.HEADERS, f.END_HEADERS, sids[i], f.request_headers(JOIN, "t", "t"))))
+        else:
+            # The key, the messages, then an empty DATA frame ending the stream.
+            last = step == len(msgs) + 2
+            m = b"" if last else [key, *msgs][step - 1]
+            payload = b"" if last else f.message_prefix(len(m)) + m
+            frames.append((i, last, f.frame(f.DATA, f.END_STREAM if last else 0, sids[i], payload)))
+    stream = b"".join(fr for _, _, fr in frames)
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(stream) - 1), max_size=6)))
+    reads = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+
+    def read_of(end: int) -> int:  # the read holding byte end - 1
+        return sum(1 for c in cuts if c < end)
+
+    pos, opened, ended = 0, {}, {}
+    for i, last, fr in frames:
+        pos += len(fr)
+        if fr[3] == f.HEADERS:
+            opened[i] = read_of(pos)
+        if last:
+            ended[i] = read_of(pos)
+    expected: dict[tuple[int, bytes], set[int]] = {}
+    for i, (key, _) in enumerate(calls):
+        if key != b"alone" and opened[i] == ended[i]:
+            expected.setdefault((opened[i], key), set()).add(sids[i])
+    want_groups = sorted(sorted(g) for g in expected.values() if len(g) > 1)
+    grouped = {sid for g in want_groups for sid in g}
+    event(f"groups: {min(len(want_groups), 2)}")
+
+    async def run() -> None:
+        servicer = Servicer()
+        peer = Peer(servicer)
+        try:
+            for chunk in reads:
+                peer.send(chunk)
+                await asyncio.sleep(0)  # the loop's turn between reads, as on a socket
+            await peer.until(lambda: len(peer.status) == len(calls))
+            assert sorted(sorted(g) for g in servicer.grouped) == want_groups
+            for i, (key, msgs) in enumerate(calls):
+                sid = sids[i]
+                body = b"".join([key, *msgs])
+                assert peer.data.get(sid) == (b"group:" if sid in grouped else b"alone:") + body
+                assert peer.status[sid] == code("OK")
+            assert set(peer.ends.values()) == {1}
+        finally:
+            await peer.close()
+
+    asyncio.run(run())
