@@ -692,19 +692,7 @@ class AppendFSM:
 
         # Sent from this task, with no await since the last content chunk: when the whole
         # append arrived at once, its content and commit leave for each peer in one write.
-        acks = self._send_final(final, regs)
-        if local_only:
-            await self._finish(acks)
-        else:
-            # Shielded: the acknowledgements on the streams must be read by us, in turn,
-            # whatever happens to the client's RPC meanwhile.
-            finishing = asyncio.ensure_future(self._finish(acks))
-            try:
-                await asyncio.shield(finishing)
-            except asyncio.CancelledError:
-                if not finishing.done():
-                    finishing.add_done_callback(_consume)
-                raise
+        await self.conclude(final, regs, local_only)
         if err is not None:
             raise err
         if self.err is not None:
@@ -728,6 +716,24 @@ class AppendFSM:
         resp.registers.CopyFrom(regs)
         resp.total_chunks = chunks
         return resp
+
+    async def conclude(self, final: Fragment, registers: pb.LabelSet, local_only: bool) -> None:
+        """Proposes ``final`` (the commit, or the rollback of what is pending) with
+        ``registers``, hands the send side on, and reads this append's acknowledgements in
+        turn: shielded from cancellation unless the route is ours alone (``local_only``), since
+        the responses on the peers' streams must be read by us, whatever happens to the client's
+        RPC meanwhile. A failure is left in ``err``."""
+        acks = self._send_final(final, registers)
+        if local_only:
+            await self._finish(acks)
+            return
+        finishing = asyncio.ensure_future(self._finish(acks))
+        try:
+            await asyncio.shield(finishing)
+        except asyncio.CancelledError:
+            if not finishing.done():
+                finishing.add_done_callback(_consume)
+            raise
 
     def _send_final(self, final: Fragment, registers: pb.LabelSet) -> _Acks:
         """Scatters the commit (or rollback), takes the read barrier and hands the send side
@@ -818,7 +824,7 @@ async def serve_append(broker: BrokerContext, requests: AsyncIterator[AppendChun
         if not validated(first):  # a shared first request was validated when first decoded
             validate.validate_append_request(first)
         # Serialized when committed: the response serializer (server/grpc.py) passes bytes on.
-        return await _append(broker, first, it, claims, True)
+        return await run_append(broker, first, it, claims, True)
     except Exception as err:  # noqa: BLE001 - the edge maps it (a cancellation passes)
         failed = err
     # Outside the handler: compiled, a coroutine must not suspend in one.
@@ -830,13 +836,16 @@ async def append(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIter
                  claims: Claims | None = None) -> pb.AppendResponse:
     """Serves one Append; ``rest`` yields the content chunks after ``first``; a journal
     ``claims`` do not reach is not found."""
-    resp = await _append(broker, first, rest, claims, False)
+    resp = await run_append(broker, first, rest, claims, False)
     assert not isinstance(resp, bytes)
     return resp
 
 
-async def _append(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIterator[AppendChunk],
-                  claims: Claims | None, wire: bool) -> pb.AppendResponse | bytes:
+async def run_append(broker: BrokerContext, first: pb.AppendRequest, rest: AsyncIterator[AppendChunk],
+                     claims: Claims | None, wire: bool) -> pb.AppendResponse | bytes:
+    """Serves one Append whose first request is read and checked (``serve_append``, and each
+    call of a group that is served alone); with ``wire``, a committed one's response is
+    returned serialized."""
     rest = ahead = ReadAhead(rest)
     fsm = AppendFSM(broker, first, claims, ahead)
     try:

@@ -41,12 +41,11 @@ from gazette.broker import metrics
 from gazette.broker.append import (
     STREAM_CONTENT,
     AppendFSM,
-    _append,
-    _consume,
-    _maybe_roll,
     append_plan,
     encode_committed,
     header_field,
+    maybe_roll,
+    run_append,
 )
 from gazette.broker.context import BrokerContext
 from gazette.broker.wire import COMMIT, ContentChunk, validated
@@ -130,8 +129,7 @@ async def _stream(fsm: AppendFSM, calls: list[BatchCall]) -> list[Any] | None:
         return None
     spool = pln.spool
     frag = spool.fragment
-    proposal = _maybe_roll(frag, spool.first_append_time, fsm.roll_to, plan.fragment_length,
-                           plan.flush_interval, plan.codec, time.time())
+    proposal = maybe_roll(frag, spool.first_append_time, fsm.roll_to, res.spec.fragment, time.time())
     if proposal is not frag and proposal != frag:
         await pln.scatter(pb.ReplicateRequest(proposal=proposal.to_proto(), registers=fsm.registers))
         frag = proposal
@@ -161,18 +159,7 @@ async def _stream(fsm: AppendFSM, calls: list[BatchCall]) -> list[Any] | None:
         err = e
     commit = err is None and not pln.broken
     final = spool.next_fragment() if commit else spool.fragment
-    acks = fsm._send_final(final, fsm.registers)
-    if not pln.peers:
-        await fsm._finish(acks)
-    else:
-        # Shielded: the acknowledgements must be read by us, in turn (AppendFSM.stream).
-        finishing = asyncio.ensure_future(fsm._finish(acks))
-        try:
-            await asyncio.shield(finishing)
-        except asyncio.CancelledError:
-            if not finishing.done():
-                finishing.add_done_callback(_consume)
-            raise
+    await fsm.conclude(final, fsm.registers, not pln.peers)
     if err is not None:
         raise err
     if fsm.err is not None:
@@ -199,7 +186,7 @@ async def _alone(broker: BrokerContext, call: BatchCall, claims: Claims | None) 
     reqs = call.requests
     failed: Exception
     try:
-        return await _append(broker, reqs[0], BufferedRequests(reqs[1:]), claims, True)
+        return await run_append(broker, reqs[0], BufferedRequests(reqs[1:]), claims, True)
     except Exception as err:  # noqa: BLE001 - mapped below (a cancellation passes)
         failed = err
     return await _ended(call, failed)
