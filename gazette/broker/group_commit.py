@@ -137,24 +137,31 @@ async def _stream(fsm: AppendFSM, calls: list[BatchCall]) -> list[Any] | None:
     begin = frag.end
     started = time.monotonic()
     parts: list[memoryview] = []
-    spans: list[tuple[int, int, bytes, int]] = []  # each call's begin, end, SHA-1, chunks
+    spans: list[tuple[int, int, int]] = []  # each call's begin, end and chunks
     offset = begin
     for call in calls:
         reqs = call.requests
-        summer = hashlib.sha1()
         n = len(reqs) - 1  # the commit chunk's index
         size = 0
         for i in range(1, n):
             content = reqs[i].content
-            summer.update(content)
             parts.append(content)
             size += len(content)
-        spans.append((offset, offset + size, summer.digest(), n - 1))
+        spans.append((offset, offset + size, n - 1))
         offset += size
+    digests: list[bytes] = []
+
+    def sums() -> None:  # each call's SHA-1, while a worker writes and hashes a long group
+        for call in calls:
+            reqs = call.requests
+            summer = hashlib.sha1()
+            for i in range(1, len(reqs) - 1):
+                summer.update(reqs[i].content)
+            digests.append(summer.digest())
 
     err: BaseException | None = None
     try:
-        await pln.scatter_content(b"".join(parts), 0)
+        await pln.scatter_content(b"".join(parts), 0, sums)
     except BaseException as e:  # noqa: BLE001 - including cancellation: roll back, then re-raise
         err = e
     commit = err is None and not pln.broken
@@ -174,7 +181,7 @@ async def _stream(fsm: AppendFSM, calls: list[BatchCall]) -> list[Any] | None:
     tally.groups += 1
     tally.grouped += len(spans)
     out: list[Any] = []
-    for lo, hi, digest, chunks in spans:
+    for (lo, hi, chunks), digest in zip(spans, digests, strict=True):
         tally.committed(hi - lo, elapsed)
         tally.answered(pb.OK)
         out.append(encode_committed(head, journal, lo, hi, digest, codec, registers, chunks))

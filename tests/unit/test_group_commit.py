@@ -26,6 +26,7 @@ from test_pipeline_fsm import FSMBroker, do_append, fragments
 from gazette.auth import NO_AUTH, Unauthenticated
 from gazette.broker import metrics, wire
 from gazette.broker.group_commit import GROUP_CALL_BYTES, AppendGroups
+from gazette.broker.spool import THREAD_MIN
 from gazette.protocol import protocol_pb2 as pb
 from gazette.rpc.server import BatchCall, RpcServer, ServerConnection, ServerStream, ServicerContext
 
@@ -88,13 +89,17 @@ def spool_bytes(b: FSMBroker) -> list[bytes]:
     return held
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-async def test_a_group_lands_contiguously_with_each_call_answered_its_own(broker: FSMBroker, seed: int) -> None:
+@pytest.mark.parametrize("seed,most", [(1, 300), (2, 300), (3, 300), (4, GROUP_CALL_BYTES // 3)])
+async def test_a_group_lands_contiguously_with_each_call_answered_its_own(broker: FSMBroker, seed: int,
+                                                                          most: int) -> None:
+    """(The last case's group is long enough for a worker thread to write it: THREAD_MIN.)"""
     rng = random.Random(seed)
     before = await do_append(broker, b"before\n")
     first = first_request()
-    contents = [[rng.randbytes(rng.randint(1, 300)) for _ in range(rng.randint(1, 3))]
-                for _ in range(rng.randint(2, 12))]
+    contents = [[rng.randbytes(rng.randint(most // 2, most)) for _ in range(rng.randint(1, 3))]
+                for _ in range(rng.randint(2, 12) if most < THREAD_MIN // 8 else 8)]
+    if most >= THREAD_MIN // 8:
+        assert sum(len(c) for call in contents for c in call) >= THREAD_MIN
     groups_before = metrics.APPENDS_TALLY.groups
     resps = answers(await groups_of(broker).serve_group([call(first, *c) for c in contents]))
     offset = before.commit.end
