@@ -176,14 +176,9 @@ async def _stream(fsm: AppendFSM, calls: list[BatchCall]) -> list[Any] | None:
         plan.header_field = header_field(res.header)
     head, journal, codec = plan.header_field, spool.journal, final.codec
     registers = fsm.registers.SerializeToString()
-    elapsed = time.monotonic() - started
-    tally = metrics.APPENDS_TALLY
-    tally.groups += 1
-    tally.grouped += len(spans)
+    metrics.APPENDS_TALLY.group_committed([hi - lo for lo, hi, _ in spans], time.monotonic() - started)
     out: list[Any] = []
     for (lo, hi, chunks), digest in zip(spans, digests, strict=True):
-        tally.committed(hi - lo, elapsed)
-        tally.answered(pb.OK)
         out.append(encode_committed(head, journal, lo, hi, digest, codec, registers, chunks))
     return out
 

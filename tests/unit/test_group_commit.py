@@ -186,3 +186,16 @@ async def test_a_refused_token_ends_every_call(broker: FSMBroker) -> None:
     for c, o in zip(calls, outcomes, strict=True):
         assert isinstance(o, grpc.aio.AbortError)
         assert c.ctx.code == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_group_is_tallied_as_its_appends_one_by_one() -> None:
+    one_by_one, grouped = metrics.AppendsTally(), metrics.AppendsTally()
+    sizes, seconds = [10, 0, 300, 7], 0.003
+    for n in sizes:
+        one_by_one.committed(n, seconds)
+        one_by_one.answered(pb.OK)
+    grouped.group_committed(sizes, seconds)
+    for attr in ("append_bytes", "by_status", "commit_counts"):
+        assert getattr(grouped, attr) == getattr(one_by_one, attr), attr
+    assert grouped.commit_sum == pytest.approx(one_by_one.commit_sum)
+    assert (grouped.groups, grouped.grouped) == (1, len(sizes))
