@@ -130,7 +130,13 @@ class AppendPlan:
         self.suspend_level = int(spec.suspend.level)
         self.suspend_offset = int(spec.suspend.offset)
         self.max_append_rate = int(spec.max_append_rate)
-        self.header_field = b""  # the resolution's header as a response's field 2, once needed
+        self._header_field = b""  # the resolution's header as a response's field 2, once needed
+
+    def header_field(self, header: pb.Header) -> bytes:
+        """:func:`header_field` of the resolution's ``header``, serialized at its first use."""
+        if not self._header_field:
+            self._header_field = header_field(header)
+        return self._header_field
 
 
 def append_plan(res: Resolution) -> AppendPlan:
@@ -702,9 +708,7 @@ class AppendFSM:
         assert commit
         metrics.APPENDS_TALLY.committed(delta, time.monotonic() - started)
         if wire:
-            if not plan.header_field:
-                plan.header_field = header_field(res.header)
-            return encode_committed(plan.header_field, spool.journal, begin, begin + delta,
+            return encode_committed(plan.header_field(res.header), spool.journal, begin, begin + delta,
                                     summer.digest(), final.codec, regs.SerializeToString(), chunks)
         resp = _response(pb.OK, res.header)
         c = resp.commit

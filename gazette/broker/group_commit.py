@@ -43,7 +43,6 @@ from gazette.broker.append import (
     AppendFSM,
     append_plan,
     encode_committed,
-    header_field,
     maybe_roll,
     run_append,
 )
@@ -95,22 +94,19 @@ class AppendGroups:
         first: pb.AppendRequest = calls[0].requests[0]
         failed: Exception | None = None
         claims: Claims | None = None
-        try:
-            claims = broker.verifier.verify(token_of(calls[0].ctx.invocation_metadata()), auth.APPEND)
-        except Exception as refused:  # noqa: BLE001 - each call ends with it
-            failed = refused
-        if failed is not None:
-            return [await _ended(call, failed) for call in calls]
-        fsm = AppendFSM(broker, first, claims, None)
+        fsm: AppendFSM | None = None
         outcomes: list[Any] | None = None
         try:
+            claims = broker.verifier.verify(token_of(calls[0].ctx.invocation_metadata()), auth.APPEND)
+            fsm = AppendFSM(broker, first, claims, None)
             await fsm.run_to_stream()
             if fsm.state == STREAM_CONTENT:
                 outcomes = await _stream(fsm, calls)
         except Exception as err:  # noqa: BLE001 - each call ends with it (a cancellation passes)
             failed = err
         finally:
-            fsm.release()
+            if fsm is not None:
+                fsm.release()
         if failed is not None:
             return [await _ended(call, failed) for call in calls]
         if outcomes is None:
@@ -172,9 +168,7 @@ async def _stream(fsm: AppendFSM, calls: list[BatchCall]) -> list[Any] | None:
     if fsm.err is not None:
         raise fsm.err
     assert commit
-    if not plan.header_field:
-        plan.header_field = header_field(res.header)
-    head, journal, codec = plan.header_field, spool.journal, final.codec
+    head, journal, codec = plan.header_field(res.header), spool.journal, final.codec
     registers = fsm.registers.SerializeToString()
     metrics.APPENDS_TALLY.group_committed([hi - lo for lo, hi, _ in spans], time.monotonic() - started)
     out: list[Any] = []

@@ -468,8 +468,7 @@ class ServerConnection(Connection):
         """Starts the batched calls the frames just handled opened: each whose requests all
         arrived joins its servicer's group for its key; every other call starts alone."""
         deferred, self._deferred = self._deferred, []
-        groups: dict[tuple[int, object], list[BatchCall]] = {}
-        servicers: dict[tuple[int, object], BatchServicer] = {}
+        groups: dict[tuple[BatchServicer, object], list[BatchCall]] = {}
         for stream, ctx, servicer in deferred:
             if stream.error is not None:
                 # Reset (or refused) before it started: as a task cancelled before its first
@@ -477,7 +476,7 @@ class ServerConnection(Connection):
                 if stream.deadline_handle is not None:
                     stream.deadline_handle.cancel()
                 continue
-            if not stream.remote_closed or stream.reader.partial or self.closed:
+            if not stream.remote_closed or self.closed:  # (ended mid-message: an error, above)
                 self._start_alone(stream, ctx, None)
                 continue
             call = BatchCall(stream, ctx, _take_all(stream))
@@ -486,19 +485,13 @@ class ServerConnection(Connection):
             if key is None:
                 self._start_alone(stream, ctx, BufferedRequests(items))
                 continue
-            gk = (id(servicer), key)
-            group = groups.get(gk)
-            if group is None:
-                groups[gk] = [call]
-                servicers[gk] = servicer
-            else:
-                group.append(call)
-        for gk, calls in groups.items():
+            groups.setdefault((servicer, key), []).append(call)
+        for (servicer, _), calls in groups.items():
             if len(calls) == 1:
                 one = calls[0]
                 self._start_alone(one.stream, one.ctx, BufferedRequests(one.requests))
             else:
-                self.server.handlers.spawn("group", self.server._serve_group(servicers[gk], calls), self.loop)
+                self.server.handlers.spawn("group", self.server._serve_group(servicer, calls), self.loop)
 
     def _start_alone(self, stream: ServerStream, ctx: ServicerContext, requests: BufferedRequests | None) -> None:
         stream.task = self.server.handlers.spawn("call", self.server._serve(stream, ctx, requests), self.loop)
@@ -762,28 +755,14 @@ class RpcServer:
                 if ctx.code is None or ctx.code is grpc.StatusCode.OK:
                     await stream.send_response(response)
             code, details = ctx.code or grpc.StatusCode.OK, ctx.details
-        except grpc.aio.AbortError:
-            code, details = ctx.code or grpc.StatusCode.UNKNOWN, ctx.details
-        except BadRequest as bad:  # a name per clause: mypyc types one by its first binding
-            code, details = grpc.StatusCode.INVALID_ARGUMENT, str(bad)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, Exception) as err:  # mapped by _status_of
             # This task is the top of its own call and only this server cancels it (a reset, a
-            # deadline, a stop): the cancellation ends the call with a status, and nothing
+            # deadline, a stop): a cancellation too ends the call with a status, and nothing
             # above awaits the task for a CancelledError.
-            if stream.expired:
-                code, details = grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
-            elif stream.error is not None or stream.conn.closed:
+            status = _status_of(stream, ctx, err)
+            if status is None:
                 return  # the client went away: nobody to tell
-            else:
-                code, details = grpc.StatusCode.UNAVAILABLE, "the server is stopping"
-        except StreamReset:
-            return  # the stream is gone (reset, connection lost): nobody to tell
-        except Exception as err:
-            if ctx.code is not None and ctx.code is not grpc.StatusCode.OK:
-                code, details = ctx.code, ctx.details  # aborted, then the servicer raised
-            else:
-                # The client learns nothing of the error but where the log keeps it.
-                code, details = grpc.StatusCode.UNKNOWN, incident(log, _method_name(handler), err)
+            code, details = status
         finally:
             if stream.deadline_handle is not None:
                 stream.deadline_handle.cancel()
@@ -819,8 +798,8 @@ class RpcServer:
 
 def _status_of(stream: ServerStream, ctx: ServicerContext,
                err: BaseException) -> tuple[grpc.StatusCode, str] | None:
-    """The status a call of a group ends with for ``err`` (None: it is gone), as
-    ``RpcServer._serve`` maps what its handler raises."""
+    """The status a call ends with for what its handler (or its group) raised, ``err``; None
+    if the call is gone (reset, connection lost): nobody to tell."""
     if isinstance(err, grpc.aio.AbortError):
         return ctx.code or grpc.StatusCode.UNKNOWN, ctx.details
     if isinstance(err, BadRequest):
@@ -834,7 +813,8 @@ def _status_of(stream: ServerStream, ctx: ServicerContext,
     if isinstance(err, StreamReset):
         return None
     if ctx.code is not None and ctx.code is not grpc.StatusCode.OK:
-        return ctx.code, ctx.details
+        return ctx.code, ctx.details  # aborted, then the servicer raised
+    # The client learns nothing of the error but where the log keeps it.
     return grpc.StatusCode.UNKNOWN, incident(log, _method_name(stream.handler), err)
 
 

@@ -10,38 +10,25 @@ refusal, a read-only journal) are served alone with the answers they get alone; 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import random
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
 import pytest
+import test_pipeline_fsm
 from test_pipeline import JOURNAL
 from test_pipeline_fsm import FSMBroker, do_append, fragments
 
-from gazette.auth import NO_AUTH, Unauthenticated
+from gazette.auth import Unauthenticated
 from gazette.broker import metrics, wire
 from gazette.broker.group_commit import GROUP_CALL_BYTES, AppendGroups
 from gazette.broker.spool import THREAD_MIN
 from gazette.protocol import protocol_pb2 as pb
 from gazette.rpc.server import BatchCall, RpcServer, ServerConnection, ServerStream, ServicerContext
 
-
-@pytest.fixture
-async def broker(tmp_path: Path) -> AsyncIterator[FSMBroker]:
-    async with asyncio.TaskGroup() as tg:
-        b = FSMBroker(tmp_path, tg)
-        b.verifier = NO_AUTH  # type: ignore[attr-defined]
-        try:
-            yield b
-        finally:
-            b.replica.cancel()
-            assert b.replica.retired is not None
-            await asyncio.wait_for(b.replica.retired, 5)
+broker = test_pipeline_fsm.broker  # the fixture: an FSMBroker (tokens not checked)
 
 
 def first_request(**fields: Any) -> Any:
@@ -179,7 +166,7 @@ async def test_a_refused_token_ends_every_call(broker: FSMBroker) -> None:
         def verify(self, authorization: str | None, require: int) -> Any:
             raise Unauthenticated("no token")
 
-    broker.verifier = Refusing()  # type: ignore[attr-defined]
+    broker.verifier = Refusing()
     first = first_request()
     calls = [call(first, b"a"), call(first, b"b")]
     outcomes = await groups_of(broker).serve_group(calls)

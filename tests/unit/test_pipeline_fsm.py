@@ -25,6 +25,7 @@ import pytest
 from test_pipeline import JOURNAL, MEMBERS, FakeBroker, FakePeer, header, route
 
 from gazette.allocator import keys
+from gazette.auth import NO_AUTH, Verifier
 from gazette.broker import append as append_mod
 from gazette.broker.flow import READ_AHEAD
 from gazette.broker.health import HealthTicker
@@ -61,6 +62,7 @@ class FSMBroker:
         self.revision = 10
         self.advertised = False
         self.config = SimpleNamespace(max_append_rate=0, min_append_rate=0)  # no flow control
+        self.verifier: Verifier = NO_AUTH  # tokens are not checked (group commit verifies one per group)
         self.store_health = self
 
     def healthy_for_append(self, spec: pb.JournalSpec) -> bool:

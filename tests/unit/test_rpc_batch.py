@@ -12,7 +12,7 @@ of calls' frames cut into reads anywhere, the groups are exactly the whole calls
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -86,6 +86,7 @@ class Peer:
     """The client's side of one in-memory connection: what it sent, what it got back."""
 
     def __init__(self, servicer: Servicer) -> None:
+        self.servicer = servicer
         self.server = _server(servicer)
         self.conn = ServerConnection(self.server)
         self.transport = RecordingTransport()
@@ -126,91 +127,75 @@ class Peer:
         await self.server.stop(0)
 
 
+@pytest.fixture
+async def peer() -> AsyncIterator[Peer]:
+    p = Peer(Servicer())
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
 def code(name: str) -> str:
     return str(grpc.StatusCode[name].value[0])
 
 
-async def test_whole_calls_of_one_read_are_grouped_by_key() -> None:
-    servicer = Servicer()
-    peer = Peer(servicer)
-    try:
-        peer.send(call_frames(1, b"k", b"1") + call_frames(3, b"alone", b"2") + call_frames(5, b"k", b"3")
-                  + call_frames(7, b"k", b"4", end=False) + call_frames(9, b"j", b"5"))
-        await peer.until(lambda: len(peer.status) == 4)
-        assert servicer.groups == [2]  # the two whole "k" calls; "j" alone is a group of one
-        assert peer.data == {1: b"group:k1", 3: b"alone:alone2", 5: b"group:k3", 9: b"alone:j5"}
-        assert set(peer.status.values()) == {code("OK")}
-        # The call still sending when the read ended is served alone once it ends.
-        peer.send(f.frame(f.DATA, f.END_STREAM, 7, f.message_prefix(1) + b"!"))
-        await peer.until(lambda: 7 in peer.status)
-        assert peer.data[7] == b"alone:k4!" and peer.status[7] == code("OK")
-        assert set(peer.ends.values()) == {1}
-    finally:
-        await peer.close()
+async def test_whole_calls_of_one_read_are_grouped_by_key(peer: Peer) -> None:
+    peer.send(call_frames(1, b"k", b"1") + call_frames(3, b"alone", b"2") + call_frames(5, b"k", b"3")
+              + call_frames(7, b"k", b"4", end=False) + call_frames(9, b"j", b"5"))
+    await peer.until(lambda: len(peer.status) == 4)
+    assert peer.servicer.groups == [2]  # the two whole "k" calls; "j" alone is a group of one
+    assert peer.data == {1: b"group:k1", 3: b"alone:alone2", 5: b"group:k3", 9: b"alone:j5"}
+    assert set(peer.status.values()) == {code("OK")}
+    # The call still sending when the read ended is served alone once it ends.
+    peer.send(f.frame(f.DATA, f.END_STREAM, 7, f.message_prefix(1) + b"!"))
+    await peer.until(lambda: 7 in peer.status)
+    assert peer.data[7] == b"alone:k4!" and peer.status[7] == code("OK")
+    assert set(peer.ends.values()) == {1}
 
 
-async def test_a_call_that_does_not_decode_is_invalid_argument_alone() -> None:
-    servicer = Servicer()
-    peer = Peer(servicer)
-    try:
-        peer.send(call_frames(1, b"k", b"garbage") + call_frames(3, b"k", b"1") + call_frames(5, b"k", b"2"))
-        await peer.until(lambda: len(peer.status) == 3)
-        assert servicer.groups == [2]
-        assert peer.status[1] == code("INVALID_ARGUMENT")
-        assert (peer.data[3], peer.data[5]) == (b"group:k1", b"group:k2")
-    finally:
-        await peer.close()
+async def test_a_call_that_does_not_decode_is_invalid_argument_alone(peer: Peer) -> None:
+    peer.send(call_frames(1, b"k", b"garbage") + call_frames(3, b"k", b"1") + call_frames(5, b"k", b"2"))
+    await peer.until(lambda: len(peer.status) == 3)
+    assert peer.servicer.groups == [2]
+    assert peer.status[1] == code("INVALID_ARGUMENT")
+    assert (peer.data[3], peer.data[5]) == (b"group:k1", b"group:k2")
 
 
-async def test_a_call_reset_while_its_group_runs_is_not_answered() -> None:
-    servicer = Servicer()
-    servicer.hold = asyncio.Event()
-    peer = Peer(servicer)
-    try:
-        peer.send(call_frames(1, b"k", b"1") + call_frames(3, b"k", b"2"))
-        await peer.until(lambda: servicer.groups == [2])
-        peer.send(f.rst_stream(1, f.CANCEL))
-        servicer.hold.set()
-        await peer.until(lambda: 3 in peer.status)
-        assert peer.status == {3: code("OK")} and 1 not in peer.data
-    finally:
-        await peer.close()
+async def test_a_call_reset_while_its_group_runs_is_not_answered(peer: Peer) -> None:
+    peer.servicer.hold = asyncio.Event()
+    peer.send(call_frames(1, b"k", b"1") + call_frames(3, b"k", b"2"))
+    await peer.until(lambda: peer.servicer.groups == [2])
+    peer.send(f.rst_stream(1, f.CANCEL))
+    peer.servicer.hold.set()
+    await peer.until(lambda: 3 in peer.status)
+    assert peer.status == {3: code("OK")} and 1 not in peer.data
 
 
-async def test_an_elapsed_deadline_ends_its_call_alone() -> None:
-    servicer = Servicer()
-    servicer.hold = asyncio.Event()
-    peer = Peer(servicer)
-    try:
-        peer.send(call_frames(1, b"k", b"1", timeout=0.01) + call_frames(3, b"k", b"2"))
-        await peer.until(lambda: 1 in peer.status)
-        assert peer.status == {1: code("DEADLINE_EXCEEDED")}
-        servicer.hold.set()
-        await peer.until(lambda: 3 in peer.status)
-        assert peer.status[3] == code("OK") and 1 not in peer.data
-        assert set(peer.ends.values()) == {1}
-    finally:
-        await peer.close()
+async def test_an_elapsed_deadline_ends_its_call_alone(peer: Peer) -> None:
+    peer.servicer.hold = asyncio.Event()
+    peer.send(call_frames(1, b"k", b"1", timeout=0.01) + call_frames(3, b"k", b"2"))
+    await peer.until(lambda: 1 in peer.status)
+    assert peer.status == {1: code("DEADLINE_EXCEEDED")}
+    peer.servicer.hold.set()
+    await peer.until(lambda: 3 in peer.status)
+    assert peer.status[3] == code("OK") and 1 not in peer.data
+    assert set(peer.ends.values()) == {1}
 
 
 @pytest.mark.parametrize("stop", [False, True])
-async def test_a_failed_or_stopped_group_ends_each_call(stop: bool) -> None:
-    servicer = Servicer()
+async def test_a_failed_or_stopped_group_ends_each_call(stop: bool, peer: Peer) -> None:
     if stop:
-        servicer.hold = asyncio.Event()  # never set: the server's stop cancels the group
+        peer.servicer.hold = asyncio.Event()  # never set: the server's stop cancels the group
     else:
-        servicer.fail = RuntimeError("broken servicer")
-    peer = Peer(servicer)
-    try:
-        peer.send(call_frames(1, b"k", b"1") + call_frames(3, b"k", b"2"))
-        await peer.until(lambda: servicer.groups == [2])
-        if stop:
-            await peer.server.stop(0)
-        await peer.until(lambda: len(peer.status) == 2)
-        want = code("UNAVAILABLE") if stop else code("UNKNOWN")
-        assert peer.status == {1: want, 3: want}
-    finally:
-        await peer.close()
+        peer.servicer.fail = RuntimeError("broken servicer")
+    peer.send(call_frames(1, b"k", b"1") + call_frames(3, b"k", b"2"))
+    await peer.until(lambda: peer.servicer.groups == [2])
+    if stop:
+        await peer.server.stop(0)
+    await peer.until(lambda: len(peer.status) == 2)
+    want = code("UNAVAILABLE") if stop else code("UNKNOWN")
+    assert peer.status == {1: want, 3: want}
 
 
 _KEYS = [b"a", b"b", b"alone"]
