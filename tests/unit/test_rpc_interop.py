@@ -646,13 +646,11 @@ async def test_closing_the_channel_ends_calls_in_flight(served: Served, client_k
         await within(reading.read())
     if isinstance(err.value, grpc.aio.AioRpcError):
         assert err.value.code() == grpc.StatusCode.CANCELLED
-    # Our server is held to CANCEL_WITHIN; grpcio's own server cancels its handler on its
-    # own schedule, which under load on 2 cores passed 1 s (once in three full runs): it is
-    # held only to end the handler promptly.
-    if served.kind == "grpcio" and type(asyncio.get_running_loop()).__module__.startswith("uvloop"):
-        return  # grpcio's own server on uvloop ends the handler on grpcio's schedule (floors: > 5 s)
-    await within(served.svc.gate("read").ended.wait(),
-                 CANCEL_WITHIN if served.kind == "ours" else WITHIN)
+    # Our server is held to ending the cancelled handler within CANCEL_WITHIN. grpcio's own
+    # server (here only as the oracle for the clients) ends it on grpcio's schedule, which is
+    # not ours to time: on the floors job's grpcio it passed 5 s on both loops.
+    if served.kind == "ours":
+        await within(served.svc.gate("read").ended.wait(), CANCEL_WITHIN)
 
 
 # a request over the server's max_message ends the call RESOURCE_EXHAUSTED
