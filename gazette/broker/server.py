@@ -21,6 +21,7 @@ completed and persisted.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any
 
@@ -143,9 +144,16 @@ class Broker(MemberProcess):
     def register_services(self, server: GrpcServer) -> None:
         # Replicate receives its requests as raw bytes (decoded by ``wire.decode_request``) and
         # Append's content chunks are views (``wire.decode_append_request``): neither copies.
+        # On our transport Append is served by the compiled servicer itself, bound to this
+        # broker: the call's task awaits compiled code with no interpreted coroutine between
+        # them, which every resumption of an append would pass through (JournalService.Append
+        # is the same call; grpcio's server, which tells a coroutine function by its code
+        # flags, keeps it).
+        ours = isinstance(server, RpcServer)
         add_service(server, pb.DESCRIPTOR.services_by_name["Journal"], JournalService(self),
-                    {"Replicate": None, "Append": wire.decode_append_request})
-        if isinstance(server, RpcServer):  # whole Append calls of one read commit together
+                    {"Replicate": None, "Append": wire.decode_append_request},
+                    {"Append": functools.partial(append_mod.serve_append, self)} if ours else None)
+        if ours:  # whole Append calls of one read commit together
             server.add_batch_servicer("/protocol.Journal/Append", AppendGroups(self))
 
     def http_routes(self) -> list[web.RouteDef]:

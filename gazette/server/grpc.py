@@ -54,10 +54,13 @@ def build_server(unix_socket: str, limits: ServerLimits | None = None) -> GrpcSe
 
 
 def add_service(server: GrpcServer, service: ServiceDescriptor, servicer: Any,
-                deserializers: Mapping[str, Callable[[bytes], Any] | None] | None = None) -> None:
+                deserializers: Mapping[str, Callable[[bytes], Any] | None] | None = None,
+                methods: Mapping[str, Callable[..., Any]] | None = None) -> None:
     """Registers ``servicer`` for every method of ``service`` (see the module docstring);
-    ``deserializers`` overrides a method's request decoding (None: the raw bytes)."""
+    ``deserializers`` overrides a method's request decoding (None: the raw bytes), ``methods``
+    the callable serving a method (in place of the servicer's own)."""
     overrides = dict(deserializers or {})
+    served = dict(methods or {})
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for m in service.methods:
         req_cls = message_factory.GetMessageClass(m.input_type)
@@ -69,7 +72,8 @@ def add_service(server: GrpcServer, service: ServiceDescriptor, servicer: Any,
             (True, False): grpc.stream_unary_rpc_method_handler,
             (True, True): grpc.stream_stream_rpc_method_handler,
         }[(m.client_streaming, m.server_streaming)]
-        handlers[m.name] = kind(getattr(servicer, m.name), request_deserializer=deserializer,
+        fn = served[m.name] if m.name in served else getattr(servicer, m.name)
+        handlers[m.name] = kind(fn, request_deserializer=deserializer,
                                 response_serializer=_serializer(resp_cls))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
     server.add_registered_method_handlers(service.full_name, handlers)

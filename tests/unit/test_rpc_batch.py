@@ -48,8 +48,10 @@ class Servicer:
         self.grouped: list[list[int]] = []  # each group's stream ids
         self.hold: asyncio.Event | None = None
         self.fail: BaseException | None = None
+        self.keyed = 0  # calls group_key was asked about
 
     def group_key(self, call: BatchCall) -> object | None:
+        self.keyed += 1
         first = call.requests[0] if call.requests else b""
         return None if first == b"alone" else first
 
@@ -151,6 +153,20 @@ async def test_whole_calls_of_one_read_are_grouped_by_key(peer: Peer) -> None:
     peer.send(f.frame(f.DATA, f.END_STREAM, 7, f.message_prefix(1) + b"!"))
     await peer.until(lambda: 7 in peer.status)
     assert peer.data[7] == b"alone:k4!" and peer.status[7] == code("OK")
+    assert set(peer.ends.values()) == {1}
+
+
+async def test_a_lone_call_of_a_read_starts_alone_unkeyed(peer: Peer) -> None:
+    peer.send(call_frames(1, b"k", b"1"))  # whole
+    await peer.until(lambda: 1 in peer.status)
+    peer.send(call_frames(3, b"k", b"garbage"))  # whole, undecodable
+    await peer.until(lambda: 3 in peer.status)
+    peer.send(call_frames(5, b"k", end=False))  # still sending when its read ends
+    peer.send(f.frame(f.DATA, f.END_STREAM, 5, f.message_prefix(1) + b"2"))
+    await peer.until(lambda: 5 in peer.status)
+    assert peer.data == {1: b"alone:k1", 5: b"alone:k2"}
+    assert (peer.status[1], peer.status[3], peer.status[5]) == (code("OK"), code("INVALID_ARGUMENT"), code("OK"))
+    assert peer.servicer.keyed == 0 and peer.servicer.groups == []
     assert set(peer.ends.values()) == {1}
 
 
