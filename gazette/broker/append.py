@@ -341,14 +341,21 @@ class AppendFSM:
 
     async def _on_resolve(self) -> None:
         req = self.req
-        res = await self.broker.resolver.resolve(
-            req.journal,
-            may_proxy=not req.do_not_proxy,
-            require_primary=True,
-            min_etcd_revision=self.read_through,
-            proxy_header=req.header if req.HasField("header") else None,
-            claims=self.claims,
-        )
+        resolver = self.broker.resolver
+        proxy_header = req.header if req.HasField("header") else None
+        # The steady state (a resolution of this revision cached) makes no coroutine.
+        res = resolver.cached(req.journal, may_proxy=not req.do_not_proxy, require_primary=True,
+                              min_etcd_revision=self.read_through, proxy_header=proxy_header,
+                              claims=self.claims)
+        if res is None:
+            res = await resolver.resolve(
+                req.journal,
+                may_proxy=not req.do_not_proxy,
+                require_primary=True,
+                min_etcd_revision=self.read_through,
+                proxy_header=proxy_header,
+                claims=self.claims,
+            )
         self.res = res
         if res.status == pb.SUSPENDED and req.suspend == _SUSPEND_RESUME:
             assert res.spec is not None

@@ -130,12 +130,32 @@ class Resolver:
     ) -> Resolution:
         """Resolves ``journal``; a journal ``claims`` do not reach resolves as not found (a
         token scoped elsewhere learns nothing of it, as in Gazette)."""
-        # The steady state: a resolution of this revision is cached (no coroutine to make).
-        res = None
-        if proxy_header is None and min_etcd_revision <= self._cache_rev == self.ks.revision:
-            res = self._cache.get((journal, may_proxy, require_primary))
+        res = self.cached(journal, may_proxy=may_proxy, require_primary=require_primary,
+                          min_etcd_revision=min_etcd_revision, proxy_header=proxy_header, claims=claims)
         if res is None:
-            res = await self._resolve(journal, may_proxy, require_primary, min_etcd_revision, proxy_header)
+            res = self._scoped(
+                await self._resolve(journal, may_proxy, require_primary, min_etcd_revision, proxy_header), claims)
+        return res
+
+    def cached(
+        self,
+        journal: str,
+        *,
+        may_proxy: bool,
+        require_primary: bool,
+        min_etcd_revision: int = 0,
+        proxy_header: pb.Header | None = None,
+        claims: Claims | None = None,
+    ) -> Resolution | None:
+        """:meth:`resolve`'s steady state, with no coroutine to make: the resolution of the
+        current revision if one is cached and nothing asks for more (a later revision, a
+        proxied request's header), scoped by ``claims`` as ``resolve`` scopes it; else None."""
+        if proxy_header is not None or not min_etcd_revision <= self._cache_rev == self.ks.revision:
+            return None
+        res = self._cache.get((journal, may_proxy, require_primary))
+        return None if res is None else self._scoped(res, claims)
+
+    def _scoped(self, res: Resolution, claims: Claims | None) -> Resolution:
         if claims is not None and res.spec is not None and not claims.unrestricted and not claims.permits(
                 labels.with_meta_labels(labels.LabelSet.from_proto(res.spec.labels), res.spec.name)):
             return Resolution(status=pb.JOURNAL_NOT_FOUND, header=self.header(), local_id=self.local_id,

@@ -181,3 +181,23 @@ async def test_a_later_revision_is_waited_for(world: tuple[MemoryEtcd, Resolver,
     etcd.write([(items_key(ROOT, "j/new"), _journal("j/new"))])
     res = await resolving
     assert res.status == pb.NO_JOURNAL_PRIMARY_BROKER and res.header.etcd.revision == etcd.revision
+
+
+async def test_the_cached_resolution_is_found_without_a_coroutine(
+        world: tuple[MemoryEtcd, Resolver, dict[str, FakeReplica]]) -> None:
+    etcd, resolver, _ = world
+    ask = {"may_proxy": True, "require_primary": True}
+    assert resolver.cached("j/local-primary", **ask) is None  # nothing resolved yet
+    res = await resolver.resolve("j/local-primary", **ask)
+    assert resolver.cached("j/local-primary", **ask) is res
+    assert resolver.cached("j/local-primary", may_proxy=False, require_primary=True) is None  # another ask
+    # Scoped by claims as resolve scopes it.
+    sel = pb.LabelSelector()
+    sel.include.labels.add(name="app", value="b")
+    hidden = resolver.cached("j/local-primary", **ask, claims=Claims(0, LabelSelector.from_proto(sel)))
+    assert hidden is not None and hidden.status == pb.JOURNAL_NOT_FOUND and hidden.spec is None
+    # What asks for more than the cache holds is resolve's: a later revision, a proxied header.
+    assert resolver.cached("j/local-primary", **ask, min_etcd_revision=etcd.revision + 1) is None
+    assert resolver.cached("j/local-primary", **ask, proxy_header=res.header) is None
+    etcd.write([(items_key(ROOT, "j/new"), _journal("j/new"))])  # a new revision: stale
+    assert resolver.cached("j/local-primary", **ask) is None

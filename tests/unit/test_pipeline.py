@@ -67,6 +67,9 @@ class FakeBroker:
             spool=Spool(JOURNAL), spool_lock=asyncio.Lock(), cancelled=False, route_signal=asyncio.Event())
         self.resolver = self
 
+    def cached(self, journal: str, **_: Any) -> Resolution | None:
+        return None  # nothing cached: every append resolves
+
     async def resolve(self, journal: str, **_: Any) -> Resolution:
         assert journal == JOURNAL
         h = header(self.revision, self.peer_route)

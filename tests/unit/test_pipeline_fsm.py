@@ -74,6 +74,9 @@ class FSMBroker:
     def peer_spools(self) -> list[Spool]:
         return [self.peer_brokers[1].replica.spool, self.peer_brokers[2].replica.spool]
 
+    def cached(self, journal: str, **_: Any) -> Resolution | None:
+        return None  # nothing cached: every append resolves
+
     async def resolve(self, journal: str, **_: Any) -> Resolution:
         hdr = header(self.revision)
         r = route()
