@@ -468,19 +468,9 @@ class ServerConnection(Connection):
         """Starts the batched calls the frames just handled opened: each whose requests all
         arrived joins its servicer's group for its key; every other call starts alone."""
         deferred, self._deferred = self._deferred, []
-        if len(deferred) == 1:
-            # A lone call has no group to join: it starts alone without being keyed (the
-            # group of one it would form is served alone too), which is a single writer's
-            # every append.
-            stream, ctx, _ = deferred[0]
-            if stream.error is not None:
-                if stream.deadline_handle is not None:
-                    stream.deadline_handle.cancel()
-            elif not stream.remote_closed or self.closed:
-                self._start_alone(stream, ctx, None)
-            else:
-                self._start_alone(stream, ctx, BufferedRequests(_take_all(stream)))
-            return
+        # A lone call has no group to join: it starts alone without being keyed (the group of
+        # one it would form is served alone too), which is a single writer's every append.
+        lone = len(deferred) == 1
         groups: dict[tuple[BatchServicer, object], list[BatchCall]] = {}
         for stream, ctx, servicer in deferred:
             if stream.error is not None:
@@ -494,7 +484,7 @@ class ServerConnection(Connection):
                 continue
             call = BatchCall(stream, ctx, _take_all(stream))
             items = call.requests
-            key = None if items and isinstance(items[-1], BadRequest) else servicer.group_key(call)
+            key = None if lone or (items and isinstance(items[-1], BadRequest)) else servicer.group_key(call)
             if key is None:
                 self._start_alone(stream, ctx, BufferedRequests(items))
                 continue
