@@ -43,6 +43,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "gazette.broker.wire",
     "gazette.protocol.validate",
     "gazette.tasks",
+    "gazette.fifo_lock",
     "gazette.broker.append",
     "gazette.broker.group_commit",
     "gazette.broker.pipeline",

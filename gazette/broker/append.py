@@ -75,6 +75,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_EMPTY_SHA1 = hashlib.sha1()
+"""Copied for each new sum: ``hashlib.sha1()`` looks OpenSSL's digest up by name every time."""
+
 MAX_SYNC_ROUNDS = 16
 """Synchronisation rounds of one pipeline before giving up (each round rolls forward)."""
 DEFAULT_FLUSH_INTERVAL = 24 * 3600
@@ -399,7 +402,9 @@ class AppendFSM:
                 return
         # Appends queue here in their (FIFO) order; a holder always finishes, so waiting
         # needs no watch on the resolution: it is checked again once we own the pipeline.
-        await replica.send_lock.acquire()
+        lock = replica.send_lock
+        if not lock.try_acquire():  # free, the steady state: no coroutine
+            await lock.acquire()
         self.replica = replica
         self.pln = replica.pln
         # As in Gazette, confirm the resolution still holds now that we own the pipeline.
@@ -619,7 +624,7 @@ class AppendFSM:
 
         begin = frag.end
         started = time.monotonic()
-        summer = hashlib.sha1()
+        summer = _EMPTY_SHA1.copy()
         delta = 0
         chunks = 0
         committed = False

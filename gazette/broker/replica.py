@@ -64,6 +64,7 @@ from gazette.broker.health import HealthTicker
 from gazette.broker.index import Index
 from gazette.broker.persister import Persister
 from gazette.broker.spool import Spool, SpoolSnapshot
+from gazette.fifo_lock import FifoLock
 from gazette.fragment import Fragment
 from gazette.fragment.stores import Stores, walk_all_stores
 from gazette.lean_event import LeanEvent
@@ -180,7 +181,7 @@ class Replica:
         self.index = Index(signer=self._sign)
         self.spool = Spool(journal, directory=spool_dir, on_commit=self._spool_committed, on_complete=self._on_complete)
         self.spool_lock = asyncio.Lock()
-        self.send_lock = asyncio.Lock()
+        self.send_lock = FifoLock()  # taken by every append: its free case makes no coroutine
         # Flow control of this journal's appends; its max-rate balance outlives each append.
         self.flow = AppendFlowControl()
         self.pln: Pipeline | None = None

@@ -58,6 +58,8 @@ from gazette.protocol import protocol_pb2 as pb
 __all__ = ["THREAD_MIN", "ContentWrite", "Spool", "SpoolFile", "SpoolSnapshot"]
 
 READ_CHUNK = 1 << 20
+_EMPTY_SHA1 = hashlib.sha1()
+"""Copied for each new sum: ``hashlib.sha1()`` looks OpenSSL's digest up by name every time."""
 """Chunk size of reads of a completed spool, when persisting it."""
 THREAD_MIN = 256 * 1024
 """Content chunks at least this long are written and hashed by a worker thread: below it the
@@ -470,7 +472,7 @@ class Spool:
 
     def _hasher(self) -> Any:
         if self._summer is None:
-            self._summer = hashlib.sha1()
+            self._summer = _EMPTY_SHA1.copy()
         return self._summer
 
     def _written(self, w: ContentWrite, ok: bool) -> None:
