@@ -39,6 +39,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "gazette.rpc.hpack_decoder",
     "gazette.rpc.connection",
     "gazette.rpc.server",
+    "gazette.fragment.fragment",
     "gazette.broker.readahead",
     "gazette.broker.wire",
     "gazette.protocol.validate",

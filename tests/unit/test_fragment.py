@@ -130,6 +130,42 @@ def test_fragment_validates_and_ignores_file_in_equality() -> None:
     assert f.with_file(F()) == f and hash(f.with_file(F())) == hash(f)
 
 
+def test_fragment_equality_hashing_pickling_and_repr_are_a_frozen_dataclass_s() -> None:
+    import copy
+    import os
+    import pickle
+
+    f = Fragment("a/j", 1, 5, SUM, CC.GZIP, "file:///root/", 1700000000, "x=1")
+    fields = ("a/j", 1, 5, SUM, CC.GZIP, "file:///root/", 1700000000, "x=1")
+    # Every field but the file takes part in equality and the hash.
+    variants = [
+        Fragment("a/k", 1, 5, SUM, CC.GZIP, "file:///root/", 1700000000, "x=1"),
+        Fragment("a/j", 0, 5, SUM, CC.GZIP, "file:///root/", 1700000000, "x=1"),
+        Fragment("a/j", 1, 6, SUM, CC.GZIP, "file:///root/", 1700000000, "x=1"),
+        Fragment("a/j", 1, 5, ZERO_SUM, CC.GZIP, "file:///root/", 1700000000, "x=1"),
+        Fragment("a/j", 1, 5, SUM, CC.SNAPPY, "file:///root/", 1700000000, "x=1"),
+        Fragment("a/j", 1, 5, SUM, CC.GZIP, "file:///other/", 1700000000, "x=1"),
+        Fragment("a/j", 1, 5, SUM, CC.GZIP, "file:///root/", 1700000001, "x=1"),
+        Fragment("a/j", 1, 5, SUM, CC.GZIP, "file:///root/", 1700000000, "x=2"),
+    ]
+    for g in variants:
+        assert g != f and not g == f, g
+    same = Fragment(*fields)
+    assert same == f and not same != f and hash(same) == hash(f) and {f: 1}[same] == 1
+    assert f != fields and f != 1 and f.__eq__(fields) is NotImplemented
+    for twin in (pickle.loads(pickle.dumps(f)), copy.copy(f), copy.deepcopy(f)):
+        assert twin == f and twin.file is None and type(twin) is Fragment
+    assert repr(f) == ("Fragment(journal='a/j', begin=1, end=5, sum=" + repr(SUM) + f", codec={int(CC.GZIP)}, "
+                       "backing_store='file:///root/', mod_time=1700000000, path_postfix='x=1')")
+    assert not hasattr(f, "__dict__")  # slotted: an index holds many
+    with pytest.raises(TypeError):
+        hash(CoverSet())  # mutable: unhashable
+    if os.environ.get("GAZETTE_EXPECT_COMPILED", "") not in ("", "0"):
+        # Compiled, the fields are read-only (Final); interpreted, mypy alone refuses it.
+        with pytest.raises(AttributeError):
+            f.end = 9  # type: ignore[misc]
+
+
 # -- CoverSet (Gazette's cases).
 
 
