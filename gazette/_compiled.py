@@ -40,6 +40,8 @@ COMPILED_MODULES: tuple[str, ...] = (
     "gazette.rpc.connection",
     "gazette.rpc.server",
     "gazette.fragment.fragment",
+    "gazette.broker.index",
+    "gazette.broker.metrics",
     "gazette.broker.readahead",
     "gazette.broker.wire",
     "gazette.protocol.validate",

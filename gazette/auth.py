@@ -34,6 +34,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -164,7 +165,7 @@ class Claims:
     expires: float = 0.0
     issued: float = 0.0
 
-    @property
+    @cached_property  # read for every append's resolution: after the first, a dict hit
     def unrestricted(self) -> bool:
         """Whether the selector matches every item."""
         return not self.selector.include and not self.selector.exclude

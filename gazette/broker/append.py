@@ -531,7 +531,9 @@ class AppendFSM:
             self.state = RESOLVE
             return
         req, spool = self.req, pln.spool
-        if len(res.route.members) == 1 and (fresh := replica.fresh_roll_offset()) > spool.fragment.end:
+        # (A spool that was ever written starts nowhere else: fresh_roll_offset is then 0.)
+        if (len(res.route.members) == 1 and spool.first_append_time is None
+                and (fresh := replica.fresh_roll_offset()) > spool.fragment.end):
             self.roll_to = fresh
             self.state = SEND_SYNC
             return

@@ -153,7 +153,9 @@ class Resolver:
         if proxy_header is not None or not min_etcd_revision <= self._cache_rev == self.ks.revision:
             return None
         res = self._cache.get((journal, may_proxy, require_primary))
-        return None if res is None else self._scoped(res, claims)
+        if res is None or claims is None or claims.unrestricted:
+            return res  # (what _scoped returns for them, without the call)
+        return self._scoped(res, claims)
 
     def _scoped(self, res: Resolution, claims: Claims | None) -> Resolution:
         if claims is not None and res.spec is not None and not claims.unrestricted and not claims.permits(
