@@ -306,6 +306,7 @@ class AppendFSM:
         self.err: BaseException | None = None
         self.sync_rounds = 0
         self.store_health_error = ""
+        self.registers_wire = b""  # the registers the local spool committed with us, serialized
 
     # -- ownership ------------------------------------------------------------------------
 
@@ -723,7 +724,7 @@ class AppendFSM:
         metrics.APPENDS_TALLY.committed(delta, time.monotonic() - started)
         if wire:
             return encode_committed(plan.header_field(res.header), spool.journal, begin, begin + delta,
-                                    summer.digest(), final.codec, regs.SerializeToString(), chunks)
+                                    summer.digest(), final.codec, self.registers_wire, chunks)
         resp = _response(pb.OK, res.header)
         c = resp.commit
         c.journal = spool.journal
@@ -765,6 +766,9 @@ class AppendFSM:
         sent = not pln.broken
         if sent:
             pln.propose_nowait(final, registers)
+            # As the local spool took them with the commit (a later commit may change them
+            # before the response is made): every committed response's registers.
+            self.registers_wire = pln.spool.registers_wire()
         send_err = pln.send_err()
         wait_for, close_after = pln.barrier()
         if send_err is not None or not sent:

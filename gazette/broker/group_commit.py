@@ -169,7 +169,7 @@ async def _stream(fsm: AppendFSM, calls: list[BatchCall]) -> list[Any] | None:
         raise fsm.err
     assert commit
     head, journal, codec = plan.header_field(res.header), spool.journal, final.codec
-    registers = fsm.registers.SerializeToString()
+    registers = fsm.registers_wire  # as the local spool committed them
     metrics.APPENDS_TALLY.group_committed([hi - lo for lo, hi, _ in spans], time.monotonic() - started)
     out: list[Any] = []
     for (lo, hi, chunks), digest in zip(spans, digests, strict=True):

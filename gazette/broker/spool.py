@@ -334,6 +334,7 @@ class Spool:
         self._clock = clock
         self._fragment = Fragment(journal, 0, 0)
         self._registers = pb.LabelSet()
+        self._registers_wire: bytes | None = b""  # _registers serialized, until they change
         self._reset(self._fragment)
 
     def _reset(self, fragment: Fragment) -> None:
@@ -369,6 +370,14 @@ class Spool:
         out = pb.LabelSet()
         out.CopyFrom(self._registers)
         return out
+
+    def registers_wire(self) -> bytes:
+        """:attr:`registers` serialized: made once per change of them (every append's
+        response carries them, and they rarely change)."""
+        wire = self._registers_wire
+        if wire is None:
+            wire = self._registers_wire = self._registers.SerializeToString()
+        return wire
 
     @property
     def delta(self) -> int:
@@ -515,7 +524,9 @@ class Spool:
             self._next = None
             if self._first_append_time is None:
                 self._first_append_time = self._clock()
-            self._registers.CopyFrom(registers)
+            if registers != self._registers:  # the steady state: unchanged, nothing to copy
+                self._registers.CopyFrom(registers)
+                self._registers_wire = None
             self._delta = 0
             self._committed_summer = self._summer.copy() if self._summer is not None else None
             if self._on_commit is not None:
@@ -534,5 +545,6 @@ class Spool:
             self._on_complete(SpoolSnapshot(old, self.registers, self._first_append_time, primary))
         if proposal.end > old.end:
             self._registers.CopyFrom(registers)
+            self._registers_wire = None
         codec: Codec = proposal.codec
         self._reset(Fragment(old.journal, proposal.end, proposal.end, ZERO_SUM, codec))

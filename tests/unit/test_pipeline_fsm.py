@@ -412,3 +412,43 @@ async def test_idle_replicas_run_no_task(broker: FSMBroker) -> None:
     r._request_refresh()
     await eventually(lambda: refreshed.is_set() and r._refreshing is None, "a refresh asked for")
     await eventually(lambda: len(asyncio.all_tasks()) <= before, "no task left running")
+
+
+async def test_committed_responses_carry_the_registers_each_append_committed_with(broker: FSMBroker) -> None:
+    # The wire path (serve_append's): a committed response's registers are those the local
+    # spool took with its commit, also when later appends change them before it is answered.
+    def labels(*pairs: tuple[str, str]) -> pb.LabelSet:
+        return pb.LabelSet(labels=[pb.Label(name=n, value=v) for n, v in pairs])
+
+    async def wire_append(body: bytes, union: pb.LabelSet | None = None,
+                          subtract: pb.LabelSet | None = None) -> pb.AppendResponse:
+        first = pb.AppendRequest(journal=JOURNAL)
+        if union is not None:
+            first.union_registers.CopyFrom(union)
+        if subtract is not None:
+            first.subtract_registers.CopyFrom(subtract)
+        out = await append_mod.run_append(broker, first, chunks(body), None, True)  # type: ignore[arg-type]
+        assert isinstance(out, bytes)
+        return pb.AppendResponse.FromString(out)
+
+    assert (await wire_append(b"plain\n")).registers == labels()
+    a = await wire_append(b"a\n", union=labels(("ka", "1")))
+    assert a.registers == labels(("ka", "1"))
+    assert (await wire_append(b"kept\n")).registers == labels(("ka", "1"))  # unchanged: kept
+    # Held acknowledgements: the first append is answered after the second changed them.
+    held = broker.streams[1]
+    held.hold()
+    first = asyncio.ensure_future(wire_append(b"first\n"))
+    second = asyncio.ensure_future(wire_append(b"second\n", union=labels(("kb", "2"))))
+    for _ in range(200):
+        if broker.replica.spool.registers == labels(("ka", "1"), ("kb", "2")):
+            break
+        await asyncio.sleep(0)
+    assert not first.done()
+    held.release()
+    assert (await first).registers == labels(("ka", "1"))
+    assert (await second).registers == labels(("ka", "1"), ("kb", "2"))
+    gone = await wire_append(b"minus\n", subtract=labels(("ka", "1")))
+    assert gone.registers == labels(("kb", "2"))
+    spool = broker.replica.spool
+    assert spool.registers_wire() == spool.registers.SerializeToString() == gone.registers.SerializeToString()
