@@ -24,7 +24,8 @@ fi
 .venv/bin/pytest tests/unit/test_compiled_build.py tests/unit/test_rpc_*.py \
   tests/unit/test_message_*.py tests/unit/test_mux.py tests/unit/test_flow.py \
   tests/unit/test_allocator_*.py tests/unit/test_pipeline*.py tests/unit/test_spool*.py \
-  tests/unit/test_append_service.py tests/unit/test_group_commit.py "$@"
+  tests/unit/test_append_service.py tests/unit/test_group_commit.py tests/unit/test_fifo_lock.py \
+  tests/unit/test_fragment.py tests/unit/test_index.py "$@"
 # ...then the whole suite against the build users install: the wheel, compiled where a C
 # compiler works (scripts/compiled_check.sh; pure Python where none does, saying so).
 exec bash scripts/compiled_check.sh "$@"

@@ -75,7 +75,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_EMPTY_SHA1 = hashlib.sha1()
+EMPTY_SHA1 = hashlib.sha1()
 """Copied for each new sum: ``hashlib.sha1()`` looks OpenSSL's digest up by name every time."""
 
 MAX_SYNC_ROUNDS = 16
@@ -627,7 +627,7 @@ class AppendFSM:
 
         begin = frag.end
         started = time.monotonic()
-        summer = _EMPTY_SHA1.copy()
+        summer = EMPTY_SHA1.copy()
         delta = 0
         chunks = 0
         committed = False

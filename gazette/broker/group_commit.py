@@ -38,7 +38,7 @@ from gazette import auth
 from gazette.auth import Claims, token_of
 from gazette.broker import metrics
 from gazette.broker.append import (
-    _EMPTY_SHA1,
+    EMPTY_SHA1,
     STREAM_CONTENT,
     AppendFSM,
     append_plan,
@@ -150,7 +150,7 @@ async def _stream(fsm: AppendFSM, calls: list[BatchCall]) -> list[Any] | None:
     def sums() -> None:  # each call's SHA-1, while a worker writes and hashes a long group
         for call in calls:
             reqs = call.requests
-            summer = _EMPTY_SHA1.copy()
+            summer = EMPTY_SHA1.copy()
             for i in range(1, len(reqs) - 1):
                 summer.update(reqs[i].content)
             digests.append(summer.digest())
