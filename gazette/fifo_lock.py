@@ -75,12 +75,11 @@ class FifoLock:
         if not self._locked:
             raise RuntimeError("FifoLock is not acquired")
         waiters = self._waiters
-        if waiters:
-            while waiters:
-                fut = waiters.popleft()
-                if not fut.done():
-                    fut.set_result(None)  # stays locked: it is the waiter's now
-                    return
+        while waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)  # stays locked: it is the waiter's now
+                return
         self._locked = False
 
     async def __aenter__(self) -> None:

@@ -46,7 +46,6 @@ Each append runs Gazette's append state machine (broker/append_fsm.go):
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -62,6 +61,7 @@ from gazette.broker.flow import AppendFlowControl, flow_controlled, min_rate_pol
 from gazette.broker.pipeline import Pipeline, ReplicationError
 from gazette.broker.readahead import ReadAhead
 from gazette.broker.replica import Replica, acquire_unless, wait_unless
+from gazette.broker.spool import EMPTY_SHA1
 from gazette.broker.wire import AppendChunk, ContentChunk, put_varint, validated
 from gazette.errors import GazetteError
 from gazette.fragment import Fragment, set_sum
@@ -74,9 +74,6 @@ if TYPE_CHECKING:
     from gazette.broker.resolver import Resolution
 
 log = logging.getLogger(__name__)
-
-EMPTY_SHA1 = hashlib.sha1()
-"""Copied for each new sum: ``hashlib.sha1()`` looks OpenSSL's digest up by name every time."""
 
 MAX_SYNC_ROUNDS = 16
 """Synchronisation rounds of one pipeline before giving up (each round rolls forward)."""

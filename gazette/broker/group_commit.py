@@ -38,7 +38,6 @@ from gazette import auth
 from gazette.auth import Claims, token_of
 from gazette.broker import metrics
 from gazette.broker.append import (
-    EMPTY_SHA1,
     STREAM_CONTENT,
     AppendFSM,
     append_plan,
@@ -47,6 +46,7 @@ from gazette.broker.append import (
     run_append,
 )
 from gazette.broker.context import BrokerContext
+from gazette.broker.spool import EMPTY_SHA1
 from gazette.broker.wire import COMMIT, ContentChunk, validated
 from gazette.protocol import protocol_pb2 as pb
 from gazette.rpc.server import BatchCall, BufferedRequests

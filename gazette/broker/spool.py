@@ -55,12 +55,13 @@ from gazette.fragment.errors import SpoolError
 from gazette.fragment.fragment import ZERO_SUM, Fragment
 from gazette.protocol import protocol_pb2 as pb
 
-__all__ = ["THREAD_MIN", "ContentWrite", "Spool", "SpoolFile", "SpoolSnapshot"]
+__all__ = ["EMPTY_SHA1", "THREAD_MIN", "ContentWrite", "Spool", "SpoolFile", "SpoolSnapshot"]
 
 READ_CHUNK = 1 << 20
-_EMPTY_SHA1 = hashlib.sha1()
-"""Copied for each new sum: ``hashlib.sha1()`` looks OpenSSL's digest up by name every time."""
 """Chunk size of reads of a completed spool, when persisting it."""
+EMPTY_SHA1 = hashlib.sha1()
+"""Copied for each new sum (the spool's, an append's, a group's): ``hashlib.sha1()`` looks
+OpenSSL's digest up by name every time."""
 THREAD_MIN = 256 * 1024
 """Content chunks at least this long are written and hashed by a worker thread: below it the
 hand-off (two thread wake-ups) costs more than the loop gains."""
@@ -481,7 +482,7 @@ class Spool:
 
     def _hasher(self) -> Any:
         if self._summer is None:
-            self._summer = _EMPTY_SHA1.copy()
+            self._summer = EMPTY_SHA1.copy()
         return self._summer
 
     def _written(self, w: ContentWrite, ok: bool) -> None:
